@@ -1,0 +1,69 @@
+"""Entropy-control methods: pure mask functions, the method registry, and the quadrant lens.
+
+``from entropy_rft import control; control.clip_b_mask(...)``. See DESIGN.md ("Semantics of the mask
+functions") and papers.md for the rules.
+"""
+
+from entropy_rft.control import builtins as _builtins  # noqa: F401  (registers the built-in methods)
+from entropy_rft.control.builtins import (
+    ClipB,
+    ClipBPaper,
+    ClipCov,
+    ClipHigher,
+    ClipV,
+    ClipVPaper,
+    EntropyBonus,
+    GradMask,
+    HighEntropy,
+    KLCov,
+    NoControl,
+)
+from entropy_rft.control.lens import QUADRANTS, lens_attribution
+from entropy_rft.control.masks import (
+    clip_b_mask,
+    clip_cov_mask,
+    clip_v_mask,
+    grad_mask,
+    high_entropy_mask,
+    kl_cov_select,
+)
+from entropy_rft.control.registry import (
+    Masks,
+    Method,
+    available_methods,
+    build_method,
+    get_method_class,
+    method_info,
+    param,
+    register_method,
+)
+
+__all__ = [
+    "clip_b_mask",
+    "clip_v_mask",
+    "clip_cov_mask",
+    "kl_cov_select",
+    "high_entropy_mask",
+    "grad_mask",
+    "lens_attribution",
+    "QUADRANTS",
+    "Masks",
+    "Method",
+    "param",
+    "register_method",
+    "build_method",
+    "available_methods",
+    "method_info",
+    "get_method_class",
+    "NoControl",
+    "ClipB",
+    "ClipBPaper",
+    "ClipV",
+    "ClipVPaper",
+    "ClipCov",
+    "KLCov",
+    "ClipHigher",
+    "EntropyBonus",
+    "HighEntropy",
+    "GradMask",
+]

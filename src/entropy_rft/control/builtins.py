@@ -1,0 +1,379 @@
+"""The built-in entropy-control methods. Each docstring gives the rule and its paper.
+
+Knob directions: ``knob_raises_entropy = +1`` when increasing the knob raises entropy (more control),
+-1 when it lowers it. For ClipB/ClipV a larger mu drops fewer tokens, so less control (-1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from torch import Tensor
+
+from entropy_rft.control._common import ADVANTAGE_SIGNS, check_fraction, check_mu, check_sign
+from entropy_rft.control.masks import (
+    clip_b_mask,
+    clip_cov_mask,
+    clip_v_mask,
+    grad_mask,
+    high_entropy_mask,
+    kl_cov_select,
+)
+from entropy_rft.control.registry import Masks, Method, param, register_method
+
+if TYPE_CHECKING:
+    import torch
+
+    from entropy_rft.dynamics import TokenStats
+
+PAPER_A = "Wang et al. 2026, On the Entropy Dynamics in RFT of LLMs, arXiv 2602.03392"
+PAPER_B = "Cui et al. 2025, The Entropy Mechanism of RL for Reasoning LMs, arXiv 2505.22617"
+DAPO = "Yu et al. 2025, DAPO, arXiv 2503.14476"
+EIGHTY_TWENTY = "Wang et al. 2025, Beyond the 80/20 Rule, arXiv 2506.01939"
+ENTROPY_BONUS = "Williams & Peng 1991; Mnih et al. 2016 (A3C), arXiv 1602.01783"
+
+
+def _check_number(value: Any, name: str, *, low: float | None = None, strict: bool = False) -> None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
+    if ok and low is not None:
+        ok = value > low if strict else value >= low
+    if not ok or value in (float("inf"), float("-inf")):
+        bound = "" if low is None else f" {'>' if strict else '>='} {low}"
+        raise ValueError(f"{name} must be a finite number{bound}, got {value!r}")
+
+
+def _check_required_mu(value: Any, name: str) -> None:
+    if value is None:
+        raise ValueError(f"{name} must be a finite number >= 0, got None")
+    check_mu(value, name)
+
+
+class _TwoSidedMu:
+    """Knob "mu" over (mu_low, mu_high): get returns the common value, set moves every bounded side."""
+
+    mu_low: float | None
+    mu_high: float | None
+
+    def get_knob(self) -> float:
+        sides = {v for v in (self.mu_low, self.mu_high) if v is not None}
+        if len(sides) != 1:
+            raise ValueError(f"knob 'mu' is ambiguous with mu_low={self.mu_low!r}, mu_high={self.mu_high!r}")
+        return float(sides.pop())
+
+    def _apply_knob(self, value: float) -> None:
+        if self.mu_low is not None:
+            self.mu_low = value
+        if self.mu_high is not None:
+            self.mu_high = value
+
+
+@register_method
+@dataclass
+class NoControl(Method):
+    """Vanilla GRPO/PPO surrogate: no entropy control."""
+
+    name: ClassVar[str] = "none"
+    paper: ClassVar[str] = "Shao et al. 2024 (GRPO), arXiv 2402.03300; Schulman et al. 2017 (PPO)"
+    summary: ClassVar[str] = "no entropy control (baseline)"
+
+
+@register_method
+@dataclass
+class ClipB(Method):
+    """ClipB, released one-sided rule (Paper A's reference code, Trinity-RFT).
+
+    S = p_k(H + log p_k); m, s = population mean/std of S over the batch's valid tokens (old policy).
+    A token with A < 0 is dropped (leaves loss and count) when S − m < −mu·s. Those are penalties of
+    unlikely tokens, which by Theorem 3.3 lower entropy the most. Paper sweep mu 2.0–3.0.
+    """
+
+    name: ClassVar[str] = "clip_b"
+    paper: ClassVar[str] = PAPER_A
+    summary: ClassVar[str] = "drop A<0 tokens with S − mean(S) < −mu·std(S) (released one-sided ClipB)"
+    stage: ClassVar[str] = "rollout"
+    knob: ClassVar[str | None] = "mu"
+    knob_raises_entropy: ClassVar[int] = -1
+
+    mu: float = param(2.5, "threshold in batch stds of S (paper sweeps 2.0-3.0)")
+    advantage_sign: str = param("negative", "which tokens may be dropped (negative = A<0 strictly)",
+                                ADVANTAGE_SIGNS)
+
+    def validate(self) -> None:
+        _check_required_mu(self.mu, "mu")
+        check_sign(self.advantage_sign)
+
+    def rollout_masks(self, stats: TokenStats, advantages: Tensor, mask: Tensor) -> Masks:
+        return Masks(keep=clip_b_mask(stats.s_star, advantages, mask, self.mu, None, self.advantage_sign))
+
+
+@register_method
+@dataclass
+class ClipBPaper(_TwoSidedMu, Method):
+    """ClipB, the paper's two-sided rule (Paper A, Sec. 4).
+
+    Keep a token when S − mean(S) ∈ [−mu_low·std(S), mu_high·std(S)], over the batch's valid tokens;
+    every token may be dropped (advantage_sign "any"). None leaves a side unbounded. Knob "mu" sets both.
+    """
+
+    name: ClassVar[str] = "clip_b_paper"
+    paper: ClassVar[str] = PAPER_A
+    summary: ClassVar[str] = "keep tokens with S − mean(S) in [−mu_low·std, mu_high·std] (two-sided ClipB)"
+    stage: ClassVar[str] = "rollout"
+    knob: ClassVar[str | None] = "mu"
+    knob_raises_entropy: ClassVar[int] = -1
+
+    mu_low: float | None = param(2.5, "lower threshold in stds of S (None = unbounded)")
+    mu_high: float | None = param(2.5, "upper threshold in stds of S (None = unbounded)")
+    advantage_sign: str = param("any", "which tokens may be dropped", ADVANTAGE_SIGNS)
+
+    def validate(self) -> None:
+        check_mu(self.mu_low, "mu_low")
+        check_mu(self.mu_high, "mu_high")
+        check_sign(self.advantage_sign)
+
+    def rollout_masks(self, stats: TokenStats, advantages: Tensor, mask: Tensor) -> Masks:
+        return Masks(keep=clip_b_mask(stats.s_star, advantages, mask, self.mu_low, self.mu_high,
+                                      self.advantage_sign))
+
+
+@register_method
+@dataclass
+class ClipV(Method):
+    """ClipV, released one-sided rule with cap (Paper A's reference code).
+
+    S_c = S_k − E_p[S] (Theorem 3.3), s_c its population std over the batch's valid tokens. A token with
+    A < 0 is a violator when S_c < −mu·s_c; if more than K = max(int(max_frac·N), 1) violate, only the K
+    farthest past the threshold are dropped. The released code also lets A == 0 tokens be dropped and take
+    cap slots; we default to "negative" (A < 0 strictly, as DESIGN.md fixes) because A == 0 tokens carry
+    no gradient, so dropping them only changes the token count and wastes cap slots on no-op tokens. Set
+    advantage_sign="any" to reproduce the released counting exactly. Paper sweep mu 7.5–8.5.
+    """
+
+    name: ClassVar[str] = "clip_v"
+    paper: ClassVar[str] = PAPER_A
+    summary: ClassVar[str] = "drop A<0 tokens with S_c < −mu·std(S_c), capped (released ClipV)"
+    stage: ClassVar[str] = "rollout"
+    knob: ClassVar[str | None] = "mu"
+    knob_raises_entropy: ClassVar[int] = -1
+
+    mu: float = param(8.5, "threshold in batch stds of S_c (paper sweeps 7.5-8.5; tuned for 7B models)")
+    max_frac: float | None = param(1e-4, "cap: drop at most K = max(int(max_frac*N), 1); None = no cap")
+    advantage_sign: str = param("negative", "which tokens may be dropped (negative = A<0 strictly)",
+                                ADVANTAGE_SIGNS)
+
+    def validate(self) -> None:
+        _check_required_mu(self.mu, "mu")
+        if self.max_frac is not None:
+            check_fraction(self.max_frac, "max_frac")
+        check_sign(self.advantage_sign)
+
+    def rollout_masks(self, stats: TokenStats, advantages: Tensor, mask: Tensor) -> Masks:
+        return Masks(keep=clip_v_mask(stats.s_centered, advantages, mask, self.mu, None, self.advantage_sign,
+                                      self.max_frac))
+
+
+@register_method
+@dataclass
+class ClipVPaper(_TwoSidedMu, Method):
+    """ClipV, the paper's two-sided rule (Paper A, Sec. 4).
+
+    Keep a token when S_c ∈ [−mu_low·s_c, mu_high·s_c] (S_c uncentred, s_c its population std); every
+    token may be dropped; no cap unless max_frac is set. Knob "mu" sets both sides.
+    """
+
+    name: ClassVar[str] = "clip_v_paper"
+    paper: ClassVar[str] = PAPER_A
+    summary: ClassVar[str] = "keep tokens with S_c in [−mu_low·std(S_c), mu_high·std(S_c)] (two-sided ClipV)"
+    stage: ClassVar[str] = "rollout"
+    knob: ClassVar[str | None] = "mu"
+    knob_raises_entropy: ClassVar[int] = -1
+
+    mu_low: float | None = param(8.5, "lower threshold in stds of S_c (None = unbounded)")
+    mu_high: float | None = param(8.5, "upper threshold in stds of S_c (None = unbounded)")
+    advantage_sign: str = param("any", "which tokens may be dropped", ADVANTAGE_SIGNS)
+    max_frac: float | None = param(None, "cap on the dropped fraction; None = no cap")
+
+    def validate(self) -> None:
+        check_mu(self.mu_low, "mu_low")
+        check_mu(self.mu_high, "mu_high")
+        check_sign(self.advantage_sign)
+        if self.max_frac is not None:
+            check_fraction(self.max_frac, "max_frac")
+
+    def rollout_masks(self, stats: TokenStats, advantages: Tensor, mask: Tensor) -> Masks:
+        return Masks(keep=clip_v_mask(stats.s_centered, advantages, mask, self.mu_low, self.mu_high,
+                                      self.advantage_sign, self.max_frac))
+
+
+@register_method
+@dataclass
+class ClipCov(Method):
+    """Clip-Cov (Paper B, Sec. 4.2).
+
+    cov_t = (logp_t − mean logp)(A_t − mean A) over the minibatch's valid tokens (current logp, detached).
+    Of the candidates lb < cov_t < ub (not already PPO-clipped, as in the reference), max(int(ratio·N), 1)
+    picked at random get their loss zeroed (detached); the token count is unchanged.
+    """
+
+    name: ClassVar[str] = "clip_cov"
+    paper: ClassVar[str] = PAPER_B
+    summary: ClassVar[str] = "zero the loss of ratio·N random tokens with lb < Cov(logp, A) < ub"
+    stage: ClassVar[str] = "minibatch"
+    knob: ClassVar[str | None] = "ratio"
+    knob_raises_entropy: ClassVar[int] = 1
+
+    ratio: float = param(2e-4, "fraction of tokens to zero, max(int(ratio*N), 1); 0 = none")
+    lb: float = param(1.0, "lower covariance bound (exclusive)")
+    ub: float = param(5.0, "upper covariance bound (exclusive)")
+    exclude_clipped: bool = param(True, "never pick tokens PPO clipping already removed (reference code)")
+
+    def validate(self) -> None:
+        check_fraction(self.ratio, "ratio")
+        _check_number(self.lb, "lb")
+        _check_number(self.ub, "ub")
+        if not self.lb < self.ub:
+            raise ValueError(f"lb must be < ub, got lb={self.lb!r}, ub={self.ub!r}")
+        if not isinstance(self.exclude_clipped, bool):
+            raise ValueError(f"exclude_clipped must be a bool, got {self.exclude_clipped!r}")
+
+    def minibatch_masks(self, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, *,
+                        clipped: Tensor | None = None, generator: torch.Generator | None = None) -> Masks:
+        exclude = clipped if self.exclude_clipped else None
+        keep = clip_cov_mask(logp.detach(), advantages, mask, self.ratio, self.lb, self.ub,
+                             generator=generator, exclude=exclude)
+        return Masks(zeroed=mask & ~keep)
+
+
+@register_method
+@dataclass
+class KLCov(Method):
+    """KL-Cov (Paper B, Sec. 4.2).
+
+    Loss −A·r with no ratio clip; the top max(int(ratio·N), 1) tokens by cov_t additionally get
+    coef·|logp − old_logp|. On a strictly on-policy step logp == old_logp, so the term has no effect.
+    Paper: ratio 2e-4 (2e-3 for 7B), coef 1.
+    """
+
+    name: ClassVar[str] = "kl_cov"
+    paper: ClassVar[str] = PAPER_B
+    summary: ClassVar[str] = "no ratio clip; coef·|logp − old_logp| on the top ratio·N tokens by Cov(logp, A)"
+    stage: ClassVar[str] = "minibatch"
+    knob: ClassVar[str | None] = "ratio"
+    knob_raises_entropy: ClassVar[int] = 1
+
+    ratio: float = param(2e-4, "fraction of tokens penalised, max(int(ratio*N), 1); 0 = none (2e-3 for 7B)")
+    coef: float = param(1.0, "coefficient of |logp - old_logp| on the selected tokens")
+
+    def validate(self) -> None:
+        check_fraction(self.ratio, "ratio")
+        _check_number(self.coef, "coef", low=0.0)
+
+    def loss_kwargs(self) -> dict[str, Any]:
+        return {"eps_low": None, "eps_high": None, "kl_cov_coef": float(self.coef)}
+
+    def minibatch_masks(self, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, *,
+                        clipped: Tensor | None = None, generator: torch.Generator | None = None) -> Masks:
+        return Masks(kl_cov_select=kl_cov_select(logp.detach(), advantages, mask, self.ratio))
+
+
+@register_method
+@dataclass
+class ClipHigher(Method):
+    """Clip-higher (DAPO): asymmetric ratio clip, r ∈ [1 − eps_low, 1 + eps_high] with eps_high > eps_low.
+
+    A looser upper bound lets unlikely tokens of positive samples (S_c < 0) raise entropy (Paper A, Sec. 5).
+    """
+
+    name: ClassVar[str] = "clip_higher"
+    paper: ClassVar[str] = DAPO
+    summary: ClassVar[str] = "asymmetric PPO ratio clip with a looser upper bound"
+    knob: ClassVar[str | None] = "eps_high"
+    knob_raises_entropy: ClassVar[int] = 1
+
+    eps_low: float = param(0.2, "lower ratio clip, r >= 1 - eps_low")
+    eps_high: float = param(0.28, "upper ratio clip, r <= 1 + eps_high")
+
+    def validate(self) -> None:
+        _check_number(self.eps_low, "eps_low", low=0.0)
+        _check_number(self.eps_high, "eps_high", low=0.0)
+
+    def loss_kwargs(self) -> dict[str, Any]:
+        return {"eps_low": float(self.eps_low), "eps_high": float(self.eps_high)}
+
+
+@register_method
+@dataclass
+class EntropyBonus(Method):
+    """Entropy bonus: the token loss gets −coef·H (the gradient flows through H)."""
+
+    name: ClassVar[str] = "entropy_bonus"
+    paper: ClassVar[str] = ENTROPY_BONUS
+    summary: ClassVar[str] = "add −coef·H to the token loss"
+    knob: ClassVar[str | None] = "coef"
+    knob_raises_entropy: ClassVar[int] = 1
+
+    coef: float = param(1e-3, "entropy coefficient")
+
+    def validate(self) -> None:
+        _check_number(self.coef, "coef", low=0.0)
+
+    def loss_kwargs(self) -> dict[str, Any]:
+        return {"entropy_coef": float(self.coef)}
+
+    def needs_entropy_grad(self) -> bool:
+        return True
+
+
+@register_method
+@dataclass
+class HighEntropy(Method):
+    """High-entropy-token training ("80/20"): only the top_q fraction of the batch's valid tokens by
+    (old-policy) entropy get gradient; the rest leave loss and count."""
+
+    name: ClassVar[str] = "high_entropy"
+    paper: ClassVar[str] = EIGHTY_TWENTY
+    summary: ClassVar[str] = "train only the top_q fraction of tokens by entropy"
+    stage: ClassVar[str] = "rollout"
+    knob: ClassVar[str | None] = "top_q"
+    knob_raises_entropy: ClassVar[int] = -1
+
+    top_q: float = param(0.2, "fraction of highest-entropy tokens kept (1 = vanilla)")
+
+    def validate(self) -> None:
+        check_fraction(self.top_q, "top_q")
+
+    def rollout_masks(self, stats: TokenStats, advantages: Tensor, mask: Tensor) -> Masks:
+        return Masks(keep=high_entropy_mask(stats.entropy, mask, self.top_q))
+
+
+@register_method
+@dataclass
+class GradMask(Method):
+    """Gradient-masking ablation (Paper A, Sec. 4): among samples with sign(A) = sample_sign, only tokens
+    with sign(S) = s_sign train (S = s_star, or S_c with s_field="s_centered"); the other samples' tokens
+    are dropped unless drop_other_samples is False. Four conditions = the four sign combinations."""
+
+    name: ClassVar[str] = "grad_mask"
+    paper: ClassVar[str] = PAPER_A
+    summary: ClassVar[str] = "train only tokens with chosen sign(A) and sign(S) (4-condition ablation)"
+    stage: ClassVar[str] = "rollout"
+
+    sample_sign: str = param("positive", "samples whose tokens are masked by S: A>0 or A<0",
+                             ("positive", "negative"))
+    s_sign: str = param("positive", "sign of S kept within those samples", ("positive", "negative"))
+    s_field: str = param("s_star", "which discriminator: s_star (S) or s_centered (S_c)",
+                         ("s_star", "s_centered"))
+    drop_other_samples: bool = param(True, "drop tokens of the other samples (else they train normally)")
+
+    def validate(self) -> None:
+        check_sign(self.sample_sign, "sample_sign", ("positive", "negative"))
+        check_sign(self.s_sign, "s_sign", ("positive", "negative"))
+        check_sign(self.s_field, "s_field", ("s_star", "s_centered"))
+        if not isinstance(self.drop_other_samples, bool):
+            raise ValueError(f"drop_other_samples must be a bool, got {self.drop_other_samples!r}")
+
+    def rollout_masks(self, stats: TokenStats, advantages: Tensor, mask: Tensor) -> Masks:
+        s = getattr(stats, self.s_field)
+        return Masks(keep=grad_mask(s, advantages, mask, self.sample_sign, self.s_sign,
+                                    self.drop_other_samples))

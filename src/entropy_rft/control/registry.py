@@ -1,0 +1,185 @@
+"""The method registry: names -> configured entropy-control methods (verl-style, errors list the names).
+
+A method contributes to ``loss.policy_loss`` only through ``Masks`` and static ``loss_kwargs``. The trainer
+calls ``rollout_masks`` once per rollout batch (old-policy ``TokenStats`` of the whole batch) and
+``minibatch_masks`` once per optimizer minibatch (current log-probs, detached), as DESIGN.md fixes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from torch import Tensor
+
+if TYPE_CHECKING:
+    import torch
+
+    from entropy_rft.dynamics import TokenStats
+
+__all__ = [
+    "Masks",
+    "Method",
+    "param",
+    "register_method",
+    "build_method",
+    "available_methods",
+    "method_info",
+    "get_method_class",
+]
+
+
+@dataclass
+class Masks:
+    """What a method contributes to one ``policy_loss`` call (all shaped like the response mask)."""
+
+    keep: Tensor | None = None  # False = leaves loss and counts (ClipB, ClipV, high_entropy, grad_mask)
+    zeroed: Tensor | None = None  # True = loss × 0 but still counted (Clip-Cov)
+    kl_cov_select: Tensor | None = None  # tokens that get kl_cov_coef·|logp − old_logp| (KL-Cov)
+
+
+def param(default: Any, help: str, choices: tuple | None = None) -> Any:
+    """A method parameter: a dataclass field carrying its help text (and allowed values, if a choice)."""
+    return field(default=default, metadata={"help": help, "choices": choices})
+
+
+class Method:
+    """Base class of entropy-control methods. Concrete methods are ``@dataclass``es of typed params.
+
+    Subclasses set the class variables, implement ``validate`` (raise ``ValueError`` naming the param),
+    and override the hooks they need; the defaults contribute nothing.
+    """
+
+    name: ClassVar[str] = ""
+    paper: ClassVar[str] = ""
+    summary: ClassVar[str] = ""
+    stage: ClassVar[str] = "static"  # "rollout", "minibatch" or "static": when the method selects tokens
+    knob: ClassVar[str | None] = None
+    knob_raises_entropy: ClassVar[int] = 0
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Check the parameters; raise ValueError naming the bad one."""
+
+    def loss_kwargs(self) -> dict[str, Any]:
+        """Static overrides for ``policy_loss`` (eps_low/eps_high, kl_cov_coef, entropy_coef)."""
+        return {}
+
+    def needs_entropy_grad(self) -> bool:
+        """Whether ``policy_loss`` needs ``entropy`` with its gradient (entropy bonus)."""
+        return False
+
+    def rollout_masks(self, stats: TokenStats, advantages: Tensor, mask: Tensor) -> Masks:
+        """Masks from the old-policy statistics of the whole rollout batch (once per rollout batch)."""
+        return Masks()
+
+    def minibatch_masks(
+        self,
+        logp: Tensor,
+        old_logp: Tensor,
+        advantages: Tensor,
+        mask: Tensor,
+        *,
+        clipped: Tensor | None = None,
+        generator: torch.Generator | None = None,
+    ) -> Masks:
+        """Masks from the current (detached) log-probs of one optimizer minibatch."""
+        return Masks()
+
+    def params(self) -> dict[str, Any]:
+        """The current parameter values."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}  # type: ignore[arg-type]
+
+    def get_knob(self) -> float:
+        """The current value of the strength knob."""
+        if self.knob is None:
+            raise ValueError(f"method {self.name!r} has no knob")
+        return float(getattr(self, self.knob))
+
+    def _apply_knob(self, value: float) -> None:
+        setattr(self, self.knob, value)  # type: ignore[arg-type]
+
+    def set_knob(self, value: float) -> None:
+        """Set the strength knob (validated; the old value is restored if the new one is rejected)."""
+        if self.knob is None:
+            raise ValueError(f"method {self.name!r} has no knob")
+        old = self.params()
+        self._apply_knob(value)
+        try:
+            self.validate()
+        except ValueError:
+            for k, v in old.items():
+                setattr(self, k, v)
+            raise
+
+
+_REGISTRY: dict[str, type[Method]] = {}
+
+
+def register_method(cls: type[Method]) -> type[Method]:
+    """Class decorator: register a ``Method`` dataclass under ``cls.name``."""
+    if not (isinstance(cls, type) and issubclass(cls, Method) and dataclasses.is_dataclass(cls)):
+        raise TypeError(f"register_method needs a Method dataclass, got {cls!r}")
+    if not cls.name:
+        raise ValueError(f"{cls.__name__} has no name")
+    if cls.name in _REGISTRY and _REGISTRY[cls.name] is not cls:
+        raise ValueError(f"a method named {cls.name!r} is already registered")
+    if cls.knob_raises_entropy not in (-1, 0, 1) or (cls.knob is None) != (cls.knob_raises_entropy == 0):
+        raise ValueError(f"{cls.name}: knob_raises_entropy must be ±1 with a knob and 0 without one")
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+def available_methods() -> list[str]:
+    """Registered method names, sorted."""
+    return sorted(_REGISTRY)
+
+
+def get_method_class(name: str) -> type[Method]:
+    """The class registered under ``name``; ValueError listing the known names otherwise."""
+    try:
+        return _REGISTRY[name]
+    except (KeyError, TypeError):
+        known = ", ".join(available_methods())
+        raise ValueError(f"unknown method {name!r}; known methods: {known}") from None
+
+
+def build_method(name: str, **params: Any) -> Method:
+    """Build a configured method. Unknown names and parameters, and bad values, raise ValueError."""
+    cls = get_method_class(name)
+    accepted = [f.name for f in dataclasses.fields(cls)]
+    for p in params:
+        if p not in accepted:
+            raise ValueError(
+                f"method {name!r}: unknown parameter {p!r}; accepted: {', '.join(accepted) or '(none)'}"
+            )
+    return cls(**params)
+
+
+def method_info(name: str) -> dict[str, Any]:
+    """Description of a method: params (default, type, help, choices), knob, direction, paper, doc."""
+    cls = get_method_class(name)
+    params = []
+    for f in dataclasses.fields(cls):
+        params.append({
+            "name": f.name,
+            "type": str(f.type),
+            "default": f.default,
+            "help": f.metadata.get("help", ""),
+            "choices": list(f.metadata["choices"]) if f.metadata.get("choices") else None,
+        })
+    direction = {1: "raises", -1: "lowers", 0: None}[cls.knob_raises_entropy]
+    return {
+        "name": cls.name,
+        "summary": cls.summary,
+        "paper": cls.paper,
+        "stage": cls.stage,
+        "knob": cls.knob,
+        "knob_raises_entropy": cls.knob_raises_entropy,
+        "direction": None if direction is None else f"increasing {cls.knob} {direction} entropy",
+        "params": params,
+        "doc": (cls.__doc__ or "").strip(),
+    }
