@@ -1,0 +1,537 @@
+"""Entropy dynamics of softmax policies, as code (Paper A, Wang et al. 2026; Paper B, Cui et al. 2025).
+
+For one position: logits z over the vocabulary, p = softmax(z / T), entropy H = -sum_i p_i log p_i, and the
+sampled token k. Everything here is a pure tensor function that knows nothing about models or training.
+
+- Entropy discriminator (Lemma 3.1, Thm 3.2):       S_i = p_i (H + log p_i)
+- Its on-policy expectation (Thm 3.3):              E_{i~p}[S_i] = H sum_i p_i^2 + sum_i p_i^2 log p_i
+- Centered discriminator (Thm 3.3):                 S_c = S_k - E_p[S]
+- Single-logit update z -> z + eps e_k (Thm 3.2):   dH = -eps S_k + O(eps^2)
+- GRPO logit step z -> z + alpha (e_k - p) (3.3):   dH = -alpha S_c + O(alpha^2)
+- Off-policy (importance ratio r):                  factor r S_c
+- Corollary 3.4:                                    E_{k~p}[S_c] = 0 exactly
+
+All statistics are float32 whatever the input dtype, with the temperature applied as sampling applies it
+(``z / T``). Statistics that need the whole vocabulary are computed in one pass over chunks of rows; the
+full ``[tokens, V]`` float32 softmax is never materialised. ``fused_logp`` goes one step further and never
+materialises the logits at all: it works from the hidden states and the LM-head weight.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal, NamedTuple
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "FusedOut",
+    "TokenStats",
+    "batch_predicted_entropy_change",
+    "cov_advantage_s_centered",
+    "cov_logp_advantage",
+    "default_chunk_rows",
+    "exact_entropy_change",
+    "fused_logp",
+    "masked_cov",
+    "off_policy_factor",
+    "predicted_entropy_change",
+    "single_logit_entropy_change",
+    "token_stats",
+]
+
+# Per-chunk working set, in elements, for the row-chunked passes. On CPU a chunk of about 2 MiB of float32
+# per temporary stays in cache, which makes the chunked pass faster than torch.logsumexp (which allocates a
+# full-size temporary). On an accelerator, larger chunks amortise kernel launches.
+_CPU_CHUNK_ELEMS = 1 << 19
+_GPU_CHUNK_ELEMS = 1 << 24
+# token_stats keeps at most this fraction of the logits' size in temporaries (about 4 live per chunk).
+_MAX_TEMP_FRACTION = 0.05 / 4
+
+
+@dataclass(frozen=True)
+class TokenStats:
+    """Per-token statistics of one position's distribution, all float32 with the batch shape ``[...]``.
+
+    entropy:    H = -sum_i p_i log p_i
+    logp:       log p_k of the sampled token k (-inf only if p_k is exactly zero, e.g. a masked token)
+    s_star:     S_k = p_k (H + log p_k)                   (Lemma 3.1 / Thm 3.2)
+    s_expected: E_{i~p}[S_i] = H sum p^2 + sum p^2 log p   (Thm 3.3)
+    s_centered: S_c = S_k - E_p[S]                         (Thm 3.3)
+    """
+
+    entropy: Tensor
+    logp: Tensor
+    s_star: Tensor
+    s_expected: Tensor
+    s_centered: Tensor
+
+
+class FusedOut(NamedTuple):
+    """What ``fused_logp`` returns.
+
+    logp:    log p_k of the sampled tokens, shape ``[...]``, with grad w.r.t. hidden, weight (and bias);
+             float32 (float64 for float64 inputs).
+    entropy: H with grad, shape ``[...]`` when ``with_entropy=True`` (for an entropy bonus), else None.
+    stats:   TokenStats of the same positions, float32, no grad.
+    """
+
+    logp: Tensor
+    entropy: Tensor | None
+    stats: TokenStats
+
+
+# --------------------------------------------------------------------------------------------- validation
+
+
+def _check_temperature(temperature: float) -> float:
+    t = float(temperature)
+    if not math.isfinite(t) or t <= 0:
+        raise ValueError(f"temperature must be a finite number > 0, got {temperature!r}")
+    return t
+
+
+def _check_logits_ids(logits: Tensor, token_ids: Tensor, name: str = "logits") -> None:
+    if not isinstance(logits, Tensor) or not logits.is_floating_point():
+        dt = getattr(logits, "dtype", type(logits).__name__)
+        raise ValueError(f"{name} must be a floating-point tensor of shape [..., V], got dtype {dt}")
+    if logits.dim() < 1 or logits.shape[-1] < 1:
+        raise ValueError(f"{name} must have shape [..., V] with V >= 1, got {tuple(logits.shape)}")
+    if not isinstance(token_ids, Tensor) or token_ids.is_floating_point() or token_ids.is_complex():
+        dt = getattr(token_ids, "dtype", type(token_ids).__name__)
+        raise ValueError(f"token_ids must be an integer tensor of shape {tuple(logits.shape[:-1])}, got {dt}")
+    if tuple(token_ids.shape) != tuple(logits.shape[:-1]):
+        raise ValueError(
+            f"token_ids must have shape {tuple(logits.shape[:-1])} (the {name} shape without V), "
+            f"got {tuple(token_ids.shape)}"
+        )
+    _check_ids_range(token_ids, logits.shape[-1])
+
+
+def _check_ids_range(token_ids: Tensor, vocab: int) -> None:
+    if token_ids.numel() and (int(token_ids.min()) < 0 or int(token_ids.max()) >= vocab):
+        lo, hi = int(token_ids.min()), int(token_ids.max())
+        raise ValueError(f"token_ids must lie in [0, {vocab - 1}] (V={vocab}), got values in [{lo}, {hi}]")
+
+
+def default_chunk_rows(rows: int, vocab: int, device: torch.device | str = "cpu") -> int:
+    """Rows per chunk for ``token_stats``: a cache-sized working set, and at most ~5% of the logits."""
+    dev = torch.device(device)
+    budget = _GPU_CHUNK_ELEMS if dev.type != "cpu" else _CPU_CHUNK_ELEMS
+    by_budget = max(1, budget // max(vocab, 1))
+    by_fraction = max(1, int(rows * _MAX_TEMP_FRACTION))
+    return max(1, min(rows, by_budget, by_fraction))
+
+
+# ------------------------------------------------------------------------------------------- core kernel
+
+
+def _check_rows_finite(row_max: Tensor) -> None:
+    bad = ~torch.isfinite(row_max)
+    if bool(bad.any()):
+        raise ValueError(
+            "logits must have at least one finite entry per row and no NaN or +inf; "
+            f"{int(bad.sum())} row(s) violate this"
+        )
+
+
+def _row_blocks(x: Tensor) -> list[Tensor]:
+    """2-D views [r, V] covering x's rows in row-major order, without copying (unlike ``reshape``)."""
+    if x.dim() == 1:
+        return [x.unsqueeze(0)]
+    try:
+        return [x.view(-1, x.shape[-1])]
+    except RuntimeError:
+        return [b for sub in x.unbind(0) for b in _row_blocks(sub)]
+
+
+def _rows_stats(y: Tensor, ids: Tensor) -> tuple[Tensor, ...]:
+    """Statistics of rows of scaled logits ``y`` [r, V] (a scratch buffer; it is modified in place).
+
+    With m = max_i y_i, e_i = exp(y_i - m), S0 = sum e, ybar = sum p (y - m) (so that p_i = e_i / S0):
+      log p_i = (y_i - m) - log S0                  H = log S0 - ybar
+      S_i = p_i (H + log p_i) = p_i (y_i - m - ybar)
+      E_p[S] = sum p_i^2 (y_i - m - ybar) = (sum e^2 (y - m) - ybar sum e^2) / S0^2     (Thm 3.3)
+    Returns (logp, entropy, s_star, s_expected, lse), each [r], in y's dtype.
+    """
+    m = y.amax(dim=-1, keepdim=True)
+    _check_rows_finite(m)
+    y.sub_(m)  # y <- y - m <= 0 ; masked entries stay -inf
+    y_k = y.gather(-1, ids.unsqueeze(-1)).squeeze(-1)
+    e = torch.exp(y)
+    s0 = e.sum(-1)
+    ey = e * y
+    s1 = ey.sum(-1)
+    s2 = (e * e).sum(-1)
+    s3 = (ey * e).sum(-1)
+    if not bool(torch.isfinite(s1).all()):
+        # -inf entries give 0 * -inf = nan: they carry no mass, so clamp them to a finite floor and redo.
+        y.clamp_(min=torch.finfo(y.dtype).min)
+        ey = torch.mul(e, y, out=ey)
+        s1 = ey.sum(-1)
+        s3 = (ey * e).sum(-1)
+    log_s0 = torch.log(s0)
+    ybar = s1 / s0
+    entropy = (log_s0 - ybar).clamp_(min=0.0)
+    logp = y_k - log_s0
+    p_k = torch.exp(logp)
+    s_star = torch.where(p_k > 0, p_k * (y_k - ybar), torch.zeros_like(p_k))
+    s_expected = (s3 - ybar * s2) / (s0 * s0)
+    lse = m.squeeze(-1) + log_s0
+    return logp, entropy, s_star, s_expected, lse
+
+
+def _stats_kernel(y: Tensor, ids: Tensor) -> tuple[Tensor, ...]:
+    """Pure-functional twin of ``_rows_stats`` (no in-place ops) for ``torch.compile``; same formulas."""
+    m = y.amax(dim=-1, keepdim=True)
+    y = y - m
+    y_k = y.gather(-1, ids.unsqueeze(-1)).squeeze(-1)
+    e = torch.exp(y)
+    y = torch.where(e > 0, y, torch.zeros_like(y))
+    s0 = e.sum(-1)
+    s1 = (e * y).sum(-1)
+    s2 = (e * e).sum(-1)
+    s3 = (e * e * y).sum(-1)
+    log_s0 = torch.log(s0)
+    ybar = s1 / s0
+    entropy = (log_s0 - ybar).clamp(min=0.0)
+    logp = y_k - log_s0
+    p_k = torch.exp(logp)
+    s_star = torch.where(p_k > 0, p_k * (y_k - ybar), torch.zeros_like(p_k))
+    s_expected = (s3 - ybar * s2) / (s0 * s0)
+    return logp, entropy, s_star, s_expected, m.squeeze(-1)
+
+
+_COMPILED: dict[str, object] = {}
+
+
+def _compiled_kernel(backend: str):
+    if backend not in _COMPILED:
+        _COMPILED[backend] = torch.compile(_stats_kernel, dynamic=True, backend=backend)
+    return _COMPILED[backend]
+
+
+@torch.no_grad()
+def token_stats(
+    logits: Tensor,
+    token_ids: Tensor,
+    temperature: float = 1.0,
+    *,
+    chunk_size: int | None = None,
+    compile: bool | str = False,
+) -> TokenStats:
+    """Entropy, log p_k, S_k, E_p[S] and S_c for every position (Paper A, Lemma 3.1 and Thm 3.3).
+
+    logits: [..., V], any float dtype (computed in float32); -inf entries are masked tokens.
+    token_ids: [...] integer ids of the sampled tokens, in [0, V).
+    temperature: p = softmax(logits / temperature), as sampling applies it.
+    chunk_size: rows per chunk (default: ``default_chunk_rows``). Per-chunk temporaries only; neither the
+        full float32 softmax nor a full copy of the logits is ever made. Results do not depend on it.
+    compile: False (default) runs the eager kernel, which is deterministic across processes for a fixed
+        thread count (exact resume relies on it). True (or an inductor backend name) runs the same formulas
+        under ``torch.compile(dynamic=True)``; numbers agree with eager to float32 rounding, not bitwise.
+
+    Raises ValueError for non-float logits, mismatched shapes, ids out of range, temperature <= 0, and rows
+    with no finite logit (or NaN / +inf).
+    """
+    _check_logits_ids(logits, token_ids)
+    t = _check_temperature(temperature)
+    batch_shape = logits.shape[:-1]
+    vocab = logits.shape[-1]
+    ids = token_ids.reshape(-1).to(device=logits.device, dtype=torch.long)
+    rows = ids.shape[0]
+    if chunk_size is None:
+        chunk = default_chunk_rows(rows, vocab, logits.device)
+    else:
+        if int(chunk_size) < 1:
+            raise ValueError(f"chunk_size must be a positive number of rows, got {chunk_size!r}")
+        chunk = int(chunk_size)
+    outs = [torch.empty(rows, dtype=torch.float32, device=logits.device) for _ in range(4)]
+    kernel = _compiled_kernel("inductor" if compile is True else str(compile)) if compile else None
+    buf = torch.empty(max(1, min(chunk, rows)), vocab, dtype=torch.float32, device=logits.device)
+    offset = 0
+    for block in _row_blocks(logits):
+        for start in range(0, block.shape[0], chunk):
+            zc = block[start : start + chunk]
+            r = zc.shape[0]
+            y = buf[:r]
+            if t == 1.0:
+                y.copy_(zc)
+            elif zc.dtype == torch.float32:
+                torch.div(zc, t, out=y)
+            else:
+                y.copy_(zc).div_(t)
+            sl = slice(offset + start, offset + start + r)
+            if kernel is None:
+                res = _rows_stats(y, ids[sl])
+            else:
+                _check_rows_finite(y.amax(-1))
+                res = kernel(y, ids[sl])
+            for o, v in zip(outs, res[:4]):
+                o[sl] = v
+        offset += block.shape[0]
+    logp, ent, s_star, s_exp = (o.reshape(batch_shape) for o in outs)
+    return TokenStats(entropy=ent, logp=logp, s_star=s_star, s_expected=s_exp, s_centered=s_star - s_exp)
+
+
+# ------------------------------------------------------------------------------------- first-order theory
+
+
+def predicted_entropy_change(stats: TokenStats, alpha: Tensor | float) -> Tensor:
+    """First-order entropy change of a GRPO logit step z -> z + alpha (e_k - p): -alpha S_c (Thm 3.3).
+
+    alpha = lr * r * A per token (broadcast against the stats' shape).
+    """
+    return -alpha * stats.s_centered
+
+
+def single_logit_entropy_change(stats: TokenStats, eps: Tensor | float) -> Tensor:
+    """First-order entropy change of a single-logit update z -> z + eps e_k: -eps S_k (Thm 3.2)."""
+    return -eps * stats.s_star
+
+
+def off_policy_factor(stats: TokenStats, ratio: Tensor | float) -> Tensor:
+    """Off-policy discriminator r S_c (Paper A, off-policy form of Thm 3.3; r the importance ratio)."""
+    return ratio * stats.s_centered
+
+
+def _valid(mask: Tensor | None, like: Tensor) -> Tensor:
+    if mask is None:
+        return torch.ones_like(like, dtype=torch.bool)
+    if tuple(mask.shape) != tuple(like.shape):
+        raise ValueError(f"mask must have shape {tuple(like.shape)}, got {tuple(mask.shape)}")
+    return mask.to(torch.bool)
+
+
+def batch_predicted_entropy_change(
+    stats: TokenStats, alpha: Tensor | float, mask: Tensor | None = None
+) -> float | None:
+    """Batch-level first-order change: mean over valid tokens of -alpha_t S_c,t (Thm 3.3, averaged).
+
+    Returns a Python float, or None when there is no valid token (a metric written as JSON null, never NaN).
+    """
+    valid = _valid(mask, stats.s_centered)
+    n = int(valid.sum())
+    if n == 0:
+        return None
+    pred = predicted_entropy_change(stats, alpha).to(torch.float64)
+    pred = torch.broadcast_to(pred, valid.shape)
+    return float(pred[valid].sum() / n)
+
+
+def masked_cov(x: Tensor, y: Tensor, mask: Tensor | None = None) -> float | None:
+    """Population covariance (divide by n) of x and y over valid tokens, in float64; None if none valid."""
+    if tuple(x.shape) != tuple(y.shape):
+        raise ValueError(f"y must have the shape of x, {tuple(x.shape)}, got {tuple(y.shape)}")
+    valid = _valid(mask, x)
+    n = int(valid.sum())
+    if n == 0:
+        return None
+    xv = x.detach()[valid].to(torch.float64)
+    yv = y.detach()[valid].to(torch.float64)
+    return float(((xv - xv.mean()) * (yv - yv.mean())).mean())
+
+
+def cov_logp_advantage(logp: Tensor, advantages: Tensor, mask: Tensor | None = None) -> float | None:
+    """Cov(log pi, A) over valid tokens (Paper B: dH ~ -eta Cov(log pi, A) under natural PG)."""
+    return masked_cov(logp, advantages, mask)
+
+
+def cov_advantage_s_centered(advantages: Tensor, s_centered: Tensor, mask: Tensor | None = None) -> float | None:
+    """Cov(A, S_c) over valid tokens: with alpha_t = lr A_t, the batch change -lr mean(A S_c) (Thm 3.3) is
+    -lr (Cov(A, S_c) + mean(A) mean(S_c)), and mean(S_c) ~ 0 on-policy (Cor. 3.5)."""
+    return masked_cov(advantages, s_centered, mask)
+
+
+# ------------------------------------------------------------------------------------------ exact checker
+
+
+def _entropy64(z: Tensor) -> tuple[Tensor, Tensor]:
+    logp = torch.log_softmax(z, dim=-1)
+    p = logp.exp()
+    plogp = torch.where(p > 0, p * logp, torch.zeros_like(p))
+    return -plogp.sum(-1), p
+
+
+def exact_entropy_change(
+    logits: Tensor,
+    k: Tensor | int,
+    eps: Tensor | float,
+    kind: Literal["single", "grpo"] = "single",
+    temperature: float = 1.0,
+) -> tuple[Tensor, Tensor]:
+    """Apply a logit update to the explicit distribution in float64; return (actual dH, predicted dH).
+
+    With z = logits / temperature and p = softmax(z):
+      kind="single": z -> z + eps e_k,        predicted -eps S_k          (Thm 3.2)
+      kind="grpo":   z -> z + eps (e_k - p),  predicted -eps (S_k - E_p[S]) (Thm 3.3; eps plays alpha)
+    logits [..., V]; k int or [...]; eps float or [...]. Both outputs are float64 with shape [...].
+    The actual change minus the prediction is O(eps^2).
+    """
+    if kind not in ("single", "grpo"):
+        raise ValueError(f"kind must be 'single' or 'grpo', got {kind!r}")
+    t = _check_temperature(temperature)
+    k_t = torch.as_tensor(k, device=logits.device)
+    if k_t.dim() == 0:
+        k_t = k_t.expand(logits.shape[:-1])
+    _check_logits_ids(logits, k_t)
+    z = logits.to(torch.float64) / t
+    eps_t = torch.as_tensor(eps, dtype=torch.float64, device=z.device)
+    h0, p = _entropy64(z)
+    onehot = torch.zeros_like(z).scatter_(-1, k_t.long().unsqueeze(-1), 1.0)
+    logp = torch.log_softmax(z, dim=-1)
+    s_all = torch.where(p > 0, p * (h0.unsqueeze(-1) + logp), torch.zeros_like(p))
+    s_k = (s_all * onehot).sum(-1)
+    step = onehot if kind == "single" else onehot - p
+    z1 = torch.where(torch.isfinite(z), z + eps_t.unsqueeze(-1) * step, z)
+    h1, _ = _entropy64(z1)
+    pred = -eps_t * s_k if kind == "single" else -eps_t * (s_k - (p * s_all).sum(-1))
+    return h1 - h0, pred
+
+
+# -------------------------------------------------------------------------------- fused hidden-state path
+
+
+def _chunk_logits(h: Tensor, weight: Tensor, bias: Tensor | None, t: float, cd: torch.dtype) -> Tensor:
+    z = h @ weight.T
+    if bias is not None:
+        z = z + bias
+    z = z.to(cd)  # z is a fresh tensor here, so the in-place ops below are safe
+    return z.div_(t) if t != 1.0 else z
+
+
+class _FusedLogp(torch.autograd.Function):
+    """log p_k (and H) from hidden states and the LM head, in token chunks, recomputing logits in backward.
+
+    Gradients (z = (h W^T + b) / T, p = softmax(z)):
+      d log p_k / dz = e_k - p;   dH / dz_i = -p_i (log p_i + H) = -S_i   (the entropy discriminator).
+    """
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, ids, temperature, chunk, cd):  # type: ignore[override]
+        n = hidden.shape[0]
+        dev = hidden.device
+        logp = torch.empty(n, dtype=cd, device=dev)
+        ent = torch.empty(n, dtype=cd, device=dev)
+        lse = torch.empty(n, dtype=cd, device=dev)
+        s_star = torch.empty(n, dtype=torch.float32, device=dev)
+        s_exp = torch.empty(n, dtype=torch.float32, device=dev)
+        with torch.no_grad():
+            for s in range(0, n, chunk):
+                z = _chunk_logits(hidden[s : s + chunk], weight, bias, temperature, cd)
+                lp, h_, ss, se, ls = _rows_stats(z, ids[s : s + chunk])
+                logp[s : s + chunk], ent[s : s + chunk], lse[s : s + chunk] = lp, h_, ls
+                s_star[s : s + chunk], s_exp[s : s + chunk] = ss, se
+        ctx.save_for_backward(hidden, weight, bias, ids, lse, ent)
+        ctx.temperature, ctx.chunk, ctx.cd = temperature, chunk, cd
+        ctx.mark_non_differentiable(s_star, s_exp)
+        return logp, ent, s_star, s_exp
+
+    @staticmethod
+    def backward(ctx, g_logp, g_ent, _g1, _g2):  # type: ignore[override]
+        hidden, weight, bias, ids, lse, ent = ctx.saved_tensors
+        t, chunk, cd = ctx.temperature, ctx.chunk, ctx.cd
+        need_h, need_w, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.needs_input_grad[2]
+        grad_h = torch.empty_like(hidden) if need_h else None
+        acc = torch.float64 if weight.dtype == torch.float64 else torch.float32
+        grad_w = torch.zeros(weight.shape, dtype=acc, device=weight.device) if need_w else None
+        grad_b = torch.zeros(weight.shape[0], dtype=acc, device=weight.device) if need_b else None
+        n = hidden.shape[0]
+        for s in range(0, n, chunk):
+            sl = slice(s, s + chunk)
+            hc = hidden[sl]
+            with torch.no_grad():
+                z = _chunk_logits(hc, weight, bias, t, cd)
+                logp_all = z.sub_(lse[sl].unsqueeze(-1))  # log p, in place
+                p = torch.exp(logp_all)
+                g = None
+                if g_logp is not None:
+                    gl = g_logp[sl].to(cd).unsqueeze(-1)
+                    g = p * (-gl)
+                    g.scatter_add_(-1, ids[sl].unsqueeze(-1), gl)
+                if g_ent is not None:
+                    # dH/dz_i = -p_i (log p_i + H) = -S_i
+                    term = logp_all.add_(ent[sl].unsqueeze(-1)).mul_(p).mul_(-g_ent[sl].to(cd).unsqueeze(-1))
+                    g = term if g is None else g.add_(term)
+                if g is None:
+                    g = torch.zeros_like(p)
+                if t != 1.0:
+                    g.div_(t)
+                if need_h:
+                    grad_h[sl] = (g.to(weight.dtype) @ weight).to(hidden.dtype)
+                if need_w:
+                    grad_w.addmm_(g.T.to(acc), hc.to(acc))
+                if need_b:
+                    grad_b.add_(g.sum(0).to(acc))
+        gw = grad_w.to(weight.dtype) if need_w else None
+        gb = grad_b.to(bias.dtype) if need_b else None
+        return grad_h, gw, gb, None, None, None, None
+
+
+def fused_logp(
+    hidden: Tensor,
+    weight: Tensor,
+    token_ids: Tensor,
+    temperature: float = 1.0,
+    *,
+    bias: Tensor | None = None,
+    chunk_size: int | None = None,
+    with_entropy: bool = False,
+) -> FusedOut:
+    """Sampled-token log-probs with grad, from hidden states and the LM-head weight, without the full logits.
+
+    hidden: [..., D] (any leading dims); weight: [V, D] (``model.get_output_embeddings().weight``);
+    token_ids: [...] matching ``hidden.shape[:-1]``; bias: optional [V].
+    The logits z = (hidden @ weight.T + bias) / temperature are formed ``chunk_size`` tokens at a time
+    (default: about 2^22 logits per chunk), in the input dtype for the matmul and float32 (float64 for
+    float64 inputs) after it, exactly as the materialised ``log_softmax(logits.float() / T)`` path; backward
+    recomputes each chunk's logits (as fused linear-cross-entropy kernels do), so peak memory is O(chunk V)
+    rather than O(N V). Returns ``FusedOut(logp, entropy, stats)``:
+    logp [...] with grad; entropy [...] with grad if ``with_entropy`` else None; stats a float32 TokenStats
+    without grad. Gradients: d log p_k/dz = e_k - p; dH/dz = -S (Lemma 3.1).
+    """
+    if not isinstance(hidden, Tensor) or not hidden.is_floating_point():
+        raise ValueError(f"hidden must be a floating-point tensor of shape [..., D], got {type(hidden).__name__}")
+    if not isinstance(weight, Tensor) or weight.dim() != 2 or not weight.is_floating_point():
+        raise ValueError("weight must be a floating-point [V, D] tensor (the LM-head weight)")
+    if hidden.dim() < 1 or hidden.shape[-1] != weight.shape[1]:
+        raise ValueError(
+            f"hidden must have shape [..., {weight.shape[1]}] to match weight [V, D]={tuple(weight.shape)}, "
+            f"got {tuple(hidden.shape)}"
+        )
+    vocab, dim = weight.shape
+    if bias is not None and tuple(bias.shape) != (vocab,):
+        raise ValueError(f"bias must have shape ({vocab},), got {tuple(bias.shape)}")
+    if not isinstance(token_ids, Tensor) or token_ids.is_floating_point():
+        raise ValueError(f"token_ids must be an integer tensor of shape {tuple(hidden.shape[:-1])}")
+    if tuple(token_ids.shape) != tuple(hidden.shape[:-1]):
+        raise ValueError(
+            f"token_ids must have shape {tuple(hidden.shape[:-1])} (hidden without D), got {tuple(token_ids.shape)}"
+        )
+    _check_ids_range(token_ids, vocab)
+    t = _check_temperature(temperature)
+    if chunk_size is None:
+        budget = _GPU_CHUNK_ELEMS // 4 if hidden.device.type != "cpu" else 1 << 22
+        chunk = max(1, budget // vocab)
+    elif int(chunk_size) < 1:
+        raise ValueError(f"chunk_size must be a positive number of tokens, got {chunk_size!r}")
+    else:
+        chunk = int(chunk_size)
+    cd = torch.float64 if hidden.dtype == torch.float64 else torch.float32
+    batch_shape = hidden.shape[:-1]
+    h2 = hidden.reshape(-1, dim)
+    ids = token_ids.reshape(-1).to(device=hidden.device, dtype=torch.long)
+    logp, ent, s_star, s_exp = _FusedLogp.apply(h2, weight, bias, ids, t, chunk, cd)
+    stats_ent = ent.detach().to(torch.float32).reshape(batch_shape)
+    s_star = s_star.reshape(batch_shape)
+    s_exp = s_exp.reshape(batch_shape)
+    stats = TokenStats(
+        entropy=stats_ent,
+        logp=logp.detach().to(torch.float32).reshape(batch_shape),
+        s_star=s_star,
+        s_expected=s_exp,
+        s_centered=s_star - s_exp,
+    )
+    return FusedOut(logp.reshape(batch_shape), ent.reshape(batch_shape) if with_entropy else None, stats)
