@@ -12,7 +12,7 @@ import sys
 from entropy_rft.errors import UserError
 
 # Subcommand modules, in the order ``erft --help`` lists them.
-COMMANDS = ["train", "demo", "eval", "compare", "report", "probe", "filter", "fit_law", "experiment", "methods"]
+COMMANDS = ["train", "eval", "compare", "report", "probe", "filter", "fit_law", "experiment", "methods"]
 
 
 def _load_commands() -> list:

@@ -1,0 +1,72 @@
+"""``erft train``: reinforcement fine-tuning with entropy control, into a run directory."""
+
+from __future__ import annotations
+
+import argparse
+
+from entropy_rft.errors import UserError
+
+NAME = "train"
+HELP = "Train a policy with GRPO/PPO and an entropy-control method (see `erft methods`)."
+
+# Flags that would change a recorded run; --resume refuses them.
+_FIXED_ON_RESUME = ("config", "method", "model", "seed", "set", "overwrite", "task", "engine")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", help="YAML config (default: the built-in configs/default.yaml).")
+    p.add_argument("--method", help="Entropy-control method, e.g. none, clip_b, clip_v, clip_cov, kl_cov.")
+    p.add_argument("--model", help="'default', 'smollm2-135m', a local HF folder or a hub id.")
+    p.add_argument("--task", help="Task name or 'module:Class'.")
+    p.add_argument("--engine", choices=["native", "trl"], help="Training engine (default: native).")
+    p.add_argument("--max-steps", type=int, help="Total steps of the run (also when resuming).")
+    p.add_argument("--out", help="Run directory (default: runs/<method>).")
+    p.add_argument("--seed", type=int, help="Run seed.")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="Override a config field, e.g. --set optim.lr=1e-4 (repeatable).")
+    p.add_argument("--resume", metavar="DIR", help="Continue the run in DIR from its last checkpoint.")
+    p.add_argument("--overwrite", action="store_true", help="Replace an existing run directory.")
+    p.add_argument("--help-config", action="store_true", help="List every config field with its help text.")
+
+
+def cli_extra(args: argparse.Namespace) -> dict:
+    """Config overrides implied by the dedicated flags."""
+    extra: dict = {}
+    if args.method:
+        extra.setdefault("method", {})["name"] = args.method
+    if args.model:
+        extra.setdefault("model", {})["name"] = args.model
+    if getattr(args, "task", None):
+        extra.setdefault("task", {})["name"] = args.task
+    if getattr(args, "engine", None):
+        extra["engine"] = args.engine
+    if args.max_steps is not None:
+        extra.setdefault("train", {})["max_steps"] = args.max_steps
+    if args.seed is not None:
+        extra.setdefault("train", {})["seed"] = args.seed
+    return extra
+
+
+def run(args: argparse.Namespace) -> int:
+    from entropy_rft import launch
+    from entropy_rft.config import help_text, load_config
+
+    if args.help_config:
+        print("\n".join(help_text()))
+        return 0
+    if args.resume:
+        bad = [f"--{k.replace('_', '-')}" for k in _FIXED_ON_RESUME if getattr(args, k, None)]
+        if args.out and args.out != args.resume:
+            bad.append("--out")
+        if bad:
+            raise UserError(f"--resume continues the recorded config; {', '.join(bad)} cannot change it "
+                            "(only --max-steps can)")
+        last = launch.resume(args.resume, max_steps=args.max_steps)
+        if last.get("already_finished"):
+            print(f"run '{args.resume}' already finished at step {last['step']}")
+        return 0
+    cfg = load_config(args.config, args.set, extra=cli_extra(args))
+    out = args.out or f"runs/{cfg.method.name}"
+    launch.start(cfg, out, overwrite=args.overwrite)
+    print(f"run written to {out}")
+    return 0

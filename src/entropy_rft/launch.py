@@ -1,0 +1,62 @@
+"""Start, resume or skip a training run in a run directory (shared by ``erft train`` and ``erft compare``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from entropy_rft import rundir
+from entropy_rft.config import Config, config_to_dict
+from entropy_rft.errors import UserError
+
+
+def run_status(out: str | Path) -> dict[str, Any]:
+    p = Path(out) / "run.json"
+    if not p.is_file():
+        return {}
+    try:
+        return json.loads(p.read_text())
+    except json.JSONDecodeError:
+        return {}
+
+
+def start(cfg: Config, out: str | Path, *, overwrite: bool = False) -> dict[str, Any]:
+    """Train ``cfg`` into a new run directory ``out`` (refused if it exists, unless ``overwrite``)."""
+    from entropy_rft.trainer import train
+
+    out = rundir.prepare_new(out, overwrite)
+    return train(cfg, out)
+
+
+def resume(out: str | Path, *, max_steps: int | None = None) -> dict[str, Any]:
+    """Continue the run in ``out`` from its last checkpoint with its recorded config.
+
+    ``max_steps`` may raise or lower the run's total; nothing else can change. A finished run that is
+    not extended returns at once.
+    """
+    from entropy_rft.trainer import load_run_config, train
+
+    out = Path(out)
+    if not out.is_dir():
+        raise UserError(f"--resume {out}: no such run directory")
+    cfg = load_run_config(out)
+    if max_steps is not None and max_steps != cfg.train.max_steps:
+        if max_steps < 1:
+            raise UserError(f"--max-steps must be >= 1, got {max_steps}")
+        cfg.train.max_steps = max_steps
+        rundir.atomic_write_text(out / "config.yaml", yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
+    status = run_status(out)
+    if status.get("status") == "finished" and int(status.get("step", 0)) >= cfg.train.max_steps:
+        return {"step": status.get("step"), "already_finished": True}
+    return train(cfg, out, resume=True)
+
+
+def start_or_resume(cfg: Config, out: str | Path, *, overwrite: bool = False) -> dict[str, Any]:
+    """For sweeps: a finished run is kept, an interrupted one resumes, a missing one starts."""
+    out = Path(out)
+    if overwrite or not (out / "config.yaml").is_file():
+        return start(cfg, out, overwrite=overwrite)
+    return resume(out, max_steps=cfg.train.max_steps)

@@ -1,0 +1,74 @@
+"""Per update: the entropy change the theory predicted against the one that happened.
+
+After a step's optimizer updates, the trainer recomputes the entropy of the same batch tokens. The
+tabular first-order prediction (Paper A, Theorem 3.3) for token t is ``-w_t * A_t * S_c_t``, where
+``w_t`` is the weight the loss gave the token (0 when a method dropped or zeroed it; the aggregation
+weight otherwise). The ratio is 1 at the start of the step (on-policy), so it does not appear. Adam's
+step is not ``lr * grad``, so only signs and correlations are comparable, not magnitudes.
+
+Levels reported (see feasibility.md for why one number misleads):
+
+- ``probe/sign_agreement``: per token, sign(pred) == sign(actual);
+- ``probe/sign_agreement_weighted``: the same, weighted by |pred|;
+- ``probe/corr``: per-token Pearson correlation of pred and actual;
+- ``probe/dH_actual``, ``probe/dH_pred``: batch means; ``probe/batch_sign_agree``: 1.0 when their signs agree.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def masked_mean(x: Tensor, mask: Tensor) -> float | None:
+    """Mean of ``x`` over ``mask``; None when the mask is empty (JSON null, never NaN)."""
+    n = int(mask.sum())
+    if n == 0:
+        return None
+    return float((x.double() * mask).sum() / n)
+
+
+def masked_std(x: Tensor, mask: Tensor) -> float | None:
+    """Population std of ``x`` over ``mask``; None when the mask is empty."""
+    m = masked_mean(x, mask)
+    if m is None:
+        return None
+    return float((((x.double() - m) ** 2) * mask).sum() / mask.sum()) ** 0.5
+
+
+def pearson(x: Tensor, y: Tensor) -> float | None:
+    """Pearson correlation of two 1-D tensors; None when either is constant or empty."""
+    if x.numel() < 2:
+        return None
+    x, y = x.double() - x.double().mean(), y.double() - y.double().mean()
+    den = float(x.norm() * y.norm())
+    if den == 0.0:
+        return None
+    return float((x * y).sum()) / den
+
+
+def tabular_prediction(s_centered: Tensor, advantages: Tensor, weights: Tensor) -> Tensor:
+    """First-order ΔH per token, up to the learning-rate scale: -w·A·S_c (Theorem 3.3, r = 1)."""
+    return -(weights * advantages * s_centered.double())
+
+
+def probe_metrics(pred: Tensor, actual: Tensor, mask: Tensor) -> dict[str, float | None]:
+    """Agreement figures between predicted and actual per-token ΔH over valid tokens."""
+    valid = mask.bool()
+    p, a = pred[valid].double(), actual[valid].double()
+    both = (p != 0) & (a != 0)
+    agree = (torch.sign(p) == torch.sign(a)) & both
+    n_both = int(both.sum())
+    wsum = float(p[both].abs().sum())
+    mp, ma = (float(p.mean()), float(a.mean())) if p.numel() else (None, None)
+    batch_agree = None
+    if mp is not None and mp != 0 and ma != 0:
+        batch_agree = float((mp > 0) == (ma > 0))
+    return {
+        "probe/dH_actual": ma,
+        "probe/dH_pred": mp,
+        "probe/sign_agreement": float(agree.sum()) / n_both if n_both else None,
+        "probe/sign_agreement_weighted": float(p[agree].abs().sum()) / wsum if wsum > 0 else None,
+        "probe/corr": pearson(p[both], a[both]) if n_both >= 2 else None,
+        "probe/batch_sign_agree": batch_agree,
+    }

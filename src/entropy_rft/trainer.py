@@ -1,0 +1,647 @@
+"""The single-process GRPO / Dr.GRPO / PPO loop, on CPU or one GPU, with entropy control and the probe.
+
+Read ``train`` top to bottom: each step samples prompts, rolls out, scores, computes advantages, runs the
+old-policy forward (TokenStats), builds the method's masks, takes the optimizer updates with
+``policy_loss``, probes the entropy change and logs. Everything else in this file is a small helper.
+The maths lives in ``dynamics``, ``control``, ``loss`` and ``advantages``; this file only wires it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import random
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import yaml
+
+from entropy_rft import advantages as adv_lib
+from entropy_rft import control, dynamics, evaluation, rundir
+from entropy_rft.config import Config, config_from_dict, config_to_dict
+from entropy_rft.errors import UserError
+from entropy_rft.forward import policy_forward
+from entropy_rft.loss import agg_weights, policy_loss, ppo_clipped_mask
+from entropy_rft.probe import masked_mean, masked_std, probe_metrics, tabular_prediction
+from entropy_rft.rollout import RolloutBatch, sample
+from entropy_rft.tasks import build_task
+
+# ----------------------------------------------------------------------------- small helpers
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def rng_state(gens: dict[str, torch.Generator]) -> dict[str, Any]:
+    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+            "generators": {k: g.get_state() for k, g in gens.items()}}
+
+
+def set_rng_state(state: dict[str, Any], gens: dict[str, torch.Generator]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if state.get("cuda") is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    for k, g in gens.items():
+        g.set_state(state["generators"][k])
+
+
+def make_scheduler(optim: torch.optim.Optimizer, cfg: Config, total_updates: int):
+    warm, kind = cfg.optim.warmup_steps, cfg.optim.schedule
+
+    def factor(i: int) -> float:
+        if warm and i < warm:
+            return (i + 1) / warm
+        frac = (i - warm) / max(1, total_updates - warm)
+        if kind == "linear":
+            return max(0.0, 1.0 - frac)
+        if kind == "cosine":
+            return 0.5 * (1.0 + math.cos(math.pi * min(1.0, frac)))
+        return 1.0
+
+    return torch.optim.lr_scheduler.LambdaLR(optim, factor)
+
+
+def token_advantages(cfg: Config, rewards: torch.Tensor, mask: torch.Tensor, values: torch.Tensor | None):
+    """Per-token advantages [B, R] (and PPO returns). GRPO / Dr.GRPO broadcast the sequence advantage."""
+    if cfg.algo.algorithm == "ppo":
+        tok_rewards = torch.zeros_like(mask, dtype=torch.float32)
+        last = (mask.long().cumsum(-1) == mask.long().sum(-1, keepdim=True)) & mask
+        tok_rewards[last] = rewards.float().repeat_interleave(last.sum(-1))
+        adv, ret = adv_lib.gae(tok_rewards, values, mask, cfg.algo.gamma, cfg.algo.lam)
+        return adv_lib.whiten(adv, mask) * mask, ret
+    seq = adv_lib.grpo_advantages(rewards.float(), cfg.rollout.group_size, eps=cfg.algo.adv_eps,
+                                  scale_std=cfg.algo.algorithm == "grpo")
+    return seq[:, None].expand_as(mask).float() * mask, None
+
+
+def uniform_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    """Per sequence: True when its whole group got the same reward (DAPO drops such groups)."""
+    g = rewards.view(-1, group_size)
+    return (g == g[:, :1]).all(-1).repeat_interleave(group_size)
+
+
+def and_masks(*masks: torch.Tensor | None) -> torch.Tensor | None:
+    out = None
+    for m in masks:
+        if m is not None:
+            out = m if out is None else out & m
+    return out
+
+
+def _rows(m: torch.Tensor | None, idx: torch.Tensor) -> torch.Tensor | None:
+    return None if m is None else m[idx]
+
+
+class ValueHead(torch.nn.Module):
+    """PPO critic on the policy's (detached) hidden states: the policy's entropy dynamics stay its own."""
+
+    def __init__(self, d: int):
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Linear(d, d), torch.nn.Tanh(), torch.nn.Linear(d, 1))
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.net(hidden.detach().float()).squeeze(-1)
+
+
+@dataclass
+class StepBatch:
+    """Everything one step knows about its rollout batch, on the policy's device."""
+
+    rollout: RolloutBatch
+    mask: torch.Tensor  # [B, R] bool, response tokens that train
+    rewards: torch.Tensor  # [B]
+    adv: torch.Tensor | None = None  # [B, R]
+    returns: torch.Tensor | None = None  # [B, R], PPO
+    old_logp: torch.Tensor | None = None
+    ref_logp: torch.Tensor | None = None
+    stats: dynamics.TokenStats | None = None
+    keep: torch.Tensor | None = None  # rollout-level keep-mask (ClipB, ClipV, ...)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+# ----------------------------------------------------------------------------- the run
+
+
+class Run:
+    """Model, optimizer, RNGs and logs of one run directory. ``train()`` drives it."""
+
+    def __init__(self, cfg: Config, out: Path, start_step: int = 0):
+        from entropy_rft.models import load_policy
+
+        self.cfg, self.out = cfg, out
+        if cfg.train.threads:
+            torch.set_num_threads(cfg.train.threads)
+        seed_everything(cfg.train.seed)
+        self.device = torch.device(cfg.model.device)
+        dtype = getattr(torch, cfg.model.dtype)
+        self.model, self.tok = load_policy(cfg.model.name, device=str(self.device), dtype=dtype)
+        if cfg.model.gradient_checkpointing:
+            self.model.gradient_checkpointing_enable()
+        self.model.train()
+        self.ref = None
+        if cfg.algo.ref_kl_coef > 0:
+            self.ref, _ = load_policy(cfg.model.name, device=str(self.device), dtype=dtype)
+            self.ref.eval().requires_grad_(False)
+        self.task = build_task(cfg.task.name, **cfg.task.params)
+        self.train_set, self.val_set = self.task.split(cfg.train.seed)
+        self.method = control.build_method(cfg.method.name, **cfg.method_params())
+        self.loss_kwargs = self._loss_kwargs()
+        self.uses_minibatch_masks = self.method.stage == "minibatch"
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optim = torch.optim.AdamW(params, lr=cfg.optim.lr, betas=tuple(cfg.optim.betas),
+                                       weight_decay=cfg.optim.weight_decay)
+        updates = cfg.train.max_steps * cfg.algo.minibatches * cfg.algo.ppo_epochs
+        self.sched = make_scheduler(self.optim, cfg, updates)
+        self.value_head = self.value_optim = None
+        if cfg.algo.algorithm == "ppo":
+            d = self.model.get_output_embeddings().weight.shape[1]
+            self.value_head = ValueHead(d).to(self.device)
+            self.value_optim = torch.optim.AdamW(self.value_head.parameters(), lr=cfg.algo.value_lr)
+        s = cfg.train.seed
+        self.gens = {
+            "data": torch.Generator().manual_seed(s + 1),
+            "method": torch.Generator().manual_seed(s + 2),
+            "sample": torch.Generator(device=self.device).manual_seed(s + 3),
+        }
+        self.step = start_step
+        self.stop_signal: int | None = None
+
+    # ------------------------------------------------------------------ config-derived pieces
+
+    def _loss_kwargs(self) -> dict[str, Any]:
+        a = self.cfg.algo
+        kw = dict(eps_low=a.eps_low, eps_high=a.eps_high, dual_clip=a.dual_clip, agg=a.agg,
+                  ref_kl_coef=a.ref_kl_coef, ref_kl_estimator=a.ref_kl_estimator)
+        kw.update(self.method.loss_kwargs())
+        return kw
+
+    def autocast(self):
+        if self.cfg.model.autocast_bf16:
+            return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def forward(self, batch: RolloutBatch, *, with_entropy: bool = False):
+        with self.autocast():
+            return policy_forward(self.model, batch, self.cfg.rollout.temperature, with_entropy=with_entropy,
+                                  fused=self.cfg.model.fused_logp)
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def state(self) -> dict[str, Any]:
+        st = {"model": self.model.state_dict(), "optim": self.optim.state_dict(), "sched": self.sched.state_dict(),
+              "rng": rng_state(self.gens), "trainer": {"step": self.step, "method": self.method_state()}}
+        if self.value_head is not None:
+            st["value_head"] = self.value_head.state_dict()
+            st["value_optim"] = self.value_optim.state_dict()
+        return st
+
+    def method_state(self) -> dict[str, Any]:
+        return {"knob": self.method.get_knob()} if self.method.knob else {}
+
+    def load_state(self, st: dict[str, Any]) -> None:
+        self.model.load_state_dict(st["model"])
+        self.optim.load_state_dict(st["optim"])
+        self.sched.load_state_dict(st["sched"])
+        if self.value_head is not None:
+            self.value_head.load_state_dict(st["value_head"])
+            self.value_optim.load_state_dict(st["value_optim"])
+        set_rng_state(st["rng"], self.gens)
+        self.step = int(st["trainer"]["step"])
+        if st["trainer"].get("method", {}).get("knob") is not None:
+            self.method.set_knob(st["trainer"]["method"]["knob"])
+
+    def save(self) -> None:
+        rundir.save_checkpoint(self.out, self.step, self.state(), self.cfg.train.keep_checkpoints)
+
+    # ------------------------------------------------------------------ the stages of a step
+
+    def sample_prompts(self):
+        n = self.cfg.rollout.prompts_per_step
+        idx = torch.randint(len(self.train_set), (n,), generator=self.gens["data"]).tolist()
+        return [self.train_set[i] for i in idx]
+
+    def rollout(self, prompts: list[str]) -> RolloutBatch:
+        r = self.cfg.rollout
+        with self.autocast():
+            return sample(self.model, self.tok, prompts, max_new_tokens=r.max_new_tokens, temperature=r.temperature,
+                          top_p=r.top_p, backend=r.backend, generator=self.gens["sample"])
+
+    @torch.no_grad()
+    def old_policy_pass(self, sb: StepBatch) -> None:
+        """Old-policy log-probs and TokenStats for the whole batch (and reference log-probs, values)."""
+        out = self.forward(sb.rollout)
+        sb.old_logp, sb.stats = out.logp.detach(), out.stats
+        values = self.value_head(out.hidden) if self.value_head is not None else None
+        if self.ref is not None:
+            with self.autocast():
+                sb.ref_logp = policy_forward(self.ref, sb.rollout, self.cfg.rollout.temperature,
+                                             fused=self.cfg.model.fused_logp).logp.detach()
+        sb.adv, sb.returns = token_advantages(self.cfg, sb.rewards, sb.mask, values)
+
+    def minibatches(self, n: int) -> list[torch.Tensor]:
+        perm = torch.randperm(n, generator=self.gens["data"])
+        return [c for c in perm.chunk(self.cfg.algo.minibatches) if c.numel()]
+
+    def update(self, sb: StepBatch) -> dict[str, Any]:
+        """PPO epochs × minibatches of optimizer updates. Returns averaged loss metrics."""
+        a, logs = self.cfg.algo, []
+        n = sb.mask.shape[0]
+        dropped_mb = torch.zeros_like(sb.mask)  # tokens zeroed by a minibatch-level method (first epoch)
+        for epoch in range(a.ppo_epochs):
+            for idx in self.minibatches(n):
+                logs.append(self.update_minibatch(sb, idx, dropped_mb if epoch == 0 else None))
+        sb.extra["minibatch_dropped"] = dropped_mb
+        out: dict[str, Any] = {}
+        for k in logs[0]:
+            vals = [d[k] for d in logs if d.get(k) is not None]
+            out[k] = float(np.mean(vals)) if vals else None
+        return out
+
+    def update_minibatch(self, sb: StepBatch, idx: torch.Tensor, dropped_mb: torch.Tensor | None) -> dict:
+        cfg, a = self.cfg, self.cfg.algo
+        need_ent = self.method.needs_entropy_grad()
+        micro = [c for c in idx.chunk(a.grad_accum) if c.numel()]
+        mb_mask = sb.mask[idx]
+        first = None
+        if len(micro) == 1:  # one forward with grad; the selection uses its detached log-probs
+            first = self.forward(sb.rollout.select(idx), with_entropy=need_ent)
+            cur = first.logp.detach()
+        elif self.uses_minibatch_masks:  # accumulation: select over the whole minibatch first
+            with torch.no_grad():
+                cur = self.forward(sb.rollout.select(idx)).logp
+        # 6b. Clip-Cov / KL-Cov select over the whole minibatch, from its current (detached) log-probs.
+        mb_masks = control.Masks()
+        if self.uses_minibatch_masks:
+            clipped = ppo_clipped_mask(cur, sb.old_logp[idx], sb.adv[idx], mb_mask,
+                                       self.loss_kwargs.get("eps_low"), self.loss_kwargs.get("eps_high"))
+            mb_masks = self.method.minibatch_masks(cur, sb.old_logp[idx], sb.adv[idx], mb_mask, clipped=clipped,
+                                                   generator=self.gens["method"])
+        if dropped_mb is not None and mb_masks.zeroed is not None:
+            dropped_mb[idx] |= mb_masks.zeroed & mb_mask
+        keep_mb = and_masks(None if sb.keep is None else sb.keep[idx], mb_masks.keep)
+        counted = mb_mask if keep_mb is None else mb_mask & keep_mb
+        total_w = float(agg_weights(counted, a.agg).sum()) or 1.0
+
+        self.optim.zero_grad(set_to_none=True)
+        metrics: list[dict] = []
+        value_loss_total = 0.0
+        pos = {int(j): i for i, j in enumerate(idx.tolist())}
+        for mi in micro:
+            local = torch.tensor([pos[int(j)] for j in mi.tolist()])
+            out = first if first is not None else self.forward(sb.rollout.select(mi), with_entropy=need_ent)
+            loss, met = policy_loss(
+                out.logp, sb.old_logp[mi], sb.adv[mi], sb.mask[mi],
+                keep=_rows(keep_mb, local), zeroed=_rows(mb_masks.zeroed, local),
+                kl_cov_select=_rows(mb_masks.kl_cov_select, local),
+                ref_logp=None if sb.ref_logp is None else sb.ref_logp[mi],
+                entropy=out.entropy, **self.loss_kwargs)
+            if len(micro) > 1:  # re-weight so the accumulated gradient equals the whole minibatch's loss
+                loss = loss * (float(agg_weights(counted[local], a.agg).sum()) / total_w)
+            if self.value_head is not None:
+                v = self.value_head(out.hidden)
+                vm = sb.mask[mi].float()
+                vloss = (((v - sb.returns[mi]) ** 2) * vm).sum() / vm.sum().clamp(min=1)
+                loss = loss + a.value_coef * vloss * (len(mi) / len(idx))
+                value_loss_total += float(vloss) * len(mi) / len(idx)
+            loss.backward()
+            metrics.append(met)
+        gn = None
+        if cfg.optim.max_grad_norm is not None:
+            gn = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.optim.max_grad_norm))
+        self.optim.step()
+        self.sched.step()
+        if self.value_optim is not None:
+            self.value_optim.step()
+            self.value_optim.zero_grad(set_to_none=True)
+        out_m = {k: float(np.mean([m[k] for m in metrics if m.get(k) is not None]))
+                 if any(m.get(k) is not None for m in metrics) else None for k in metrics[0]}
+        out_m["optim/grad_norm"] = gn
+        out_m["optim/lr"] = self.sched.get_last_lr()[0]
+        if self.value_head is not None:
+            out_m["loss/value"] = value_loss_total
+        return out_m
+
+    @torch.no_grad()
+    def probe(self, sb: StepBatch) -> dict[str, Any]:
+        """Entropy after the updates, on the same tokens, against the tabular prediction."""
+        after = self.forward(sb.rollout)
+        mask = sb.mask
+        trained = and_masks(mask, sb.keep, ~sb.extra["minibatch_dropped"])
+        w = agg_weights(trained, self.cfg.algo.agg)
+        pred = tabular_prediction(sb.stats.s_centered, sb.adv, w)
+        actual = after.stats.entropy - sb.stats.entropy
+        m = probe_metrics(pred, actual, mask) if self.cfg.probe.enabled else {}
+        log_r = (after.logp - sb.old_logp).double()
+        m["policy/approx_kl"] = masked_mean(torch.expm1(log_r) - log_r, mask)
+        sb.extra.update(pred=pred, actual=actual, ratio=torch.exp(log_r))
+        return m
+
+    # ------------------------------------------------------------------ evaluation
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, Any]:
+        """Avg@K, Pass@K, Maj@K, distinct correct answers, pass-rate histogram and entropy on validation.
+
+        Sampling uses its own generator seeded from (seed, step), so evaluation never moves the training RNG.
+        """
+        e = self.cfg.eval
+        exs = self.val_set[: e.prompts]
+        gen = torch.Generator(device=self.device).manual_seed(self.cfg.train.seed * 1_000_003 + self.step)
+        correct, answers, ents = [], [], []
+        chunk = max(1, 512 // e.samples)
+        for i in range(0, len(exs), chunk):
+            part = exs[i : i + chunk]
+            prompts = [ex.prompt for ex in part for _ in range(e.samples)]
+            with self.autocast():
+                rb = sample(self.model, self.tok, prompts, max_new_tokens=self.cfg.rollout.max_new_tokens,
+                            temperature=e.temperature, top_p=1.0, backend="kv", generator=gen)
+            st = self.forward(rb).stats
+            ents.append((st.entropy * rb.response_mask).sum().item() / max(1, int(rb.response_mask.sum())))
+            for j, ex in enumerate(part):
+                resp = rb.responses[j * e.samples : (j + 1) * e.samples]
+                correct.append([self.task.reward(r, ex) for r in resp])
+                answers.append([self.task.canonical(r, ex) for r in resp])
+        out = evaluation.summarize(correct, answers, prefix="eval/")
+        out["eval/entropy"] = float(np.mean(ents))
+        return out
+
+
+# ----------------------------------------------------------------------------- logging
+
+
+class Logger:
+    """metrics.jsonl (+ TensorBoard, + W&B), samples.jsonl and token_records.jsonl, append-only."""
+
+    def __init__(self, out: Path, cfg: Config, purge_step: int | None):
+        self.metrics = rundir.JsonlWriter(out / "metrics.jsonl")
+        self.samples = rundir.JsonlWriter(out / "samples.jsonl")
+        self.records = rundir.JsonlWriter(out / "token_records.jsonl")
+        self.tb = self.wandb = None
+        if cfg.train.tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.tb = SummaryWriter(str(out / "tb"), purge_step=purge_step)
+        if cfg.train.wandb:
+            try:
+                import wandb
+            except ImportError:
+                raise UserError("train.wandb is true but wandb is not installed; pip install wandb") from None
+            self.wandb = wandb.init(dir=str(out), config=config_to_dict(cfg), resume="allow")
+
+    def log(self, row: dict[str, Any]) -> None:
+        self.metrics.write(row)
+        step = row["step"]
+        scalars = {k: v for k, v in rundir.json_safe(row).items()
+                   if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step"}
+        if self.tb is not None:
+            for k, v in scalars.items():
+                self.tb.add_scalar(k, v, step)
+            self.tb.flush()
+        if self.wandb is not None:
+            self.wandb.log(scalars, step=step)
+
+    def close(self) -> None:
+        for w in (self.metrics, self.samples, self.records):
+            w.close()
+        if self.tb is not None:
+            self.tb.close()
+        if self.wandb is not None:
+            self.wandb.finish()
+
+
+# ----------------------------------------------------------------------------- metrics of a step
+
+
+def batch_metrics(sb: StepBatch, task_correct: torch.Tensor, eos_id: int) -> dict[str, Any]:
+    st, m = sb.stats, sb.mask
+    keep = and_masks(m, sb.keep, ~sb.extra["minibatch_dropped"])
+    n_valid = int(m.sum())
+    return {
+        "reward/mean": float(sb.rewards.float().mean()),
+        "reward/accuracy": float(task_correct.float().mean()),
+        "entropy/mean": masked_mean(st.entropy, m),
+        "dynamics/s_star_mean": masked_mean(st.s_star, m),
+        "dynamics/s_star_std": masked_std(st.s_star, m),
+        "dynamics/s_centered_mean": masked_mean(st.s_centered, m),
+        "dynamics/s_centered_std": masked_std(st.s_centered, m),
+        "dynamics/s_expected_mean": masked_mean(st.s_expected, m),
+        "dynamics/cov_logp_adv": dynamics.cov_logp_advantage(st.logp, sb.adv, m),
+        "dynamics/cov_adv_s_centered": dynamics.cov_advantage_s_centered(sb.adv, st.s_centered, m),
+        "dynamics/pred_dH": dynamics.batch_predicted_entropy_change(st, sb.adv, m),
+        "control/kept_frac": int((keep & m).sum()) / n_valid if n_valid else None,
+        "control/zeroed_frac": float(sb.extra["minibatch_dropped"].sum()) / n_valid if n_valid else None,
+        "response/length": float(m.sum(-1).float().mean()),
+        "response/truncated_frac": truncated_frac(sb.rollout, eos_id),
+    }
+
+
+def truncated_frac(rb: RolloutBatch, eos_id: int) -> float:
+    """Fraction of responses that ran out of tokens before emitting EOS."""
+    ended = (rb.response_ids == eos_id) & rb.response_mask
+    return float((~ended.any(-1)).float().mean())
+
+
+def token_records(sb: StepBatch, step: int, n: int, gen: torch.Generator) -> list[dict]:
+    """A random sample of per-token records (S, S_c, A, r, predicted and actual ΔH, kept) for the plots."""
+    m = sb.mask
+    idx = m.nonzero()
+    if idx.shape[0] == 0:
+        return []
+    pick = idx[torch.randperm(idx.shape[0], generator=gen)[:n]]
+    keep = and_masks(m, sb.keep, ~sb.extra["minibatch_dropped"])
+    rows = []
+    for b, t in pick.tolist():
+        rows.append({"step": step, "seq": b, "pos": t, "entropy": sb.stats.entropy[b, t], "logp": sb.stats.logp[b, t],
+                     "s_star": sb.stats.s_star[b, t], "s_centered": sb.stats.s_centered[b, t], "adv": sb.adv[b, t],
+                     "ratio": sb.extra["ratio"][b, t], "pred_dH": sb.extra["pred"][b, t],
+                     "actual_dH": sb.extra["actual"][b, t], "kept": bool(keep[b, t])})
+    return rows
+
+
+# ----------------------------------------------------------------------------- the loop
+
+
+def train(cfg: Config, out: str | Path, *, resume: bool = False, on_step=None) -> dict[str, Any]:
+    """Train ``cfg`` into run directory ``out`` (fresh, or resumed from its last checkpoint).
+
+    Returns the last metrics row. SIGTERM/SIGINT save a checkpoint and raise SystemExit(143/130).
+    """
+    out = Path(out)
+    ckpt = rundir.latest_checkpoint(out) if resume else None
+    start = 0
+    if resume:
+        state = rundir.load_checkpoint(ckpt) if ckpt else None
+        start = int(state["trainer"]["step"]) if state else 0
+        rundir.truncate_logs(out, start if state else -1)
+    else:
+        rundir.atomic_write_text(out / "config.yaml", yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
+    rundir.atomic_write_json(out / "run.json", {"status": "running", "start_step": start,
+                                                "max_steps": cfg.train.max_steps, "python": sys.version.split()[0],
+                                                "torch": torch.__version__})
+    run = Run(cfg, out, start_step=start)
+    if ckpt is not None:
+        run.load_state(state)
+    logger = Logger(out, cfg, purge_step=start + 1 if resume else None)
+    handlers = _install_signal_handlers(run)
+    last: dict[str, Any] = {}
+    try:
+        if start == 0 and cfg.eval.every:
+            last = {"step": 0, **run.evaluate()}
+            logger.log(last)
+        with _progress(cfg, start) as bar:
+            for step in range(start + 1, cfg.train.max_steps + 1):
+                run.step = step
+                last = train_step(run, logger)
+                bar(last)
+                if on_step is not None:
+                    on_step(run, last)
+                if step % cfg.train.checkpoint_every == 0 or step == cfg.train.max_steps or run.stop_signal:
+                    run.save()
+                if run.stop_signal:
+                    raise SystemExit(128 + run.stop_signal)
+        _export_final(run)
+        rundir.atomic_write_json(out / "run.json", {"status": "finished", "step": run.step,
+                                                    "max_steps": cfg.train.max_steps})
+    finally:
+        logger.close()
+        _restore_signal_handlers(handlers)
+    return last
+
+
+def train_step(run: Run, logger: Logger) -> dict[str, Any]:
+    """One step: the ten stages of DESIGN.md's data path."""
+    cfg, step = run.cfg, run.step
+    t0 = time.perf_counter()
+    # 1. prompts, G samples each
+    examples = run.sample_prompts()
+    group = [ex for ex in examples for _ in range(cfg.rollout.group_size)]
+    # 2. roll out
+    rb = run.rollout([ex.prompt for ex in group])
+    t_gen = time.perf_counter()
+    # 3. score
+    rewards = torch.tensor([run.task.reward(r, ex) for r, ex in zip(rb.responses, group)], device=run.device)
+    mask = rb.response_mask.clone()
+    if cfg.algo.drop_uniform_groups and cfg.algo.algorithm != "ppo":
+        mask &= ~uniform_groups(rewards, cfg.rollout.group_size)[:, None]
+    sb = StepBatch(rb, mask, rewards)
+    # 4-5. old-policy forward (TokenStats) and advantages
+    run.old_policy_pass(sb)
+    # 6. the method's rollout-level masks (ClipB, ClipV, high-entropy, grad-mask), from old-policy stats
+    sb.keep = run.method.rollout_masks(sb.stats, sb.adv, sb.mask).keep
+    t_fwd = time.perf_counter()
+    # 7-8. policy_loss and optimizer updates (Clip-Cov / KL-Cov select per minibatch inside)
+    loss_m = run.update(sb)
+    t_bwd = time.perf_counter()
+    # 9. probe: actual vs predicted entropy change on the same tokens
+    probe_m = run.probe(sb)
+    t_probe = time.perf_counter()
+    # 10. log
+    row: dict[str, Any] = {"step": step, **batch_metrics(sb, rewards > 0, run.tok.eos_token_id), **loss_m, **probe_m}
+    clipped = ppo_clipped_mask(torch.log(sb.extra["ratio"]).float() + sb.old_logp, sb.old_logp, sb.adv, sb.mask,
+                               run.loss_kwargs.get("eps_low"), run.loss_kwargs.get("eps_high"))
+    keep_all = and_masks(sb.mask, sb.keep, ~sb.extra["minibatch_dropped"])
+    row.update(control.lens_attribution(keep_all, sb.adv, sb.stats.s_centered, sb.mask, agg=cfg.algo.agg))
+    row.update({k.replace("lens/", "lens_ppo/"): v for k, v in control.lens_attribution(
+        ~clipped, sb.adv, sb.stats.s_centered, sb.mask, agg=cfg.algo.agg).items()})
+    if cfg.eval.every and (step % cfg.eval.every == 0 or step == cfg.train.max_steps):
+        te = time.perf_counter()
+        row.update(run.evaluate())
+        row["time/eval"] = time.perf_counter() - te
+    n_tok = int(rb.response_mask.sum())
+    row.update({"time/generate": t_gen - t0, "time/forward": t_fwd - t_gen, "time/backward": t_bwd - t_fwd,
+                "time/probe": t_probe - t_bwd, "time/step": time.perf_counter() - t0,
+                "perf/tokens_per_s": n_tok / max(1e-9, t_probe - t0)})
+    logger.log(row)
+    if cfg.train.samples_every and step % cfg.train.samples_every == 0:
+        logger.samples.write_many({"step": step, "prompt": ex.prompt, "response": r, "reward": float(rw)}
+                                  for ex, r, rw in zip(group, rb.responses, rewards.tolist()))
+    if cfg.probe.records_every and step % cfg.probe.records_every == 0:
+        gen = torch.Generator().manual_seed(cfg.train.seed * 7919 + step)
+        logger.records.write_many(token_records(sb, step, cfg.probe.records_per_step, gen))
+    return row
+
+
+# ----------------------------------------------------------------------------- plumbing
+
+
+def _export_final(run: Run) -> None:
+    """Save the final policy in HF format, atomically (temp folder, then rename)."""
+    import shutil
+    import tempfile
+
+    final = run.out / "final"
+    tmp = Path(tempfile.mkdtemp(prefix=".final_", dir=run.out))
+    run.model.save_pretrained(tmp)
+    run.tok.save_pretrained(tmp)
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+
+
+def _install_signal_handlers(run: Run):
+    def handler(signum, _frame):
+        if run.stop_signal is not None:  # second signal: stop now
+            raise KeyboardInterrupt
+        run.stop_signal = signum
+
+    old = {}
+    for s in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(ValueError):  # not the main thread
+            old[s] = signal.signal(s, handler)
+    return old
+
+
+def _restore_signal_handlers(old) -> None:
+    for s, h in old.items():
+        signal.signal(s, h)
+
+
+@contextlib.contextmanager
+def _progress(cfg: Config, start: int):
+    """A rich progress bar with reward, entropy and kept fraction; yields an ``update(row)`` callable."""
+    if not cfg.train.progress:
+        yield lambda row: None
+        return
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    cols = [TextColumn("[bold]train[/]"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+            TimeRemainingColumn(), TextColumn("{task.fields[info]}")]
+    with Progress(*cols, transient=False) as prog:
+        task = prog.add_task("train", total=cfg.train.max_steps, completed=start, info="")
+
+        def update(row):
+            fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
+            info = (f"reward {fmt(row.get('reward/mean'))}  entropy {fmt(row.get('entropy/mean'))}  "
+                    f"kept {fmt(row.get('control/kept_frac'))}")
+            if "eval/pass@1" in row:
+                info += f"  val pass@1 {fmt(row['eval/pass@1'])}"
+            prog.update(task, advance=1, info=info)
+
+        yield update
+
+
+def load_run_config(out: str | Path) -> Config:
+    p = Path(out) / "config.yaml"
+    if not p.is_file():
+        raise UserError(f"--resume {out}: no config.yaml there; is it a run directory made by `erft train`?")
+    return config_from_dict(yaml.safe_load(p.read_text()))
