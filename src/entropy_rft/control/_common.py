@@ -32,22 +32,22 @@ def check_bool_like(x: Tensor | None, mask: Tensor, name: str) -> None:
 
 
 def broadcast_advantages(advantages: Tensor, mask: Tensor) -> Tensor:
-    """Expand per-token ``[B, T]``, per-sequence ``[B, 1]`` or ``[B]`` advantages to ``mask.shape``.
-
-    A tensor with one dimension fewer than ``mask`` whose shape equals ``mask.shape[:-1]`` is read as one
-    advantage per sequence. Anything else must broadcast to ``mask.shape`` by the usual rules.
+    """Expand advantages to ``mask.shape``: per-token (``mask.shape``), per-sequence (``mask.shape[:-1]``,
+    e.g. ``[B]``, or ``mask.shape[:-1] + (1,)``, e.g. ``[B, 1]``), or a 0-d scalar. Other shapes, which
+    would broadcast by accident (a ``[T]`` vector across rows), are rejected.
     """
     if not isinstance(advantages, Tensor):
         raise ValueError(f"advantages must be a tensor, got {type(advantages).__name__}")
-    a = advantages
-    if a.dim() == mask.dim() - 1 and a.shape == mask.shape[:-1]:
-        a = a.unsqueeze(-1)
-    try:
-        return torch.broadcast_to(a, mask.shape)
-    except RuntimeError:
-        raise ValueError(
-            f"advantages of shape {tuple(advantages.shape)} do not broadcast to mask {tuple(mask.shape)}"
-        ) from None
+    shape = tuple(advantages.shape)
+    seq = tuple(mask.shape[:-1])
+    if shape == tuple(mask.shape) or shape == ():
+        return advantages.expand(mask.shape)
+    if mask.dim() >= 1 and shape in (seq, seq + (1,)):
+        return advantages.reshape(seq + (1,)).expand(mask.shape)
+    raise ValueError(
+        f"advantages must be shaped like mask {tuple(mask.shape)}, per sequence {seq} or {seq + (1,)}, "
+        f"or a scalar; got {shape}"
+    )
 
 
 def is_number(value: object) -> bool:
