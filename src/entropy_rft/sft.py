@@ -1,0 +1,369 @@
+"""The built-in base policy: a small Llama trained from scratch by SFT on Countdown, plus a quick eval.
+
+Recipe (``RECIPE_VERSION`` names it in the cache folder; change the version when the recipe changes):
+
+- task: :class:`~entropy_rft.tasks.countdown.CountdownTask`; SFT pairs come only from outside the
+  validation pool, so validation numbers are clean for every split seed;
+- target text per sample: with probability ``p_correct`` (0.4) a uniformly drawn correct expression,
+  otherwise a uniformly drawn expression over the prompt's digits (usually wrong), so the base policy is
+  imperfect on purpose and keeps entropy for RL to act on;
+- model: Llama, hidden 192, 3 layers, 4 heads, MLP 512, tied embeddings (1.33M parameters), over the
+  21-token character tokenizer of :func:`entropy_rft.models.build_char_tokenizer`;
+- AdamW (lr 2e-3, betas 0.9/0.95, no weight decay), 20 warmup steps then cosine to 10%, batch 256,
+  690 steps, loss on the response and EOS only.
+
+Everything is seeded from ``seed`` (model init via ``torch.manual_seed``, data via ``random.Random``),
+so a build is deterministic per seed on CPU for a given thread count.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import platform
+import random
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+from transformers import LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
+
+from entropy_rft.models import (
+    build_char_tokenizer,
+    cached_build,
+    count_parameters,
+    llama_config,
+    models_dir,
+    save_policy,
+    write_build_info,
+)
+from entropy_rft.tasks.base import Example, Task
+from entropy_rft.tasks.countdown import CountdownTask, expressions, values
+
+RECIPE_VERSION = "v1"
+
+#: The default build parameters (feasibility.md's study settings).
+DEFAULT_BUILD: dict[str, Any] = {
+    "steps": 690,
+    "batch_size": 256,
+    "lr": 2e-3,
+    "warmup": 20,
+    "d_model": 192,
+    "layers": 3,
+    "heads": 4,
+    "mlp": 512,
+    "p_correct": 0.4,
+    "eval_prompts": 256,
+    "eval_samples": 8,
+}
+
+
+def default_policy_dir(cache_dir: str | os.PathLike | None = None, *, seed: int = 0, **params: Any) -> Path:
+    """The cache folder of the base policy built with ``seed`` and ``params`` (defaults omitted).
+
+    ``countdown-llama-v1-seed0`` for the default recipe; a non-default parameter adds a short hash.
+    """
+    unknown = set(params) - set(DEFAULT_BUILD)
+    if unknown:
+        raise TypeError(f"unknown build parameters: {sorted(unknown)}; known: {sorted(DEFAULT_BUILD)}")
+    changed = {k: v for k, v in params.items() if v != DEFAULT_BUILD[k]}
+    name = f"countdown-llama-{RECIPE_VERSION}-seed{seed}"
+    if changed:
+        digest = hashlib.sha256(json.dumps(changed, sort_keys=True).encode()).hexdigest()[:10]
+        name += f"-{digest}"
+    return models_dir(cache_dir) / name
+
+
+# ----------------------------------------------------------------------------- data
+
+
+def sft_sample(digits: tuple[int, ...], target: int, rng: random.Random, p_correct: float) -> str:
+    """One SFT response: a correct expression with probability ``p_correct``, else a random one."""
+    if rng.random() < p_correct:
+        return rng.choice(values(digits)[target])
+    return rng.choice(expressions(digits))
+
+
+def encode_sft_batch(
+    tokenizer: PreTrainedTokenizerBase, prompts: Sequence[str], responses: Sequence[str]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded ``input_ids`` (``<bos> prompt response <eos>``) and ``labels`` (-100 off the response).
+
+    Right padding needs no attention mask: with causal attention a pad only follows the real tokens.
+    """
+    rows, labels = [], []
+    for p, r in zip(prompts, responses, strict=True):
+        p_ids = tokenizer(p).input_ids  # includes <bos>
+        r_ids = tokenizer(r, add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
+        rows.append(p_ids + r_ids)
+        labels.append([-100] * len(p_ids) + r_ids)
+    width = max(len(x) for x in rows)
+    pad = tokenizer.pad_token_id
+    ids = torch.tensor([x + [pad] * (width - len(x)) for x in rows])
+    lab = torch.tensor([y + [-100] * (width - len(y)) for y in labels])
+    return ids, lab
+
+
+def lr_factor(step: int, steps: int, warmup: int, floor: float = 0.1) -> float:
+    """Linear warmup over ``warmup`` steps, then cosine from 1 to ``floor`` (step counts from 0)."""
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = (step - warmup) / max(1, steps - warmup)
+    return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+
+def _progress(console: Console, enabled: bool) -> Progress:
+    return Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("loss {task.fields[loss]}"),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=console,
+        disable=not enabled,
+    )
+
+
+def train_sft(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    task: CountdownTask,
+    *,
+    seed: int,
+    steps: int,
+    batch_size: int,
+    lr: float,
+    warmup: int,
+    p_correct: float,
+    progress: bool = True,
+) -> list[float]:
+    """Fine-tune ``model`` on generated Countdown solutions; returns the per-step losses."""
+    rng = random.Random(seed)
+    pairs = task.sft_pairs()
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, steps, warmup))
+    model.train()
+    losses: list[float] = []
+    console = Console(stderr=True)
+    with _progress(console, progress) as bar:
+        job = bar.add_task("SFT base policy", total=steps, loss="-")
+        for _ in range(steps):
+            batch = [rng.choice(pairs) for _ in range(batch_size)]
+            prompts = [f"{''.join(map(str, d))}>{t:02d}:" for d, t in batch]
+            responses = [sft_sample(d, t, rng, p_correct) for d, t in batch]
+            ids, labels = encode_sft_batch(tokenizer, prompts, responses)
+            loss = model(input_ids=ids, labels=labels).loss
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            sched.step()
+            losses.append(loss.item())
+            bar.update(job, advance=1, loss=f"{losses[-1]:.3f}")
+    model.eval()
+    return losses
+
+
+# ----------------------------------------------------------------------------- evaluation
+
+
+def _pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k for one prompt: 1 - C(n-c, k) / C(n, k)."""
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.prod((n - c - i) / (n - i) for i in range(k))
+
+
+@torch.no_grad()
+def quick_eval(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    task: Task,
+    examples: Sequence[Example],
+    *,
+    n_samples: int = 8,
+    temperature: float = 1.0,
+    max_new_tokens: int | None = None,
+    batch_size: int = 1024,
+    seed: int | None = 0,
+) -> dict[str, Any]:
+    """Sample ``n_samples`` responses per example with ``model.generate`` (KV cache) and score them.
+
+    Pure sampling (no top-k/top-p) at ``temperature``; ``temperature == 0`` means greedy. The global
+    RNG is forked, so calling this does not disturb the caller's random stream. Returns:
+
+    - ``pass@1`` (mean accuracy) and ``pass@{n_samples}`` (unbiased estimator);
+    - ``entropy``: token-mean entropy (nats) of the sampling distribution over generated tokens,
+      EOS included, padding excluded;
+    - ``distinct_correct``: mean number of distinct ``task.canonical`` forms among correct samples;
+    - ``response_tokens``: mean generated length (EOS included); ``seconds``; ``samples`` (a few).
+    """
+    t0 = time.perf_counter()
+    device = next(model.parameters()).device
+    max_new = max_new_tokens or getattr(task, "max_response_tokens", 64)
+    greedy = temperature == 0
+    fork_devices = [device] if device.type == "cuda" else []
+    prompts = [ex.prompt for ex in examples for _ in range(n_samples)]
+    rewards: list[float] = []
+    responses: list[str] = []
+    ent_sum, ent_n, len_sum = 0.0, 0, 0
+    with torch.random.fork_rng(devices=fork_devices):
+        if seed is not None:
+            torch.manual_seed(seed)
+        for start in range(0, len(prompts), batch_size):
+            chunk = prompts[start : start + batch_size]
+            enc = tokenizer(chunk, return_tensors="pt", padding=True).to(device)
+            out = model.generate(
+                **enc,
+                do_sample=not greedy,
+                temperature=1.0 if greedy else temperature,
+                top_k=0,  # None would mean HF's default top_k=50
+                top_p=1.0,
+                max_new_tokens=max_new,
+                eos_token_id=tokenizer.eos_token_id,
+                pad_token_id=tokenizer.pad_token_id,
+                return_dict_in_generate=True,
+                output_logits=True,
+                use_cache=True,
+            )
+            gen = out.sequences[:, enc["input_ids"].shape[1] :]
+            is_eos = gen == tokenizer.eos_token_id
+            valid = (torch.cumsum(is_eos.int(), dim=1) - is_eos.int()) == 0  # up to and incl. first EOS
+            for t, logits in enumerate(out.logits):
+                z = logits.float() / (1.0 if greedy else temperature)
+                logp = torch.log_softmax(z, dim=-1)
+                h = -(logp.exp() * logp).sum(-1)
+                ent_sum += float(h[valid[:, t]].sum())
+            ent_n += int(valid.sum())
+            len_sum += int(valid.sum())
+            texts = tokenizer.batch_decode(gen.masked_fill(~valid, tokenizer.pad_token_id), skip_special_tokens=True)
+            responses.extend(texts)
+    correct = []
+    distinct = []
+    for i, ex in enumerate(examples):
+        rs = responses[i * n_samples : (i + 1) * n_samples]
+        rw = [task.reward(r, ex) for r in rs]
+        rewards.extend(rw)
+        correct.append(sum(1 for x in rw if x >= 1.0))
+        distinct.append(len({task.canonical(r, ex) for r, x in zip(rs, rw) if x >= 1.0} - {None}))
+    n_ex = max(1, len(examples))
+    return {
+        "pass@1": sum(rewards) / max(1, len(rewards)),
+        f"pass@{n_samples}": sum(_pass_at_k(n_samples, c, n_samples) for c in correct) / n_ex,
+        "entropy": ent_sum / max(1, ent_n),
+        "distinct_correct": sum(distinct) / n_ex,
+        "response_tokens": len_sum / max(1, len(prompts)),
+        "n_prompts": len(examples),
+        "n_samples": n_samples,
+        "temperature": temperature,
+        "seconds": round(time.perf_counter() - t0, 2),
+        "samples": [
+            {"prompt": prompts[i], "response": responses[i], "reward": rewards[i]}
+            for i in range(0, min(len(prompts), 8 * n_samples), n_samples)
+        ],
+    }
+
+
+# ----------------------------------------------------------------------------- the build
+
+
+def _build(
+    out: Path,
+    *,
+    seed: int,
+    steps: int,
+    batch_size: int,
+    lr: float,
+    warmup: int,
+    d_model: int,
+    layers: int,
+    heads: int,
+    mlp: int,
+    p_correct: float,
+    eval_prompts: int,
+    eval_samples: int,
+    progress: bool,
+) -> None:
+    t0 = time.perf_counter()
+    torch.manual_seed(seed)
+    tokenizer = build_char_tokenizer()
+    task = CountdownTask()
+    model = LlamaForCausalLM(llama_config(tokenizer, d_model=d_model, layers=layers, heads=heads, mlp=mlp))
+    losses = train_sft(
+        model,
+        tokenizer,
+        task,
+        seed=seed,
+        steps=steps,
+        batch_size=batch_size,
+        lr=lr,
+        warmup=warmup,
+        p_correct=p_correct,
+        progress=progress,
+    )
+    train_s = time.perf_counter() - t0
+    save_policy(out, model, tokenizer)
+    info: dict[str, Any] = {
+        "name": "default",
+        "recipe": RECIPE_VERSION,
+        "task": task.name,
+        "seed": seed,
+        "build": {
+            "steps": steps,
+            "batch_size": batch_size,
+            "lr": lr,
+            "warmup": warmup,
+            "d_model": d_model,
+            "layers": layers,
+            "heads": heads,
+            "mlp": mlp,
+            "p_correct": p_correct,
+        },
+        "params": count_parameters(model),
+        "train_seconds": round(train_s, 2),
+        "final_loss": sum(losses[-20:]) / len(losses[-20:]) if losses else None,
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "pid": os.getpid(),
+        "built_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    }
+    if eval_prompts > 0 and eval_samples > 0:
+        _, val = task.split(0)
+        metrics = quick_eval(model, tokenizer, task, val[:eval_prompts], n_samples=eval_samples, seed=seed)
+        info["eval"] = {"split_seed": 0, **{k: v for k, v in metrics.items() if k != "samples"}}
+    info["build_seconds"] = round(time.perf_counter() - t0, 2)
+    write_build_info(out, info)
+
+
+def build_default_policy(
+    cache_dir: str | os.PathLike | None = None,
+    *,
+    seed: int = 0,
+    progress: bool = True,
+    **params: Any,
+) -> Path:
+    """Build (or reuse) the Countdown base policy; return its cached HF folder.
+
+    ``params`` override :data:`DEFAULT_BUILD` (``steps``, ``batch_size``, ``lr``, ``warmup``,
+    ``d_model``, ``layers``, ``heads``, ``mlp``, ``p_correct``, ``eval_prompts``, ``eval_samples``);
+    any override gives its own cache folder. The build runs atomically under a file lock: concurrent
+    callers build once and all get the finished folder.
+    """
+    folder = default_policy_dir(cache_dir, seed=seed, **params)
+    settings = {**DEFAULT_BUILD, **params}
+    return cached_build(folder, lambda tmp: _build(tmp, seed=seed, progress=progress, **settings))
