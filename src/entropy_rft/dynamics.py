@@ -49,6 +49,7 @@ _CPU_CHUNK_ELEMS = 1 << 19
 _GPU_CHUNK_ELEMS = 1 << 24
 # token_stats keeps at most this fraction of the logits' size in temporaries (about 4 live per chunk).
 _MAX_TEMP_FRACTION = 0.05 / 4
+_SMALL_BYTES = 64 << 20  # below this the fraction rule is moot
 
 
 @dataclass(frozen=True)
@@ -117,12 +118,14 @@ def _check_ids_range(token_ids: Tensor, vocab: int) -> None:
 
 
 def default_chunk_rows(rows: int, vocab: int, device: torch.device | str = "cpu") -> int:
-    """Rows per chunk for ``token_stats``: a cache-sized working set, and at most ~5% of the logits."""
+    """Rows per chunk for ``token_stats``: a cache-sized working set (CPU) or launch-amortising one (GPU),
+    and, for logits over 64 MiB, temporaries of at most ~5% of the logits' size."""
     dev = torch.device(device)
     budget = _GPU_CHUNK_ELEMS if dev.type != "cpu" else _CPU_CHUNK_ELEMS
-    by_budget = max(1, budget // max(vocab, 1))
-    by_fraction = max(1, int(rows * _MAX_TEMP_FRACTION))
-    return max(1, min(rows, by_budget, by_fraction))
+    chunk = max(1, min(rows, budget // max(vocab, 1)))
+    if rows * vocab * 4 > _SMALL_BYTES:
+        chunk = min(chunk, max(1, int(rows * _MAX_TEMP_FRACTION)))
+    return chunk
 
 
 # ------------------------------------------------------------------------------------------- core kernel
