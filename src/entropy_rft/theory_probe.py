@@ -268,8 +268,10 @@ def render(result: dict[str, Any]):
     cor.add_column("value", justify="right")
     cor.add_column("expected")
     c4, c5 = result["cor34"], result["cor35"]
-    cor.add_row("Cor 3.4 max |E_k~p[S_c]| / E_p|S|, float64", _fmt(c4["residual_float64_max_rel"]), "0 to float64 rounding")
-    cor.add_row("Cor 3.4 same with token_stats' E_p[S] (fp32)", _fmt(c4["residual_max_rel"]), "0 to float32 rounding (~1e-6)")
+    cor.add_row("Cor 3.4 max |E_k~p[S_c]| / E_p|S|, float64", _fmt(c4["residual_float64_max_rel"]),
+                "0 to float64 rounding")
+    cor.add_row("Cor 3.4 same with token_stats' E_p[S] (fp32)", _fmt(c4["residual_max_rel"]),
+                "0 to float32 rounding (~1e-6)")
     cor.add_row("  absolute", _fmt(c4["residual_max_abs"]), "0 up to fp32 rounding")
     cor.add_row("Cor 3.5 |mean S_c| / mean |S|", _fmt(c5["ratio"]), f"<~ noise floor {_fmt(c5['noise_floor'])}")
     cor.add_row("  for contrast |mean S| / mean |S|", _fmt(c5["uncentered_ratio"]), "not ~0")
