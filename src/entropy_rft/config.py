@@ -273,11 +273,12 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
                 extra: dict | None = None) -> Config:
-    """Load the built-in default (or ``path``), merge ``extra`` then ``--set`` overrides, and validate."""
+    """Load the built-in default (or ``path``), apply ``--set`` overrides, then ``extra`` (the dedicated CLI
+    flags such as ``--method``, which win), and validate."""
     data = load_yaml(path if path is not None else default_config_path())
+    data = apply_overrides(data, overrides or [])
     if extra:
         data = deep_merge(data, extra)
-    data = apply_overrides(data, overrides or [])
     return config_from_dict(data)
 
 

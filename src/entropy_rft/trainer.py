@@ -139,7 +139,11 @@ class Run:
     """Model, optimizer, RNGs and logs of one run directory. ``train()`` drives it."""
 
     def __init__(self, cfg: Config, out: Path, start_step: int = 0):
+        from transformers.utils import logging as hf_logging
+
         from entropy_rft.models import load_policy
+
+        hf_logging.disable_progress_bar()
 
         self.cfg, self.out = cfg, out
         if cfg.train.threads:
@@ -315,7 +319,7 @@ class Run:
                 vm = sb.mask[mi].float()
                 vloss = (((v - sb.returns[mi]) ** 2) * vm).sum() / vm.sum().clamp(min=1)
                 loss = loss + a.value_coef * vloss * (len(mi) / len(idx))
-                value_loss_total += float(vloss) * len(mi) / len(idx)
+                value_loss_total += float(vloss.detach()) * len(mi) / len(idx)
             loss.backward()
             metrics.append(met)
         gn = None
@@ -549,7 +553,9 @@ def train_step(run: Run, logger: Logger) -> dict[str, Any]:
     probe_m = run.probe(sb)
     t_probe = time.perf_counter()
     # 10. log
-    row: dict[str, Any] = {"step": step, **batch_metrics(sb, rewards > 0, run.tok.eos_token_id), **loss_m, **probe_m}
+    # Batch-level control fractions (over the whole rollout batch) win over the per-minibatch averages.
+    row: dict[str, Any] = {"step": step, **loss_m, **batch_metrics(sb, rewards > 0, run.tok.eos_token_id),
+                           **probe_m}
     clipped = ppo_clipped_mask(torch.log(sb.extra["ratio"]).float() + sb.old_logp, sb.old_logp, sb.adv, sb.mask,
                                run.loss_kwargs.get("eps_low"), run.loss_kwargs.get("eps_high"))
     keep_all = and_masks(sb.mask, sb.keep, ~sb.extra["minibatch_dropped"])

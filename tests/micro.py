@@ -1,0 +1,68 @@
+"""Micro fixtures for trainer tests: a random tiny Llama policy and a task whose reward varies under it.
+
+The Countdown base policy takes minutes to build; the trainer's mechanics need only a policy whose
+samples get different rewards, so advantages are non-zero.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import torch
+from transformers import LlamaForCausalLM
+
+from entropy_rft.models import build_char_tokenizer, llama_config, save_policy
+from entropy_rft.tasks.base import Example, Task
+
+
+class DigitTask(Task):
+    """Prompt 'abc>TT:'; reward 1 when the response's first character is the prompt's first digit."""
+
+    name = "digit"
+
+    def split(self, seed: int):
+        rng = random.Random(seed)
+        exs = [Example(f"{a}{b}{c}>{t}:", str(a)) for a in range(1, 10) for b in range(1, 10) for c in (1, 5)
+               for t in (7, 42)]
+        rng.shuffle(exs)
+        return exs[:200], exs[200:]
+
+    def reward(self, response: str, example: Example) -> float:
+        return 1.0 if response[:1] == example.answer else 0.0
+
+    def canonical(self, response: str, example: Example) -> str | None:
+        return response or None
+
+
+def make_micro_policy(folder: Path, seed: int = 0) -> Path:
+    torch.manual_seed(seed)
+    tok = build_char_tokenizer()
+    model = LlamaForCausalLM(llama_config(tok, d_model=32, layers=1, heads=2, mlp=64))
+    with torch.no_grad():  # make the first digit likely enough for rewards to vary
+        model.lm_head.weight.mul_(4.0)
+    save_policy(folder, model, tok)
+    return folder
+
+
+def micro_overrides(model_dir: Path, **extra) -> list[str]:
+    sets = {
+        "model.name": str(model_dir),
+        "task.name": "micro:DigitTask",
+        "rollout.prompts_per_step": 4,
+        "rollout.group_size": 4,
+        "rollout.max_new_tokens": 6,
+        "eval.every": 2,
+        "eval.prompts": 8,
+        "eval.samples": 4,
+        "train.max_steps": 4,
+        "train.checkpoint_every": 2,
+        "train.samples_every": 2,
+        "probe.records_every": 2,
+        "probe.records_per_step": 16,
+        "train.progress": False,
+        "train.threads": 1,
+        "optim.lr": 1e-2,
+    }
+    sets.update(extra)
+    return [f"{k}={v}" for k, v in sets.items()]

@@ -1,0 +1,290 @@
+"""The trainer: metrics, exact resume (SIGKILL included), run-directory rules, vanilla PPO equivalence."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from micro import make_micro_policy, micro_overrides
+
+from entropy_rft.cli import main
+from entropy_rft.config import load_config
+from entropy_rft.launch import start
+from entropy_rft.rundir import read_jsonl, truncate_jsonl
+from entropy_rft.trainer import Run, StepBatch, train_step
+
+TESTS = Path(__file__).parent
+VOLATILE = ("time/", "perf/")
+
+
+def _no_nan(s: str):
+    raise ValueError(f"non-JSON constant {s} in metrics")
+
+
+def strict_rows(path: Path) -> list[dict]:
+    return [json.loads(line, parse_constant=_no_nan) for line in path.read_text().splitlines()]
+
+
+def stable(rows: list[dict]) -> list[dict]:
+    return [{k: v for k, v in r.items() if not k.startswith(VOLATILE)} for r in rows]
+
+
+@pytest.fixture(scope="module")
+def micro_model(tmp_path_factory) -> Path:
+    return make_micro_policy(tmp_path_factory.mktemp("micro") / "policy")
+
+
+def cfg_for(model: Path, **extra):
+    return load_config(None, micro_overrides(model, **extra))
+
+
+def test_metrics_present_and_finite_or_null(micro_model, tmp_path):
+    start(cfg_for(micro_model, **{"method.name": "clip_v"}), tmp_path / "run")
+    rows = strict_rows(tmp_path / "run" / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [0, 1, 2, 3, 4]
+    required = ["reward/mean", "reward/accuracy", "entropy/mean", "dynamics/s_star_mean", "dynamics/s_star_std",
+                "dynamics/s_centered_mean", "dynamics/s_centered_std", "dynamics/cov_logp_adv",
+                "dynamics/cov_adv_s_centered", "control/kept_frac", "lens/drop_frac/neg_sneg",
+                "clip/ratio_frac", "policy/approx_kl", "optim/grad_norm", "response/length",
+                "probe/sign_agreement", "probe/sign_agreement_weighted", "probe/corr", "probe/batch_sign_agree",
+                "probe/dH_actual", "probe/dH_pred", "time/generate", "time/forward", "time/backward",
+                "perf/tokens_per_s"]
+    for row in rows[1:]:
+        for key in required:
+            assert key in row, key
+        for key, v in row.items():
+            assert v is None or isinstance(v, (int, float, list)), (key, v)
+            if isinstance(v, float):
+                assert math.isfinite(v), key
+    assert "eval/pass@1" in rows[0] and "eval/pass@4" in rows[2] and "eval/pass@4" in rows[4]
+    # The second minibatch sees r != 1, so the ratio left 1 (the clip machinery is live).
+    assert any(r["ratio/max"] > 1.0 or r["ratio/min"] < 1.0 for r in rows[1:])
+    run = tmp_path / "run"
+    assert (run / "final" / "model.safetensors").exists() and (run / "final" / "tokenizer.json").exists()
+    assert json.loads((run / "run.json").read_text())["status"] == "finished"
+    recs = read_jsonl(run / "token_records.jsonl")
+    assert recs and {"s_centered", "adv", "pred_dH", "actual_dH", "kept"} <= set(recs[0])
+    assert read_jsonl(run / "samples.jsonl")
+    assert list((run / "tb").iterdir())
+
+
+def test_same_seed_same_metrics_and_loss_is_live(micro_model, tmp_path):
+    start(cfg_for(micro_model), tmp_path / "a")
+    start(cfg_for(micro_model), tmp_path / "b")
+    a = stable(read_jsonl(tmp_path / "a" / "metrics.jsonl"))
+    b = stable(read_jsonl(tmp_path / "b" / "metrics.jsonl"))
+    assert a == b
+    start(cfg_for(micro_model, **{"train.seed": 1}), tmp_path / "c")
+    assert stable(read_jsonl(tmp_path / "c" / "metrics.jsonl")) != a
+
+
+def test_refuses_to_overwrite_and_resume_refuses_other_flags(micro_model, tmp_path, capsys):
+    out = tmp_path / "run"
+    args = ["train", "--out", str(out), *sum((["--set", s] for s in micro_overrides(micro_model)), [])]
+    assert main(args + ["--max-steps", "2"]) == 0
+    before = (out / "metrics.jsonl").read_text()
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "already exists" in err and "--resume" in err and "--overwrite" in err
+    assert (out / "metrics.jsonl").read_text() == before
+    assert main(["train", "--resume", str(out), "--method", "clip_b"]) == 2
+    assert "--method" in capsys.readouterr().err
+    # A finished run resumed without more steps exits 0 and changes nothing.
+    assert main(["train", "--resume", str(out)]) == 0
+    assert (out / "metrics.jsonl").read_text() == before
+    # --overwrite replaces it.
+    assert main(args + ["--max-steps", "1", "--overwrite"]) == 0
+    assert [r["step"] for r in read_jsonl(out / "metrics.jsonl")] == [0, 1]
+
+
+def test_bad_config_is_one_line_exit_2(micro_model, tmp_path, capsys):
+    assert main(["train", "--out", str(tmp_path / "x"), "--set", "optim.lr=-1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "optim.lr" in err and len(err.splitlines()) == 1
+    assert main(["train", "--out", str(tmp_path / "x"), "--method", "clip_zzz"]) == 2
+    err = capsys.readouterr().err
+    assert "clip_zzz" in err and "clip_v" in err  # lists the valid names
+    assert main(["train", "--out", str(tmp_path / "x"), "--set", "rollout.tempreature=1"]) == 2
+    assert "rollout.tempreature" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
+
+
+def test_resume_after_clean_stop_equals_uninterrupted(micro_model, tmp_path):
+    ref = tmp_path / "ref"
+    start(cfg_for(micro_model, **{"train.max_steps": 6}), ref)
+    part = tmp_path / "part"
+    # Stop at 4 (an evaluation step: a run always evaluates at its last step, which adds eval/* keys).
+    start(cfg_for(micro_model, **{"train.max_steps": 4, "train.checkpoint_every": 3}), part)
+    assert main(["train", "--resume", str(part), "--max-steps", "6"]) == 0
+    assert stable(read_jsonl(part / "metrics.jsonl")) == stable(read_jsonl(ref / "metrics.jsonl"))
+
+
+def test_torn_line_truncation(tmp_path):
+    p = tmp_path / "m.jsonl"
+    p.write_text('{"step": 0}\n{"step": 1}\n{"step": 2}\n{"step": 3, "x": 1')
+    assert truncate_jsonl(p, 2) == 3
+    assert p.read_text() == '{"step": 0}\n{"step": 1}\n{"step": 2}\n'
+    p.write_text('{"step": 0}\n{"step": 1}\n{"ste')
+    assert truncate_jsonl(p, 5) == 2
+    assert read_jsonl(p) == [{"step": 0}, {"step": 1}]
+
+
+def _train_cmd(out: Path, sets: list[str]) -> list[str]:
+    return [sys.executable, "-m", "entropy_rft.cli", "train", "--out", str(out),
+            *sum((["--set", s] for s in sets), [])]
+
+
+def test_sigkill_at_random_points_then_resume_is_exact(micro_model, tmp_path):
+    sets = micro_overrides(micro_model, **{"train.max_steps": 8, "train.checkpoint_every": 2})
+    env = {**os.environ, "PYTHONPATH": str(TESTS) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    ref = tmp_path / "ref"
+    start(load_config(None, sets), ref)
+    expected = stable(read_jsonl(ref / "metrics.jsonl"))
+
+    out = tmp_path / "killed"
+    rng = random.Random(1234)
+    cmd = _train_cmd(out, sets)
+    kills = 0
+    for _attempt in range(6):
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        # Kill once the run has written a random number of steps (or a random time has passed).
+        target = rng.randint(1, 7)
+        deadline = time.time() + 60
+        while time.time() < deadline and proc.poll() is None:
+            rows = read_jsonl(out / "metrics.jsonl") if (out / "metrics.jsonl").exists() else []
+            if rows and rows[-1].get("step", 0) >= target:
+                time.sleep(rng.random() * 0.2)
+                break
+            time.sleep(0.01)
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+            kills += 1
+        err = proc.stderr.read().decode()
+        if proc.returncode == 0:
+            break
+        assert proc.returncode == -signal.SIGKILL, err
+        cmd = [sys.executable, "-m", "entropy_rft.cli", "train", "--resume", str(out)]
+    else:
+        # Finish the run after the last kill.
+        assert subprocess.run(cmd, env=env, capture_output=True).returncode == 0
+    assert kills >= 1
+    assert stable(strict_rows(out / "metrics.jsonl")) == expected
+
+
+def test_sigterm_saves_a_checkpoint_and_exits(micro_model, tmp_path):
+    sets = micro_overrides(micro_model, **{"train.max_steps": 200, "train.checkpoint_every": 1000,
+                                           "eval.every": 0})
+    env = {**os.environ, "PYTHONPATH": str(TESTS) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    out = tmp_path / "run"
+    proc = subprocess.Popen(_train_cmd(out, sets), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.time() + 60
+    while time.time() < deadline and len(read_jsonl(out / "metrics.jsonl")) < 3:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+    ckpts = sorted((out / "checkpoints").glob("step_*"))
+    assert ckpts, "no checkpoint written on SIGTERM"
+    step = int(ckpts[-1].name.split("_")[1])
+    assert step == read_jsonl(out / "metrics.jsonl")[-1]["step"]
+
+
+def test_resume_without_checkpoint_restarts_from_step_1(micro_model, tmp_path):
+    out = tmp_path / "run"
+    start(cfg_for(micro_model, **{"train.max_steps": 2}), out)
+    ref = stable(read_jsonl(out / "metrics.jsonl"))
+    import shutil
+
+    shutil.rmtree(out / "checkpoints")
+    with open(out / "metrics.jsonl", "a") as f:
+        f.write('{"step": 3, "torn')
+    (out / "run.json").write_text('{"status": "running"}')
+    assert main(["train", "--resume", str(out)]) == 0
+    assert stable(read_jsonl(out / "metrics.jsonl")) == ref
+
+
+def _naive_ppo_step(model, opt, rb, old_logp, adv, mask, eps, temperature):
+    """Independent vanilla PPO clipped surrogate, token-mean, from the model's full logits."""
+    ids = torch.cat([rb.prompt_ids, rb.response_ids], 1)
+    am = torch.cat([rb.prompt_mask, rb.response_mask], 1).long()
+    pos = (am.cumsum(-1) - 1).clamp(min=0)
+    logits = model(input_ids=ids, attention_mask=am, position_ids=pos).logits
+    p, r = rb.prompt_ids.shape[1], rb.response_ids.shape[1]
+    lp = torch.log_softmax(logits[:, p - 1 : p + r - 1].double() / temperature, -1)
+    logp = lp.gather(-1, rb.response_ids[..., None])[..., 0]
+    ratio = torch.exp(logp - old_logp.double())
+    a = adv.double()
+    per_tok = torch.maximum(-a * ratio, -a * ratio.clamp(1 - eps, 1 + eps))
+    loss = (per_tok * mask).sum() / mask.sum()
+    opt.zero_grad()
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    return float(loss.detach())
+
+
+def test_method_none_reproduces_vanilla_ppo(micro_model, tmp_path):
+    cfg = cfg_for(micro_model, **{"algo.minibatches": 1, "optim.lr": 1e-2})
+    torch.manual_seed(0)
+    run = Run(cfg, tmp_path)
+    naive = copy.deepcopy(run.model)
+    naive_opt = torch.optim.AdamW(naive.parameters(), lr=1e-2, betas=(0.9, 0.999), weight_decay=0.0)
+    exs = run.sample_prompts()
+    group = [e for e in exs for _ in range(cfg.rollout.group_size)]
+    rb = run.rollout([e.prompt for e in group])
+    rewards = torch.tensor([run.task.reward(r, e) for r, e in zip(rb.responses, group)])
+    rewards[0], rewards[1] = 1.0, 0.0  # make sure the first group has signal
+    sb = StepBatch(rb, rb.response_mask.clone(), rewards)
+    run.old_policy_pass(sb)
+    sb.keep = run.method.rollout_masks(sb.stats, sb.adv, sb.mask).keep
+    for _ in range(3):  # three updates on the same batch: the ratio leaves 1 after the first
+        run.update(sb)
+        _naive_ppo_step(naive, naive_opt, rb, sb.old_logp, sb.adv, sb.mask.double(), 0.2, cfg.rollout.temperature)
+    for (n, p1), p2 in zip(run.model.named_parameters(), naive.parameters()):
+        torch.testing.assert_close(p1, p2, rtol=1e-4, atol=1e-5, msg=n)
+
+
+def test_loss_decreases_on_a_fixed_batch(micro_model, tmp_path):
+    cfg = cfg_for(micro_model, **{"algo.minibatches": 1, "optim.lr": 3e-3, "algo.eps_low": "null",
+                                  "algo.eps_high": "null"})
+    run = Run(cfg, tmp_path)
+    exs = run.sample_prompts()
+    group = [e for e in exs for _ in range(cfg.rollout.group_size)]
+    rb = run.rollout([e.prompt for e in group])
+    rewards = torch.arange(len(group)).remainder(2).float()
+    sb = StepBatch(rb, rb.response_mask.clone(), rewards)
+    run.old_policy_pass(sb)
+    losses = [run.update(sb)["loss/pg"] for _ in range(8)]
+    assert losses[-1] < losses[0] - 1e-3, losses
+
+
+def test_ppo_with_critic_runs(micro_model, tmp_path):
+    start(cfg_for(micro_model, **{"algo.algorithm": "ppo", "train.max_steps": 3}), tmp_path / "ppo")
+    rows = strict_rows(tmp_path / "ppo" / "metrics.jsonl")
+    vals = [r["loss/value"] for r in rows if "loss/value" in r]
+    assert len(vals) == 3 and all(math.isfinite(v) and v >= 0 for v in vals)
+
+
+@pytest.mark.parametrize("method", ["clip_b", "clip_cov", "kl_cov", "clip_higher", "entropy_bonus",
+                                    "high_entropy", "grad_mask", "clip_v_paper"])
+def test_every_method_trains(micro_model, tmp_path, method):
+    extra = {"method.name": method, "train.max_steps": 2, "eval.every": 0}
+    if method in ("clip_cov", "kl_cov"):
+        extra["method.params"] = "{ratio: 0.2, lb: -100.0, ub: 100.0}" if method == "clip_cov" else "{ratio: 0.2}"
+    start(cfg_for(micro_model, **extra), tmp_path / method)
+    rows = strict_rows(tmp_path / method / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2]
+    if method == "high_entropy":
+        assert all(r["control/kept_frac"] < 0.5 for r in rows)
+    if method == "clip_cov":
+        assert max(r["control/zeroed_frac"] for r in rows) > 0
