@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from micro import make_micro_policy, micro_overrides
 
 from entropy_rft.cli import main
 from entropy_rft.config import load_config
 from entropy_rft.launch import start
 from entropy_rft.rundir import read_jsonl, truncate_jsonl
-from entropy_rft.trainer import Run, StepBatch, train_step
+from entropy_rft.trainer import Run, StepBatch
+from micro import make_micro_policy, micro_overrides
 
 TESTS = Path(__file__).parent
 VOLATILE = ("time/", "perf/")

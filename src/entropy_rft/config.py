@@ -139,10 +139,21 @@ class Config:
 
     def method_params(self) -> dict:
         """The selected method's parameters: the config's preset for it, then explicit params."""
-        return {**self.method.presets.get(self.method.name, {}), **self.method.params}
+        params = {**self.method.presets.get(self.method.name, {}), **self.method.params}
+        return {k: _yaml_number(v) for k, v in params.items()}
 
 
 # ----------------------------------------------------------------------------- dict <-> dataclass
+
+
+def _yaml_number(value: Any) -> Any:
+    """'1e-3' -> 0.001: YAML 1.1 reads exponents without a dot as strings."""
+    if isinstance(value, str) and value.strip().lower() not in ("nan", "inf", "-inf", "infinity"):
+        try:
+            return float(value)
+        except ValueError:
+            return value
+    return value
 
 
 def _type_ok(value: Any, tp: Any) -> tuple[bool, Any]:
@@ -164,6 +175,11 @@ def _type_ok(value: Any, tp: Any) -> tuple[bool, Any]:
             return False, value
         if isinstance(value, (int, float)):
             return True, float(value)
+        if isinstance(value, str):  # YAML 1.1 reads '1e-3' (no dot) as a string
+            try:
+                return True, float(value)
+            except ValueError:
+                return False, value
         return False, value
     if tp is int:
         return (isinstance(value, int) and not isinstance(value, bool)), value
