@@ -16,8 +16,9 @@ $(STAMP): pyproject.toml constraints.txt
 
 setup: $(STAMP)
 
+# The main job: build (or reuse) the default base policy, train GRPO and ClipV side by side, print the table.
 run: $(STAMP)
-	.venv/bin/erft demo --out runs/demo
+	.venv/bin/erft compare --methods none,clip_v --out runs/default
 
 test: $(STAMP)
 	.venv/bin/ruff check src tests benchmarks
