@@ -1,0 +1,181 @@
+"""The entropy-performance law of Cui et al. 2025 (arXiv 2505.22617): R = −a·exp(H) + b.
+
+R is validation performance, H the policy entropy, both measured at the same step of one run. The law
+is linear in its parameters (a, b): with x = exp(H), R = a·(−x) + b. So the least-squares fit is the
+ordinary linear least-squares problem on the design matrix [−exp(H), 1], solved in closed form with
+``numpy.linalg.lstsq``. No iterative optimiser (``scipy.optimize.curve_fit``) is needed; it would converge
+to the same (a, b).
+
+The predicted ceiling — the performance at zero entropy — is R(0) = b − a.
+
+Forecast test (Paper B fits on the first ~36 of 200+ steps and reports ~1% RMSE): fit on the points whose
+step is at most ``fit_frac`` of the last step, and report the RMSE of predicting the remaining points.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from entropy_rft.errors import UserError
+from entropy_rft.rundir import read_jsonl
+
+ENTROPY_SOURCES = ("eval", "train")
+
+
+@dataclass
+class LawFit:
+    """R = −a·exp(H) + b, fitted by linear least squares on [−exp(H), 1]."""
+
+    a: float
+    b: float
+    ceiling: float  # b − a: the predicted performance at H = 0
+    r2: float | None  # None when R is constant (no variance to explain)
+    rmse: float  # in-sample
+    n: int
+
+    def predict(self, entropy: Sequence[float] | np.ndarray) -> np.ndarray:
+        return -self.a * np.exp(np.asarray(entropy, dtype=np.float64)) + self.b
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def fit_law(entropy: Sequence[float], perf: Sequence[float], *, what: str = "points",
+            min_points: int = 3) -> LawFit:
+    """Least-squares fit of R = −a·exp(H) + b. ``what`` names the data in error messages.
+
+    Two points determine (a, b) exactly, so a fit that is meant to be judged needs ``min_points`` >= 3;
+    the forecast test accepts 2 (its judgement is the held-out error). R² is None with 2 points.
+    """
+    h = np.asarray(entropy, dtype=np.float64).ravel()
+    r = np.asarray(perf, dtype=np.float64).ravel()
+    if h.shape != r.shape:
+        raise UserError(f"{what}: entropy and accuracy have different lengths ({h.size} vs {r.size})")
+    if not (np.all(np.isfinite(h)) and np.all(np.isfinite(r))):
+        raise UserError(f"{what}: entropy and accuracy must be finite numbers (found NaN/inf)")
+    if h.size < max(2, min_points):
+        raise UserError(f"{what}: need at least {max(2, min_points)} (entropy, accuracy) points to fit "
+                        f"R = -a*exp(H) + b, got {h.size}; evaluate more often (eval.every) or train longer")
+    x = np.exp(h)
+    if np.ptp(x) <= 1e-12 * max(1.0, float(np.abs(x).max())):
+        raise UserError(f"{what}: entropy is constant ({h[0]:.6g}) across all {h.size} points, so a and b "
+                        "cannot be told apart; fit a run whose entropy changes")
+    design = np.stack([-x, np.ones_like(x)], axis=1)
+    (a, b), *_ = np.linalg.lstsq(design, r, rcond=None)
+    resid = r - (design @ np.array([a, b]))
+    ss_res = float(resid @ resid)
+    ss_tot = float(((r - r.mean()) ** 2).sum())
+    r2 = 1.0 - ss_res / ss_tot if ss_tot > 0 and h.size > 2 else None
+    return LawFit(a=float(a), b=float(b), ceiling=float(b - a), r2=r2,
+                  rmse=math.sqrt(ss_res / h.size), n=int(h.size))
+
+
+@dataclass
+class Forecast:
+    fit: LawFit
+    fit_frac: float
+    cutoff_step: float
+    fit_steps: list[int]
+    test_steps: list[int]
+    test_rmse: float
+    test_mae: float
+    predicted: list[float]
+    actual: list[float]
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["fit"] = self.fit.to_dict()
+        return d
+
+
+def forecast(steps: Sequence[int], entropy: Sequence[float], perf: Sequence[float], fit_frac: float = 0.2,
+             *, what: str = "points") -> Forecast:
+    """Fit on points with step <= fit_frac · max(step); RMSE of the prediction on the rest."""
+    if not 0 < fit_frac < 1:
+        raise UserError(f"--fit-frac must be in (0, 1), got {fit_frac}")
+    s = np.asarray(steps, dtype=np.float64)
+    h = np.asarray(entropy, dtype=np.float64)
+    r = np.asarray(perf, dtype=np.float64)
+    if s.size == 0:
+        raise UserError(f"{what}: no (entropy, accuracy) points")
+    cutoff = fit_frac * float(s.max())
+    head = s <= cutoff
+    tail = ~head
+    if not tail.any():
+        raise UserError(f"{what}: no points after step {cutoff:g} to forecast; raise the number of evaluations")
+    if head.sum() < 2:
+        raise UserError(f"{what}: only {int(head.sum())} point(s) at or before step {cutoff:g} "
+                        f"(--fit-frac {fit_frac}); need 2 to fit. Raise --fit-frac or evaluate more often")
+    fit = fit_law(h[head], r[head], what=f"{what} (first {fit_frac:.0%} of steps)", min_points=2)
+    pred = fit.predict(h[tail])
+    err = pred - r[tail]
+    return Forecast(fit=fit, fit_frac=fit_frac, cutoff_step=cutoff,
+                    fit_steps=[int(v) for v in s[head]], test_steps=[int(v) for v in s[tail]],
+                    test_rmse=float(np.sqrt(np.mean(err ** 2))), test_mae=float(np.mean(np.abs(err))),
+                    predicted=[float(v) for v in pred], actual=[float(v) for v in r[tail]])
+
+
+def _perf_key(row: dict, metric: str) -> str | None:
+    if metric == "pass@1":
+        return "eval/pass@1"
+    if metric == "avg@K":
+        return next((k for k in row if k.startswith("eval/avg@")), None)
+    return f"eval/{metric}"
+
+
+def law_points(rows: Sequence[dict], *, entropy: str = "eval", metric: str = "pass@1",
+               what: str = "metrics.jsonl") -> tuple[list[int], list[float], list[float]]:
+    """(steps, entropies, accuracies) at the evaluation steps of one run's metrics rows.
+
+    ``entropy="eval"`` uses ``eval/entropy`` (entropy of the policy's validation samples); ``"train"``
+    uses the training batch's ``entropy/mean`` logged at the same step (step 0 has none and is skipped).
+    Rows whose entropy or accuracy is null are skipped.
+    """
+    if entropy not in ENTROPY_SOURCES:
+        raise UserError(f"--entropy must be one of {', '.join(ENTROPY_SOURCES)}, got {entropy!r}")
+    steps, hs, rs = [], [], []
+    seen_metric = False
+    for row in rows:
+        key = _perf_key(row, metric)
+        if key is None or key not in row:
+            continue
+        seen_metric = True
+        h = row.get("eval/entropy") if entropy == "eval" else row.get("entropy/mean")
+        r = row.get(key)
+        if isinstance(h, (int, float)) and isinstance(r, (int, float)) and math.isfinite(h) and math.isfinite(r):
+            steps.append(int(row.get("step", 0)))
+            hs.append(float(h))
+            rs.append(float(r))
+    if not seen_metric:
+        raise UserError(f"{what}: no evaluation rows with eval/{metric}; train with eval.every > 0 "
+                        "(or pick --metric pass@1 / avg@K)")
+    return steps, hs, rs
+
+
+def fit_run(run_dir: str | Path, *, fit_frac: float = 0.2, entropy: str = "eval",
+            metric: str = "pass@1") -> dict[str, Any]:
+    """Full fit and forecast test for one run directory; forecast is None (with a reason) when impossible."""
+    run_dir = Path(run_dir)
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        raise UserError(f"{path}: not found; give a run directory written by erft train")
+    rows = read_jsonl(path)
+    steps, hs, rs = law_points(rows, entropy=entropy, metric=metric, what=str(path))
+    fit = fit_law(hs, rs, what=str(path))
+    out: dict[str, Any] = {"run": str(run_dir), "entropy": entropy, "metric": metric, "fit": fit.to_dict(),
+                           "points": {"step": steps, "entropy": hs, "accuracy": rs}}
+    try:
+        out["forecast"] = forecast(steps, hs, rs, fit_frac, what=str(path)).to_dict()
+        out["forecast_error"] = None
+    except UserError as e:
+        if not 0 < fit_frac < 1:
+            raise
+        out["forecast"] = None
+        out["forecast_error"] = str(e)
+    return out

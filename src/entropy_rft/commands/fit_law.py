@@ -1,0 +1,56 @@
+"""``erft fit-law``: fit Paper B's entropy-performance law R = −a·exp(H) + b to one run, and test its forecast."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from entropy_rft.errors import UserError
+
+NAME = "fit-law"
+HELP = ("Fit the entropy-performance law R = -a*exp(H) + b (Cui et al. 2025) to a run's (entropy, validation "
+        "accuracy) pairs; report a, b, the ceiling b - a, R^2, and the forecast error from the first steps.")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_dir", metavar="RUN_DIR", help="A run directory (with metrics.jsonl) written by erft train.")
+    p.add_argument("--fit-frac", type=float, default=0.2,
+                   help="Forecast test: fit on evaluations at steps <= this fraction of the last step, "
+                        "report the RMSE on the rest (Paper B: ~1%% RMSE on real models). Default 0.2.")
+    p.add_argument("--entropy", choices=("eval", "train"), default="eval",
+                   help="H: 'eval' = entropy of the validation samples (eval/entropy), 'train' = the training "
+                        "batch's entropy/mean at the same step.")
+    p.add_argument("--metric", default="pass@1",
+                   help="R: 'pass@1' (default), 'avg@K', or any eval/ key suffix such as pass@8.")
+    p.add_argument("--json", metavar="FILE", help="Also write the fit and forecast as JSON.")
+
+
+def _f(v: float | None, fmt: str = ".4f") -> str:
+    return "–" if v is None else format(v, fmt)
+
+
+def run(args: argparse.Namespace) -> int:
+    from entropy_rft.analysis.law import fit_run
+    from entropy_rft.rundir import atomic_write_json
+
+    run_dir = Path(args.run_dir)
+    if not run_dir.is_dir():
+        raise UserError(f"{run_dir}: no such run directory")
+    res = fit_run(run_dir, fit_frac=args.fit_frac, entropy=args.entropy, metric=args.metric)
+    fit = res["fit"]
+    print(f"entropy-performance law for {run_dir}  (R = {args.metric}, H = {args.entropy} entropy)")
+    print(f"  R = -a*exp(H) + b, linear least squares on [-exp(H), 1] over {fit['n']} evaluations")
+    print(f"  a = {fit['a']:.4f}   b = {fit['b']:.4f}   ceiling b - a = {fit['ceiling']:.4f}   "
+          f"R^2 = {_f(fit['r2'])}   RMSE = {fit['rmse']:.4f}")
+    fc = res["forecast"]
+    if fc is None:
+        print(f"  forecast test: not possible: {res['forecast_error']}")
+    else:
+        print(f"  forecast test: fit on steps {fc['fit_steps']} (<= {fc['cutoff_step']:g}), "
+              f"a = {fc['fit']['a']:.4f}, b = {fc['fit']['b']:.4f}")
+        print(f"    predicting steps {fc['test_steps']}: RMSE = {fc['test_rmse']:.4f}, "
+              f"MAE = {fc['test_mae']:.4f} (accuracy units; Paper B reports ~0.01 on real models)")
+    if args.json:
+        atomic_write_json(args.json, res)
+        print(f"  written to {args.json}")
+    return 0
