@@ -28,7 +28,7 @@ def _mean_of(rows: list[dict], key: str) -> float | None:
 def _k(rows: list[dict]) -> int | None:
     for r in rows:
         for key in r:
-            if key.startswith("eval/pass@") and key != "eval/pass@1":
+            if key.startswith("eval/avg@"):  # K = samples per problem; avg@K is logged whatever K is
                 return int(key.split("@")[1])
     return None
 
@@ -50,8 +50,16 @@ def run_summary(run_dir: str | Path) -> dict[str, Any]:
         "steps": train_rows[-1]["step"] if train_rows else 0,
         "k": k,
         "final/pass@1": final.get("eval/pass@1") if final else None,
-        "best/pass@1": max((r["eval/pass@1"] for r in evals), default=None),
+        "best/pass@1": max((r["eval/pass@1"] for r in evals if r.get("eval/pass@1") is not None), default=None),
         f"final/pass@{k}": final.get(f"eval/pass@{k}") if final and k else None,
+        f"best/pass@{k}": max((r[f"eval/pass@{k}"] for r in evals if r.get(f"eval/pass@{k}") is not None),
+                              default=None) if k else None,
+        f"final/avg@{k}": final.get(f"eval/avg@{k}") if final and k else None,
+        f"best/avg@{k}": max((r[f"eval/avg@{k}"] for r in evals if r.get(f"eval/avg@{k}") is not None),
+                             default=None) if k else None,
+        f"final/maj@{k}": final.get(f"eval/maj@{k}") if final and k else None,
+        "base/pass@1": base.get("eval/pass@1") if base else None,
+        f"base/pass@{k}": base.get(f"eval/pass@{k}") if base and k else None,
         "final/distinct_correct": final.get("eval/distinct_correct") if final else None,
         "base/entropy": base.get("eval/entropy") if base else None,
         "final/entropy": final.get("eval/entropy") if final else None,
@@ -68,11 +76,15 @@ def run_summary(run_dir: str | Path) -> dict[str, Any]:
         out["entropy_drop"] = out["base/entropy"] - out["final/entropy"]
     else:
         out["entropy_drop"] = None
-    for s in (25, 50, 100, 200, 300):
+    for s in ENTROPY_STEPS:
         row = next((r for r in train_rows if r["step"] == s), None)
         if row is not None:
             out[f"entropy@{s}"] = row.get("entropy/mean")
     return out
+
+
+# Training steps at which the batch entropy is reported (those the run reached).
+ENTROPY_STEPS = (1, 10, 25, 50, 100, 200, 300, 500, 800)
 
 
 def aggregate(summaries: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -91,19 +103,38 @@ def aggregate(summaries: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return out
 
 
-DEFAULT_COLUMNS = ("final/pass@1", "final/pass@K", "final/distinct_correct", "final/entropy", "entropy_drop",
+DEFAULT_COLUMNS = ("final/pass@1", "best/pass@1", "final/avg@K", "final/pass@K", "best/pass@K",
+                   "final/distinct_correct", "final/entropy", "entropy_drop", "entropy@*",
                    "probe/sign_agreement", "probe/sign_agreement_weighted", "probe/batch_sign_agree",
                    "control/kept_frac")
 
 
+def _expand_columns(agg: dict[str, dict[str, Any]], columns: Sequence[str]) -> list[str]:
+    """'entropy@*' becomes one column per fixed step that some method reached."""
+    out: list[str] = []
+    for c in columns:
+        if c == "entropy@*":
+            steps = sorted({int(k.split("@")[1]) for a in agg.values() for k in a
+                            if k.startswith("entropy@") and a[k] is not None})
+            out += [f"entropy@{s}" for s in steps]
+        else:
+            out.append(c)
+    return out
+
+
 def markdown_table(agg: dict[str, dict[str, Any]], columns: Sequence[str] = DEFAULT_COLUMNS) -> str:
-    """A markdown table, one row per method, cells 'mean ± std' (std omitted for one seed)."""
+    """A markdown table, one row per method, cells 'mean ± std' (std omitted for one seed).
+
+    A column name with '@K' stands for the run's own K (e.g. final/pass@K -> final/pass@8).
+    """
     def key_for(method_agg: dict, col: str) -> str:
-        if "pass@K" in col:
-            return next((k for k in method_agg if k.startswith("final/pass@") and k != "final/pass@1"), col)
+        if col.endswith("@K"):
+            prefix = col[:-1]
+            return next((k for k in method_agg if k.startswith(prefix) and k != prefix + "1"), col)
         return col
 
-    head = "| method | seeds | " + " | ".join(c.replace("pass@K", "pass@K") for c in columns) + " |"
+    columns = _expand_columns(agg, columns)
+    head = "| method | seeds | " + " | ".join(columns) + " |"
     lines = [head, "|" + "---|" * (len(columns) + 2)]
     for method, a in agg.items():
         cells = []
