@@ -1,0 +1,97 @@
+"""Step time of the native trainer, split into generate / forward / backward / probe, and ClipV's overhead.
+
+Two measurements, side by side in one run:
+
+1. whole steps: ``--steps`` steps of GRPO (``none``) and of ``clip_v`` from the same policy and seed;
+   per-stage means and steps/s. Response lengths drift apart as the policies diverge, so this ratio
+   mixes the method's cost with its effect on the rollouts;
+2. the method's own cost on identical work: the same rollout batch, then the step's stages after the
+   rollout (old-policy pass, masks, updates, probe) for each method from the same parameters and
+   optimizer state, repeated ``--repeats`` times, interleaved. Target: ClipV ≤ 1.03× of ``none``.
+
+Usage: ``python benchmarks/step_time.py [--model default] [--steps 30] [--threads 2]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from entropy_rft.config import load_config
+from entropy_rft.launch import start
+from entropy_rft.rundir import read_jsonl
+from entropy_rft.trainer import Run, StepBatch
+
+STAGES = ("time/generate", "time/forward", "time/backward", "time/probe", "time/step")
+
+
+def whole_steps(model: str, method: str, steps: int, out: Path, threads: int) -> dict[str, float]:
+    cfg = load_config(None, [f"model.name={model}", f"method.name={method}", f"train.max_steps={steps}",
+                             "eval.every=0", "train.progress=false", f"train.threads={threads}",
+                             "train.checkpoint_every=100000", "probe.records_every=0", "train.samples_every=0",
+                             "train.tensorboard=false"])
+    start(cfg, out / method)
+    rows = read_jsonl(out / method / "metrics.jsonl")[2:]  # skip warm-up steps
+    res = {k: statistics.mean(r[k] for r in rows) for k in STAGES}
+    res["tokens/step"] = statistics.mean(r["response/length"] * 128 for r in rows)
+    return res
+
+
+def same_batch_overhead(model: str, repeats: int, out: Path, threads: int) -> dict[str, float]:
+    """Time the post-rollout part of a step for none and clip_v on one fixed batch, interleaved."""
+    sets = [f"model.name={model}", "eval.every=0", "train.progress=false", f"train.threads={threads}"]
+    runs = {m: Run(load_config(None, sets + [f"method.name={m}"]), out / f"sb-{m}") for m in ("none", "clip_v")}
+    base = runs["none"]
+    exs = base.sample_prompts()
+    group = [e for e in exs for _ in range(base.cfg.rollout.group_size)]
+    rb = base.rollout([e.prompt for e in group])
+    rewards = torch.tensor([base.task.reward(r, e) for r, e in zip(rb.responses, group)])
+    state0 = copy.deepcopy(base.state())
+    times: dict[str, list[float]] = {m: [] for m in runs}
+    for _ in range(repeats):
+        for m, run in runs.items():
+            run.load_state(copy.deepcopy(state0))
+            t0 = time.perf_counter()
+            sb = StepBatch(rb, rb.response_mask.clone(), rewards)
+            run.old_policy_pass(sb)
+            sb.keep = run.method.rollout_masks(sb.stats, sb.adv, sb.mask).keep
+            run.update(sb)
+            run.probe(sb)
+            times[m].append(time.perf_counter() - t0)
+    return {m: statistics.median(v) for m, v in times.items()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="default")
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--repeats", type=int, default=15)
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp)
+        res = {m: whole_steps(args.model, m, args.steps, out, args.threads) for m in ("none", "clip_v")}
+        sb = same_batch_overhead(args.model, args.repeats, out, args.threads)
+    print(f"\nWhole steps ({args.steps} steps each, first 2 dropped), seconds per step:")
+    print("| stage | none | clip_v | ratio |\n|---|---|---|---|")
+    for k in (*STAGES, "tokens/step"):
+        a, b = res["none"][k], res["clip_v"][k]
+        print(f"| {k} | {a:.4f} | {b:.4f} | {b / a:.3f} |")
+    print(f"steps/s: none {1 / res['none']['time/step']:.2f}, clip_v {1 / res['clip_v']['time/step']:.2f}")
+    ratio = sb["clip_v"] / sb["none"]
+    print(f"\nSame batch, post-rollout stages (median of {args.repeats}): none {sb['none']:.4f} s, "
+          f"clip_v {sb['clip_v']:.4f} s, ratio {ratio:.3f} (target <= 1.03: {'PASS' if ratio <= 1.03 else 'MISS'})")
+    gen = res["none"]["time/generate"] / res["none"]["time/step"]
+    print(f"generate share of a GRPO step: {gen:.0%}; full-step overhead incl. rollout: "
+          f"{(sb['clip_v'] - sb['none']) / res['none']['time/step']:+.1%}")
+
+
+if __name__ == "__main__":
+    main()
