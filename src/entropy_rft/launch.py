@@ -13,6 +13,24 @@ from entropy_rft.config import Config, config_to_dict
 from entropy_rft.errors import UserError
 
 
+def _is_main_process() -> bool:
+    """False only on the non-zero ranks of a multi-process launch (``accelerate launch``, torchrun)."""
+    import os
+
+    return int(os.environ.get("RANK", "0")) == 0
+
+
+def _train(cfg: Config, out: Path, *, resume: bool) -> dict[str, Any]:
+    """Dispatch to the configured engine: our trainer, or TRL through ``integrations.trl.train_trl``."""
+    if cfg.engine == "trl":
+        from entropy_rft.integrations.trl import train_trl
+
+        return train_trl(cfg, out, resume=resume)
+    from entropy_rft.trainer import train
+
+    return train(cfg, out, resume=resume)
+
+
 def run_status(out: str | Path) -> dict[str, Any]:
     p = Path(out) / "run.json"
     if not p.is_file():
@@ -25,10 +43,8 @@ def run_status(out: str | Path) -> dict[str, Any]:
 
 def start(cfg: Config, out: str | Path, *, overwrite: bool = False) -> dict[str, Any]:
     """Train ``cfg`` into a new run directory ``out`` (refused if it exists, unless ``overwrite``)."""
-    from entropy_rft.trainer import train
-
-    out = rundir.prepare_new(out, overwrite)
-    return train(cfg, out)
+    out = rundir.prepare_new(out, overwrite) if _is_main_process() else Path(out)
+    return _train(cfg, out, resume=False)
 
 
 def resume(out: str | Path, *, max_steps: int | None = None) -> dict[str, Any]:
@@ -37,7 +53,7 @@ def resume(out: str | Path, *, max_steps: int | None = None) -> dict[str, Any]:
     ``max_steps`` may raise or lower the run's total; nothing else can change. A finished run that is
     not extended returns at once.
     """
-    from entropy_rft.trainer import load_run_config, train
+    from entropy_rft.trainer import load_run_config
 
     out = Path(out)
     if not out.is_dir():
@@ -51,7 +67,7 @@ def resume(out: str | Path, *, max_steps: int | None = None) -> dict[str, Any]:
     status = run_status(out)
     if status.get("status") == "finished" and int(status.get("step", 0)) >= cfg.train.max_steps:
         return {"step": status.get("step"), "already_finished": True}
-    return train(cfg, out, resume=True)
+    return _train(cfg, out, resume=True)
 
 
 def start_or_resume(cfg: Config, out: str | Path, *, overwrite: bool = False) -> dict[str, Any]:
