@@ -1,0 +1,388 @@
+"""Figures of the report, each rendered to PNG bytes with matplotlib's Agg backend (no display needed).
+
+Every ``fig_*`` function takes the loaded runs (``report.RunData``) and returns PNG bytes, or ``None`` when
+the runs hold no data for that figure (the report then says why). Runs of the same method share a colour;
+seeds are separate lines.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from entropy_rft.control.lens import QUADRANTS  # noqa: E402
+from entropy_rft.evaluation import pass_at_k  # noqa: E402
+
+if TYPE_CHECKING:
+    from entropy_rft.analysis.report import RunData
+
+QUADRANT_LABELS = {
+    "pos_spos": "A>0, S_c>0",
+    "pos_sneg": "A>0, S_c≤0",
+    "neg_spos": "A<0, S_c>0",
+    "neg_sneg": "A<0, S_c≤0",
+    "zero": "A=0",
+}
+DPI = 90
+
+
+def _png(fig) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=DPI, bbox_inches="tight")
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def methods_in_order(runs: Sequence[RunData]) -> list[str]:
+    """Method labels in order of first appearance, the vanilla baseline ('none') first."""
+    labels = list(dict.fromkeys(r.label for r in runs))
+    return sorted(labels, key=lambda lab: lab != "none")
+
+
+def method_colors(runs: Sequence[RunData]) -> dict[str, str]:
+    cmap = plt.get_cmap("tab10")
+    return {lab: matplotlib.colors.to_hex(cmap(i % 10)) for i, lab in enumerate(methods_in_order(runs))}
+
+
+def series(rows: Sequence[dict], key: str) -> tuple[list[int], list[float]]:
+    """(steps, values) of the rows where ``key`` is a finite number."""
+    xs, ys = [], []
+    for row in rows:
+        v = row.get(key)
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+            xs.append(int(row.get("step", 0)))
+            ys.append(float(v))
+    return xs, ys
+
+
+def _legend_once(ax, handles_seen: set, label: str) -> str | None:
+    if label in handles_seen:
+        return None
+    handles_seen.add(label)
+    return label
+
+
+# ----------------------------------------------------------------------------- training curves
+
+
+def fig_entropy(runs: Sequence[RunData]) -> bytes | None:
+    """Training-batch entropy per step (solid), validation entropy at evaluation steps (dashed markers)."""
+    if not any(series(r.train_rows, "entropy/mean")[0] for r in runs):
+        return None
+    colors = method_colors(runs)
+    fig, ax = plt.subplots(figsize=(7.5, 4))
+    seen: set = set()
+    for r in runs:
+        xs, ys = series(r.train_rows, "entropy/mean")
+        ax.plot(xs, ys, color=colors[r.label], lw=1.4, marker="." if len(xs) < 30 else None,
+                label=_legend_once(ax, seen, r.label))
+        ex, ey = series(r.eval_rows, "eval/entropy")
+        if ex:
+            ax.plot(ex, ey, color=colors[r.label], ls="--", marker="o", ms=4, lw=0.8, alpha=0.7)
+    ax.set_xlabel("step")
+    ax.set_ylabel("entropy (nats / token)")
+    ax.set_title("Policy entropy: training batch (solid), validation samples (dashed, o)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return _png(fig)
+
+
+def fig_accuracy_reward(runs: Sequence[RunData]) -> bytes | None:
+    """Left: mean training reward per step. Right: validation pass@1 (solid) and pass@K (dashed)."""
+    has_train = any(series(r.train_rows, "reward/mean")[0] for r in runs)
+    has_eval = any(series(r.eval_rows, "eval/pass@1")[0] for r in runs)
+    if not (has_train or has_eval):
+        return None
+    colors = method_colors(runs)
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    seen: set = set()
+    for r in runs:
+        xs, ys = series(r.train_rows, "reward/mean")
+        ax1.plot(xs, ys, color=colors[r.label], lw=1.2, marker="." if len(xs) < 30 else None,
+                 label=_legend_once(ax1, seen, r.label))
+    ax1.set_title("Training reward (mean over the rollout batch)")
+    ax1.set_xlabel("step")
+    ax1.set_ylabel("reward")
+    ax1.grid(alpha=0.3)
+    if seen:
+        ax1.legend(fontsize=8)
+    if has_eval:
+        seen2: set = set()
+        for r in runs:
+            xs, ys = series(r.eval_rows, "eval/pass@1")
+            ax2.plot(xs, ys, color=colors[r.label], marker="o", ms=4, label=_legend_once(ax2, seen2, r.label))
+            if r.k and r.k > 1:
+                kx, ky = series(r.eval_rows, f"eval/pass@{r.k}")
+                ax2.plot(kx, ky, color=colors[r.label], ls="--", marker="^", ms=4, alpha=0.8)
+        k = next((r.k for r in runs if r.k), None)
+        ax2.set_title(f"Validation accuracy: pass@1 (solid), pass@{k} (dashed)")
+        ax2.legend(fontsize=8)
+    else:
+        ax2.text(0.5, 0.5, "no evaluations in these runs", ha="center", va="center", transform=ax2.transAxes)
+        ax2.set_title("Validation accuracy")
+    ax2.set_xlabel("step")
+    ax2.set_ylabel("accuracy")
+    ax2.grid(alpha=0.3)
+    return _png(fig)
+
+
+# ----------------------------------------------------------------------------- probe and S_c
+
+
+def agreement(pred: np.ndarray, actual: np.ndarray) -> dict[str, float | None]:
+    """Pearson r and sign agreement over tokens where both predicted and actual ΔH are non-zero."""
+    pred = np.asarray(pred, dtype=np.float64)
+    actual = np.asarray(actual, dtype=np.float64)
+    both = (pred != 0) & (actual != 0)
+    p, a = pred[both], actual[both]
+    n = int(both.sum())
+    corr = None
+    if n >= 2 and p.std() > 0 and a.std() > 0:
+        corr = float(np.corrcoef(p, a)[0, 1])
+    sign = float(np.mean(np.sign(p) == np.sign(a))) if n else None
+    return {"n": n, "corr": corr, "sign_agreement": sign}
+
+
+def _records(r: RunData, *keys: str) -> list[np.ndarray]:
+    rows = [t for t in r.records if all(isinstance(t.get(k), (int, float)) for k in keys)]
+    return [np.array([t[k] for t in rows], dtype=np.float64) for k in keys]
+
+
+def fig_probe_scatter(runs: Sequence[RunData]) -> bytes | None:
+    """Per-token predicted ΔH (−w·A·S_c, no lr factor) against the actual ΔH after the step's updates."""
+    colors = method_colors(runs)
+    data: dict[str, tuple[list, list]] = {}
+    for r in runs:
+        p, a = _records(r, "pred_dH", "actual_dH")
+        keep = (p != 0) & (a != 0)
+        d = data.setdefault(r.label, ([], []))
+        d[0].extend(p[keep])
+        d[1].extend(a[keep])
+    if not any(len(v[0]) for v in data.values()):
+        return None
+    fig, ax = plt.subplots(figsize=(7.5, 5))
+    for label, (p, a) in data.items():
+        if not p:
+            continue
+        ag = agreement(np.array(p), np.array(a))
+        r_txt = "–" if ag["corr"] is None else f"{ag['corr']:.2f}"
+        ax.scatter(p, a, s=9, alpha=0.5, color=colors[label],
+                   label=f"{label}: r={r_txt}, sign agree={ag['sign_agreement']:.2f} (n={ag['n']})")
+    ax.axhline(0, color="k", lw=0.6)
+    ax.axvline(0, color="k", lw=0.6)
+    ax.set_xlabel("predicted ΔH per token: −w·A·S_c (Theorem 3.3, up to lr)")
+    ax.set_ylabel("actual ΔH per token (after the step)")
+    ax.set_title("Tabular first-order prediction vs actual entropy change (token records)")
+    ax.ticklabel_format(style="sci", scilimits=(-3, 3))
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="best")
+    return _png(fig)
+
+
+def fig_sc_hist(runs: Sequence[RunData]) -> bytes | None:
+    """Distribution of the centred discriminator S_c over recorded tokens, per method."""
+    colors = method_colors(runs)
+    vals: dict[str, list[float]] = {}
+    for r in runs:
+        (s,) = _records(r, "s_centered")
+        vals.setdefault(r.label, []).extend(s.tolist())
+    allv = [v for vs in vals.values() for v in vs]
+    if not allv:
+        return None
+    lo, hi = float(np.min(allv)), float(np.max(allv))
+    if hi <= lo:
+        hi = lo + 1e-6
+    bins = np.linspace(lo, hi, 41)
+    fig, ax = plt.subplots(figsize=(7.5, 4))
+    for label in methods_in_order(runs):
+        vs = vals.get(label, [])
+        if vs:
+            ax.hist(vs, bins=bins, histtype="step", lw=1.6, color=colors[label],
+                    label=f"{label} (n={len(vs)}, mean={np.mean(vs):.3g}, sd={np.std(vs):.3g})")
+    ax.axvline(0, color="k", lw=0.6)
+    log = len(allv) > 200  # the tails matter; a log axis shows them once there are enough tokens
+    if log:
+        ax.set_yscale("log")
+    ax.set_xlabel("S_c = S_k − E_p[S]")
+    ax.set_ylabel("tokens (log scale)" if log else "tokens")
+    ax.set_title("Distribution of the centred entropy discriminator S_c (recorded tokens)")
+    ax.legend(fontsize=7)
+    return _png(fig)
+
+
+# ----------------------------------------------------------------------------- lens
+
+
+def lens_means(runs: Sequence[RunData], prefix: str = "lens") -> dict[str, dict[str, float | None]]:
+    """Per method label: mean over training steps (and seeds) of drop_frac/<q> and dH_dropped/<q>."""
+    out: dict[str, dict[str, float | None]] = {}
+    for label in methods_in_order(runs):
+        rows = [row for r in runs if r.label == label for row in r.train_rows]
+        d: dict[str, float | None] = {}
+        for key in ["drop_frac", "dH_dropped", "dH_kept", "dH_total"] + \
+                   [f"{m}/{q}" for m in ("drop_frac", "dH_dropped") for q in QUADRANTS]:
+            _, ys = series(rows, f"{prefix}/{key}")
+            d[key] = float(np.mean(ys)) if ys else None
+        out[label] = d
+    return out
+
+
+def fig_lens(runs: Sequence[RunData]) -> bytes | None:
+    """What each method dropped per quadrant sign(A)×sign(S_c), and the first-order ΔH those tokens carried.
+
+    A last group, 'PPO ratio clip', shows the tokens PPO's own clipping silenced (lens_ppo), pooled over runs.
+    """
+    groups = lens_means(runs, "lens")
+    ppo = lens_means(runs, "lens_ppo")
+    if not any(v["drop_frac"] is not None for v in groups.values()):
+        return None
+    pooled_rows = [row for r in runs for row in r.train_rows]
+    _, ppo_any = series(pooled_rows, "lens_ppo/drop_frac")
+    if ppo_any:
+        ppo_pool = {}
+        for key in next(iter(ppo.values())):
+            vals = [v[key] for v in ppo.values() if v[key] is not None]
+            ppo_pool[key] = float(np.mean(vals)) if vals else None
+        groups = {**groups, "PPO ratio clip": ppo_pool}
+    colors = method_colors(runs)
+    colors["PPO ratio clip"] = "#555555"
+    names = list(groups)
+    x = np.arange(len(QUADRANTS))
+    width = 0.8 / max(1, len(names))
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.2))
+    for i, name in enumerate(names):
+        g = groups[name]
+        frac = [g.get(f"drop_frac/{q}") or 0.0 for q in QUADRANTS]
+        dh = [g.get(f"dH_dropped/{q}") or 0.0 for q in QUADRANTS]
+        hatch = "//" if name == "PPO ratio clip" else None
+        total = g.get("drop_frac") or 0.0
+        ax1.bar(x + (i - (len(names) - 1) / 2) * width, [100 * f for f in frac], width, color=colors[name],
+                hatch=hatch, label=f"{name} (dropped {100 * total:.2f}%)")
+        ax2.bar(x + (i - (len(names) - 1) / 2) * width, dh, width, color=colors[name], hatch=hatch,
+                label=f"{name} (Σ {g.get('dH_dropped') or 0.0:+.2e})")
+    for ax in (ax1, ax2):
+        ax.set_xticks(x, [QUADRANT_LABELS[q] for q in QUADRANTS], fontsize=8)
+        ax.grid(alpha=0.3, axis="y")
+        ax.legend(fontsize=7)
+    ax2.axhline(0, color="k", lw=0.6)
+    ax1.set_ylabel("% of valid tokens dropped (mean per step)")
+    ax1.set_title("Tokens removed, by quadrant")
+    ax2.set_ylabel("Σ −w·A·r·S_c of removed tokens (per step)")
+    ax2.set_title("First-order entropy change the removed tokens carried")
+    ax2.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
+    return _png(fig)
+
+
+# ----------------------------------------------------------------------------- evaluation figures
+
+
+def pass_curve(hist: Sequence[int]) -> list[float]:
+    """Mean unbiased Pass@k for k = 1..K from a pass-rate histogram (hist[c] = #problems with c of K right)."""
+    n = len(hist) - 1
+    total = sum(hist)
+    if n < 1 or total == 0:
+        return []
+    return [sum(h * pass_at_k(n, c, k) for c, h in enumerate(hist)) / total for k in range(1, n + 1)]
+
+
+def _final_hists(runs: Sequence[RunData]) -> dict[str, list[list[int]]]:
+    out: dict[str, list[list[int]]] = {}
+    for r in runs:
+        h = r.final_hist
+        if h:
+            out.setdefault(r.label, []).append(h)
+    return out
+
+
+def _base_hist(runs: Sequence[RunData]) -> list[int] | None:
+    return next((r.base_hist for r in runs if r.base_hist), None)
+
+
+def fig_pass_at_k(runs: Sequence[RunData]) -> bytes | None:
+    """Pass@k against k at the final evaluation (mean over seeds), with the base model (step 0) dashed."""
+    finals = _final_hists(runs)
+    if not finals:
+        return None
+    colors = method_colors(runs)
+    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    base = _base_hist(runs)
+    if base:
+        c = pass_curve(base)
+        ax.plot(range(1, len(c) + 1), c, color="k", ls="--", marker="s", ms=4, label="base (step 0)")
+    for label in [lab for lab in methods_in_order(runs) if lab in finals]:
+        hists = finals[label]
+        curves = [pass_curve(h) for h in hists if len(h) == len(hists[0])]
+        c = np.mean(curves, axis=0)
+        ax.plot(range(1, len(c) + 1), c, color=colors[label], marker="o", ms=4,
+                label=f"{label} (final, {len(curves)} seed{'s' if len(curves) > 1 else ''})")
+    ax.set_xlabel("k")
+    ax.set_ylabel("Pass@k (unbiased)")
+    ax.set_title("Pass@k curves at the final evaluation")
+    ax.set_ylim(0, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return _png(fig)
+
+
+def fig_pass_rate_hist(runs: Sequence[RunData]) -> bytes | None:
+    """Fraction of problems solved c/K times: base vs each method's final evaluation (as in Paper A)."""
+    finals = _final_hists(runs)
+    if not finals:
+        return None
+    colors = method_colors(runs)
+    base = _base_hist(runs)
+    groups: dict[str, np.ndarray] = {}
+    if base:
+        groups["base (step 0)"] = np.asarray(base, dtype=float) / max(1, sum(base))
+    for label in [lab for lab in methods_in_order(runs) if lab in finals]:
+        hists = finals[label]
+        hs = [np.asarray(h, dtype=float) / max(1, sum(h)) for h in hists if len(h) == len(hists[0])]
+        groups[label] = np.mean(hs, axis=0)
+    k = len(next(iter(groups.values()))) - 1
+    groups = {n: g for n, g in groups.items() if len(g) == k + 1}
+    x = np.arange(k + 1)
+    width = 0.8 / len(groups)
+    fig, ax = plt.subplots(figsize=(8.5, 4.2))
+    for i, (name, g) in enumerate(groups.items()):
+        ax.bar(x + (i - (len(groups) - 1) / 2) * width, g, width, color=colors.get(name, "#999999"),
+               label=name, edgecolor="k" if name.startswith("base") else None, lw=0.5)
+    ax.set_xticks(x, [f"{c}/{k}" for c in range(k + 1)])
+    ax.set_xlabel("samples correct per problem")
+    ax.set_ylabel("fraction of problems")
+    ax.set_title("Pass-rate histogram: GRPO vs entropy-control methods (final evaluation)")
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize=8)
+    return _png(fig)
+
+
+def fig_law(fits: Sequence[dict], runs: Sequence[RunData]) -> bytes | None:
+    """(entropy, accuracy) per evaluation and the fitted R = −a·exp(H) + b curve of each run."""
+    if not fits:
+        return None
+    colors = method_colors(runs)
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    for f in fits:
+        pts = f["points"]
+        col = colors.get(f["label"], "#333333")
+        ax.scatter(pts["entropy"], pts["accuracy"], color=col, s=18)
+        if f.get("fit"):
+            fit = f["fit"]
+            hs = np.linspace(min(pts["entropy"]), max(pts["entropy"]), 100)
+            r2 = "–" if fit["r2"] is None else f"{fit['r2']:.2f}"
+            ax.plot(hs, -fit["a"] * np.exp(hs) + fit["b"], color=col, lw=1.2,
+                    label=f"{f['run']}: a={fit['a']:.3f}, b={fit['b']:.3f}, ceiling={fit['ceiling']:.3f}, R²={r2}")
+    ax.set_xlabel("validation entropy H")
+    ax.set_ylabel("validation pass@1 R")
+    ax.set_title("Entropy-performance law R = −a·exp(H) + b (Cui et al. 2025)")
+    ax.grid(alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7)
+    return _png(fig)

@@ -1,0 +1,393 @@
+"""The self-contained HTML report: figures as PNG data URIs, a summary table, and a computed paragraph.
+
+``build_report(paths, out)`` accepts run directories and folders of run directories (``erft compare``
+output), and writes ``out/report.html`` (readable offline: no script, no external file) and
+``out/report.json`` (the numbers behind the paragraph), both atomically.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as _dt
+import html
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from entropy_rft.analysis import plots
+from entropy_rft.analysis.law import fit_law, law_points
+from entropy_rft.analysis.summary import aggregate, markdown_table, run_summary
+from entropy_rft.control.lens import QUADRANTS
+from entropy_rft.errors import UserError
+from entropy_rft.rundir import atomic_write_json, atomic_write_text, read_jsonl
+
+
+@dataclass
+class RunData:
+    path: Path
+    name: str
+    method: str
+    label: str
+    seed: int | None
+    cfg: dict
+    rows: list[dict]
+    records: list[dict]
+    train_rows: list[dict] = field(default_factory=list)
+    eval_rows: list[dict] = field(default_factory=list)
+    k: int | None = None
+    base_hist: list[int] | None = None
+    final_hist: list[int] | None = None
+
+
+def is_run_dir(p: Path) -> bool:
+    return p.is_dir() and (p / "metrics.jsonl").is_file()
+
+
+def expand_run_dirs(paths: Sequence[str | Path]) -> list[Path]:
+    """Run directories as given; a folder that is not one contributes its run-directory children (sorted)."""
+    if not paths:
+        raise UserError("give at least one RUN_DIR (a run directory or an erft compare folder)")
+    out: list[Path] = []
+    for raw in paths:
+        p = Path(raw)
+        if not p.exists():
+            raise UserError(f"{p}: no such directory; give a run directory or an erft compare --out folder")
+        if is_run_dir(p):
+            out.append(p)
+            continue
+        kids = sorted(c for c in p.iterdir() if is_run_dir(c)) if p.is_dir() else []
+        if not kids:
+            raise UserError(f"{p}: not a run directory (no metrics.jsonl) and holds none; give the --out "
+                            "folder of erft train or erft compare")
+        out.extend(kids)
+    seen: set = set()
+    return [p for p in out if not (p.resolve() in seen or seen.add(p.resolve()))]
+
+
+def _label(cfg: dict) -> tuple[str, str]:
+    m = cfg.get("method") or {}
+    name = str(m.get("name") or "none")
+    params = {**((m.get("presets") or {}).get(name) or {}), **(m.get("params") or {})}
+    if name == "grad_mask":
+        a = ">" if params.get("sample_sign", "positive") == "positive" else "<"
+        s = ">" if params.get("s_sign", "positive") == "positive" else "<"
+        field_ = "S_c" if params.get("s_field") == "s_centered" else "S"
+        return name, f"grad_mask A{a}0 {field_}{s}0"
+    return name, name
+
+
+def load_run(path: Path) -> RunData:
+    cfg: dict = {}
+    if (path / "config.yaml").is_file():
+        try:
+            cfg = yaml.safe_load((path / "config.yaml").read_text()) or {}
+        except yaml.YAMLError as e:
+            raise UserError(f"{path / 'config.yaml'}: not valid YAML ({e.__class__.__name__}); "
+                            "restore it from the run") from None
+    rows = read_jsonl(path / "metrics.jsonl")
+    if not rows:
+        raise UserError(f"{path / 'metrics.jsonl'}: empty; the run has not logged a step yet")
+    method, label = _label(cfg)
+    r = RunData(path=path, name=path.name, method=method, label=label,
+                seed=(cfg.get("train") or {}).get("seed"), cfg=cfg, rows=rows,
+                records=read_jsonl(path / "token_records.jsonl"))
+    r.train_rows = [x for x in rows if int(x.get("step", 0)) >= 1]
+    r.eval_rows = [x for x in rows if isinstance(x.get("eval/pass@1"), (int, float))]
+    for x in r.eval_rows:
+        ks = [int(k.split("@")[1]) for k in x if k.startswith("eval/avg@")]
+        if ks:
+            r.k = ks[0]
+            break
+    hists = [x for x in r.eval_rows if isinstance(x.get("eval/pass_rate_hist"), list)]
+    if hists:
+        if int(hists[0].get("step", -1)) == 0:
+            r.base_hist = [int(v) for v in hists[0]["eval/pass_rate_hist"]]
+        r.final_hist = [int(v) for v in hists[-1]["eval/pass_rate_hist"]]
+    return r
+
+
+# ----------------------------------------------------------------------------- numbers
+
+
+def law_fits(runs: Sequence[RunData]) -> list[dict[str, Any]]:
+    """Per run with evaluations: its (H, R) points and the fit, or the reason it could not be fitted."""
+    out = []
+    for r in runs:
+        try:
+            steps, hs, rs = law_points(r.rows, what=r.name)
+        except UserError:
+            continue
+        if not steps:
+            continue
+        entry: dict[str, Any] = {"run": r.name, "label": r.label,
+                                 "points": {"step": steps, "entropy": hs, "accuracy": rs}, "fit": None}
+        try:
+            entry["fit"] = fit_law(hs, rs, what=r.name).to_dict()
+        except UserError as e:
+            entry["error"] = str(e)
+        out.append(entry)
+    return out
+
+
+def _mean(vals: Sequence[float | None]) -> float | None:
+    v = [x for x in vals if isinstance(x, (int, float)) and math.isfinite(x)]
+    return float(np.mean(v)) if v else None
+
+
+def _fmt(v: float | None, nd: int = 3) -> str:
+    return "n/a" if v is None else f"{v:.{nd}f}"
+
+
+def _join(items: list[str]) -> str:
+    if len(items) <= 1:
+        return "".join(items)
+    return ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def _best_sentence(vals: dict[str, float], metric: str) -> str:
+    if not vals:
+        return ""
+    top = max(vals.values())
+    best = [lab for lab, v in vals.items() if abs(v - top) <= 1e-9]
+    if len(best) == len(vals):
+        return f"All methods tied on {metric} ({top:.3f})."
+    return f"Best {metric}: {_join(best)} ({top:.3f})."
+
+
+def summary_paragraph(runs: Sequence[RunData], summaries: Sequence[dict], lens: dict, fits: Sequence[dict]) -> str:
+    """One paragraph computed from the numbers: entropy path, accuracy, probe agreement, lens, law."""
+    labels = plots.methods_in_order(runs)
+    by = {lab: [s for r, s in zip(runs, summaries) if r.label == lab] for lab in labels}
+    steps = sorted({s["steps"] for s in summaries})
+    step_txt = f"{steps[0]}" if len(steps) == 1 else f"{steps[0]}–{steps[-1]}"
+    parts = [f"This report covers {len(runs)} run{'s' if len(runs) != 1 else ''} of "
+             f"{len(labels)} method{'s' if len(labels) != 1 else ''} "
+             f"({_join([f'{lab} ×{len(by[lab])}' for lab in labels])}), {step_txt} training steps each."]
+    # Entropy path.
+    ent = {}
+    for lab in labels:
+        first = _mean([s.get("train/entropy_first") for s in by[lab]])
+        last = _mean([s.get("train/entropy_last") for s in by[lab]])
+        if first is not None and last is not None:
+            ent[lab] = (first, last)
+    if ent:
+        bits = []
+        for lab, (first, last) in ent.items():
+            rel = (last - first) / first if first else 0.0
+            if abs(rel) < 0.02:
+                bits.append(f"stayed near {first:.3f} under {lab}")
+            else:
+                verb = "fell" if last < first else "rose"
+                bits.append(f"{verb} from {first:.3f} to {last:.3f} nats ({100 * rel:+.0f}%) under {lab}")
+        parts.append("Training-batch entropy " + _join(bits) + ".")
+        if len(ent) >= 2:
+            hi = max(ent, key=lambda k: ent[k][1])
+            lo = min(ent, key=lambda k: ent[k][1])
+            if ent[hi][1] - ent[lo][1] > 0.01 * max(1e-9, abs(ent[hi][1])):
+                parts.append(f"{hi} kept the most entropy ({ent[hi][1]:.3f} at the last step against "
+                             f"{ent[lo][1]:.3f} for {lo}).")
+            else:
+                parts.append(f"All methods ended at about the same entropy ({ent[lo][1]:.3f}–{ent[hi][1]:.3f}).")
+    # Accuracy.
+    k = next((r.k for r in runs if r.k), None)
+    acc = {lab: (_mean([s.get("final/pass@1") for s in by[lab]]),
+                 _mean([s.get(f"final/pass@{k}") for s in by[lab]]) if k else None) for lab in labels}
+    acc = {lab: v for lab, v in acc.items() if v[0] is not None}
+    if acc:
+        base1 = _mean([s.get("base/pass@1") for s in summaries])
+        basek = _mean([s.get(f"base/pass@{k}") for s in summaries]) if k else None
+        bits = [f"{lab} {_fmt(p1)}/{_fmt(pk)}" for lab, (p1, pk) in acc.items()]
+        txt = f"At the final evaluation pass@1/pass@{k} was " + _join(bits)
+        if base1 is not None:
+            txt += f" (base model: {_fmt(base1)}/{_fmt(basek)})"
+        parts.append(txt + ".")
+        if len(acc) >= 2:
+            parts.append(_best_sentence({x: v[0] for x, v in acc.items()}, "pass@1")
+                         + " " + _best_sentence({x: v[1] for x, v in acc.items() if v[1] is not None}, f"pass@{k}"))
+        if basek is not None:
+            below = [lab for lab, (_, pk) in acc.items() if pk is not None and pk < basek]
+            if below:
+                parts.append(f"Pass@{k} fell below the base model's under {_join(below)}, the diversity loss "
+                             "that entropy collapse predicts.")
+    else:
+        parts.append("No evaluation was logged, so accuracy is not compared.")
+    # Probe.
+    sa = _mean([s.get("probe/sign_agreement") for s in summaries])
+    sw = _mean([s.get("probe/sign_agreement_weighted") for s in summaries])
+    sb = _mean([s.get("probe/batch_sign_agree") for s in summaries])
+    if sa is not None:
+        txt = (f"Per token, the sign of the tabular prediction −A·S_c matched the actual entropy change for "
+               f"{100 * sa:.0f}% of tokens ({_fmt(None if sw is None else 100 * sw, 0)}% weighted by |prediction|")
+        if sb is not None:
+            txt += f"; the batch-mean sign was right in {100 * sb:.0f}% of steps"
+        txt += ")"
+        txt += (", a weak per-token signal, as expected when logits share parameters." if sa < 0.65
+                else ", a strong per-token signal.")
+        parts.append(txt)
+    # Lens.
+    bits = []
+    for lab, d in lens.items():
+        if d.get("drop_frac") and d["drop_frac"] > 0:
+            q = max(QUADRANTS, key=lambda q: d.get(f"drop_frac/{q}") or 0.0)
+            dh = d.get("dH_dropped") or 0.0
+            effect = "lowered" if dh < 0 else "raised"
+            bits.append(f"{lab} removed {100 * d['drop_frac']:.2f}% of tokens per step, most in "
+                        f"{plots.QUADRANT_LABELS[q]} ({100 * (d.get(f'drop_frac/{q}') or 0):.2f}%), and those tokens "
+                        f"would have {effect} entropy (first-order Σ {dh:+.2e} per step)")
+    if bits:
+        parts.append("Through the lens: " + "; ".join(bits) + ".")
+    elif lens:
+        parts.append("No method removed any token in these runs.")
+    # Law.
+    ok = [f for f in fits if f.get("fit")]
+    if ok:
+        bits = [f"{f['run']} (a={f['fit']['a']:.3f}, b={f['fit']['b']:.3f}, ceiling {f['fit']['ceiling']:.3f}, "
+                f"R²={_fmt(f['fit']['r2'], 2)})" for f in ok]
+        parts.append("The entropy-performance law R = −a·exp(H) + b was fitted to " + _join(bits) + ".")
+        inverted = [f["run"] for f in ok if f["fit"]["a"] <= 0]
+        if inverted:
+            parts.append(f"In {_join(inverted)} the fitted a ≤ 0: accuracy did not fall as entropy rose, so the "
+                         "law's premise does not hold there and its ceiling means nothing.")
+    elif fits:
+        parts.append(f"Too few evaluations per run ({max(len(f['points']['step']) for f in fits)}) to fit the "
+                     "entropy-performance law (it needs 3 or more at different entropies).")
+    return " ".join(parts)
+
+
+# ----------------------------------------------------------------------------- HTML
+
+CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;max-width:1150px;margin:24px auto;
+padding:0 16px;color:#222;line-height:1.45}
+h1{font-size:1.6em;margin-bottom:0.2em} h2{font-size:1.2em;margin-top:1.6em;border-bottom:1px solid #ddd}
+.meta{color:#666;font-size:0.9em} .summary{background:#f5f7fa;border-left:4px solid #4a78c2;padding:10px 14px}
+table{border-collapse:collapse;font-size:0.82em;margin:8px 0;display:block;overflow-x:auto}
+th,td{border:1px solid #ccc;padding:3px 6px;text-align:right;white-space:nowrap} th{background:#eef}
+td:first-child,th:first-child{text-align:left}
+figure{margin:10px 0 22px 0} figure img{max-width:100%;height:auto;border:1px solid #eee}
+figcaption{color:#555;font-size:0.88em} .missing{color:#a33;font-style:italic}
+"""
+
+FIGURES = [
+    ("entropy", "Entropy over steps", plots.fig_entropy,
+     "Mean token entropy of each training batch (solid) and of the validation samples at evaluation steps "
+     "(dashed). Entropy collapse shows as a falling solid line."),
+    ("accuracy", "Accuracy and reward over steps", plots.fig_accuracy_reward,
+     "Mean training reward per step, and validation pass@1 / pass@K at evaluation steps."),
+    ("probe", "Predicted vs actual entropy change", plots.fig_probe_scatter,
+     "Each point is a recorded token: the tabular first-order prediction −w·A·S_c (Theorem 3.3, without the "
+     "learning-rate factor, so only sign and correlation matter) against the actual change of that token's "
+     "entropy after the step. Legend: Pearson r and sign agreement over tokens where both are non-zero."),
+    ("sc", "Distribution of S_c", plots.fig_sc_hist,
+     "The centred discriminator S_c = S_k − E_p[S] over the recorded tokens. ClipV drops the tails."),
+    ("lens", "Lens attribution", plots.fig_lens,
+     "What each method removed from the gradient, by quadrant sign(A) × sign(S_c), and the first-order entropy "
+     "change those tokens would have caused (negative: they would have lowered entropy). Hatched: tokens "
+     "PPO's own ratio clip silenced."),
+    ("passk", "Pass@k curves", plots.fig_pass_at_k,
+     "Unbiased Pass@k for k = 1..K from each final evaluation's pass-rate histogram; the base model dashed."),
+    ("passrate", "Pass-rate histograms", plots.fig_pass_rate_hist,
+     "How many of the K samples per validation problem were correct, base vs final. Paper A reports that "
+     "clipping moves problems from the extremes (all wrong / all right) toward the middle."),
+]
+
+
+def _img(png: bytes, alt: str) -> str:
+    return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{base64.b64encode(png).decode()}">'
+
+
+def _table_html(md: str) -> str:
+    lines = [ln for ln in md.strip().splitlines() if ln.startswith("|") and not ln.startswith("|---")]
+    if not lines:
+        return ""
+    cells = [[c.strip() for c in ln.strip().strip("|").split("|")] for ln in lines]
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in cells[0])
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in cells[1:])
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _missing_reason(key: str, runs: Sequence[RunData]) -> str:
+    if key in ("passk", "passrate"):
+        return "no evaluation with a pass-rate histogram in these runs (set eval.every > 0)"
+    if key in ("probe", "sc") and not any(r.records for r in runs):
+        return "no token records (probe.records_every = 0, or no step reached it)"
+    if key == "probe":
+        return ("no recorded token had both a non-zero predicted and a non-zero actual entropy change (e.g. every "
+                "group's rewards were uniform, so A = 0)")
+    if key == "lens":
+        return "no lens metrics logged"
+    return "no training steps logged yet"
+
+
+def build_report(paths: Sequence[str | Path], out: str | Path) -> dict[str, Any]:
+    """Write ``out/report.html`` and ``out/report.json``; return the numbers (paragraph, fits, lens)."""
+    run_dirs = expand_run_dirs(paths)
+    runs = [load_run(p) for p in run_dirs]
+    summaries = [run_summary(r.path) for r in runs]
+    for r, s in zip(runs, summaries):
+        s["method"] = r.label
+    agg = aggregate(summaries)
+    lens = plots.lens_means(runs, "lens")
+    fits = law_fits(runs)
+    paragraph = summary_paragraph(runs, summaries, lens, fits)
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out}: exists and is not a folder; choose a folder for report.html")
+
+    sections = []
+    figures_present = []
+    for key, title, fn, caption in FIGURES:
+        png = fn(runs)
+        if png is None:
+            sections.append(f'<h2>{html.escape(title)}</h2><p class="missing">Not shown: '
+                            f'{html.escape(_missing_reason(key, runs))}.</p>')
+        else:
+            figures_present.append(key)
+            sections.append(f"<h2>{html.escape(title)}</h2><figure>{_img(png, title)}"
+                            f"<figcaption>{html.escape(caption)}</figcaption></figure>")
+    law_png = plots.fig_law(fits, runs)
+    law_rows = []
+    for f in fits:
+        if f.get("fit"):
+            ft = f["fit"]
+            law_rows.append(f"| {f['run']} | {ft['n']} | {ft['a']:.4f} | {ft['b']:.4f} | {ft['ceiling']:.4f} | "
+                            f"{_fmt(ft['r2'], 3)} |")
+        else:
+            law_rows.append(f"| {f['run']} | {len(f['points']['step'])} | – | – | – | – |")
+    law_html = "<h2>Entropy-performance law</h2>"
+    if law_png is None:
+        law_html += '<p class="missing">Not shown: no evaluations in these runs (set eval.every > 0).</p>'
+    else:
+        figures_present.append("law")
+        law_html += (f"<figure>{_img(law_png, 'Entropy-performance law')}<figcaption>R = −a·exp(H) + b fitted by "
+                     "linear least squares on [−exp(H), 1] to each run's (validation entropy, pass@1) pairs; "
+                     "the ceiling b − a is the predicted accuracy at zero entropy. Runs with fewer than 3 "
+                     "evaluations are shown as points only. The forecast test: <code>erft fit-law RUN_DIR</code>."
+                     "</figcaption></figure>")
+        law_html += _table_html("| run | evaluations | a | b | ceiling b − a | R² |\n|---|\n" + "\n".join(law_rows))
+    sections.append(law_html)
+
+    title = "entropy-rft report"
+    now = _dt.datetime.now().strftime("%Y-%m-%d %H:%M")
+    run_list = ", ".join(html.escape(str(p)) for p in run_dirs)
+    page = (
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+        f"<title>{title}</title><style>{CSS}</style></head><body>"
+        f"<h1>{title}</h1><p class=\"meta\">Generated {now} from {len(runs)} run(s): {run_list}</p>"
+        f"<h2>Summary</h2><p class=\"summary\" id=\"summary\">{html.escape(paragraph)}</p>"
+        f"<h2>Table (mean ± std over seeds)</h2>{_table_html(markdown_table(agg))}"
+        + "".join(sections) + "</body></html>\n"
+    )
+    atomic_write_text(out / "report.html", page)
+    numbers = {"runs": [str(p) for p in run_dirs], "summary": paragraph, "figures": figures_present,
+               "methods": agg, "lens": lens, "law": fits}
+    atomic_write_json(out / "report.json", numbers)
+    for name in ("report.html", "report.json"):
+        os.chmod(out / name, 0o644)  # the atomic temp file is private; a report is for sharing
+    return numbers

@@ -1,0 +1,26 @@
+"""``erft report``: one self-contained HTML report (figures embedded) for run directories or a compare folder."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+NAME = "report"
+HELP = ("Write a self-contained report.html (entropy, accuracy, probe, S_c, lens, Pass@K, pass-rate "
+        "histograms, entropy-performance law, and a computed summary) for runs or an erft compare folder.")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR",
+                   help="Run directories, or folders of run directories (erft compare --out).")
+    p.add_argument("--out", required=True, help="Folder for report.html and report.json.")
+
+
+def run(args: argparse.Namespace) -> int:
+    from entropy_rft.analysis.report import build_report
+
+    numbers = build_report(args.run_dirs, args.out)
+    print(numbers["summary"])
+    print(f"report written to {Path(args.out) / 'report.html'} ({len(numbers['runs'])} runs, "
+          f"figures: {', '.join(numbers['figures'])})")
+    return 0

@@ -1,0 +1,219 @@
+"""``erft report``: figures, the computed summary, run-dir expansion, and rendering in headless Chromium."""
+
+from __future__ import annotations
+
+import base64
+import io
+import itertools
+import json
+import math
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from PIL import Image
+
+from entropy_rft.analysis import plots
+from entropy_rft.analysis.report import build_report, expand_run_dirs
+from entropy_rft.cli import main
+from entropy_rft.errors import UserError
+from micro import make_micro_policy, micro_overrides
+
+CHROMIUM = "/usr/bin/chromium"
+IMG_RE = re.compile(r'<img alt="[^"]*" src="data:image/png;base64,([A-Za-z0-9+/=]+)">')
+
+
+# ----------------------------------------------------------------------------- pure helpers
+
+
+def test_pass_curve_matches_enumeration_over_subsets():
+    # hist[c] = problems with c of K=4 correct; the naive Pass@k enumerates all k-subsets of 4 samples.
+    hist = [3, 1, 0, 2, 1]
+    K = 4
+    naive = []
+    for k in range(1, K + 1):
+        tot = 0.0
+        for c, h in enumerate(hist):
+            outcomes = [1] * c + [0] * (K - c)
+            subsets = list(itertools.combinations(range(K), k))
+            tot += h * sum(any(outcomes[i] for i in s) for s in subsets) / len(subsets)
+        naive.append(tot / sum(hist))
+    assert plots.pass_curve(hist) == pytest.approx(naive, abs=1e-12)
+    assert plots.pass_curve([0, 1, 0]) == pytest.approx([0.5, 1.0])  # by hand: one of two right
+    assert plots.pass_curve([]) == []
+
+
+def test_agreement_against_a_naive_loop():
+    rng = np.random.default_rng(0)
+    p = rng.normal(size=50)
+    a = 0.5 * p + rng.normal(size=50)
+    p[:5] = 0.0  # tokens without a prediction are left out
+    ag = plots.agreement(p, a)
+    pairs = [(x, y) for x, y in zip(p, a) if x != 0 and y != 0]
+    assert ag["n"] == 45
+    assert ag["sign_agreement"] == pytest.approx(sum((x > 0) == (y > 0) for x, y in pairs) / 45)
+    mx = sum(x for x, _ in pairs) / 45
+    my = sum(y for _, y in pairs) / 45
+    cov = sum((x - mx) * (y - my) for x, y in pairs)
+    vx = sum((x - mx) ** 2 for x, _ in pairs)
+    vy = sum((y - my) ** 2 for _, y in pairs)
+    assert ag["corr"] == pytest.approx(cov / math.sqrt(vx * vy), abs=1e-12)
+
+
+# ----------------------------------------------------------------------------- synthetic runs
+
+
+def _write_synthetic(d: Path, method: str, ent_end: float, *, seed=0, drop=0.0, pass_k_final=0.5):
+    """20 steps, entropy 1.0 -> ent_end; evals at 0, 10, 20 following R = 0.8 - 0.2*exp(H)."""
+    d.mkdir(parents=True)
+    (d / "config.yaml").write_text(yaml.safe_dump({"method": {"name": method, "params": {}}, "train": {"seed": seed}}))
+    rows = []
+    for s in range(0, 21):
+        h = 1.0 + (ent_end - 1.0) * s / 20
+        row = {"step": s}
+        if s >= 1:
+            row.update({"entropy/mean": h, "reward/mean": 0.1 + 0.01 * s, "probe/sign_agreement": 0.55,
+                        "probe/sign_agreement_weighted": 0.7, "probe/batch_sign_agree": 0.75,
+                        "control/kept_frac": 1 - drop, "lens/drop_frac": drop,
+                        "lens/dH_dropped": -1e-3 if drop else 0.0,
+                        "lens_ppo/drop_frac": 0.01, "lens_ppo/drop_frac/pos_sneg": 0.01,
+                        "lens_ppo/dH_dropped/pos_sneg": 2e-4, "lens_ppo/dH_dropped": 2e-4})
+            for q in ("pos_spos", "pos_sneg", "neg_spos", "neg_sneg", "zero"):
+                row[f"lens/drop_frac/{q}"] = drop if q == "neg_sneg" else 0.0
+                row[f"lens/dH_dropped/{q}"] = (-1e-3 if drop else 0.0) if q == "neg_sneg" else 0.0
+        if s % 10 == 0:
+            acc = 0.8 - 0.2 * math.exp(h)
+            row.update({"eval/pass@1": acc, "eval/avg@4": acc, "eval/entropy": h,
+                        "eval/pass@4": 0.55 if s == 0 else pass_k_final,
+                        "eval/pass_rate_hist": [4, 2, 1, 1, 0] if s == 0 else [3, 3, 1, 0, 1]})
+        rows.append(row)
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    recs = [{"step": 10, "pred_dH": x, "actual_dH": 2 * x, "s_centered": x, "adv": 1.0, "kept": True}
+            for x in np.linspace(-1, 1, 11).tolist()]
+    (d / "token_records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    return d
+
+
+def _decoded_images(html_text: str) -> list[Image.Image]:
+    return [Image.open(io.BytesIO(base64.b64decode(b))) for b in IMG_RE.findall(html_text)]
+
+
+def test_synthetic_report_summary_is_computed_from_the_numbers(tmp_path):
+    cmp = tmp_path / "cmp"
+    _write_synthetic(cmp / "none-s0", "none", 0.2, pass_k_final=0.45)
+    _write_synthetic(cmp / "clip_v-s0", "clip_v", 0.8, drop=0.02, pass_k_final=0.65)
+    (cmp / "summary.md").write_text("not a run dir\n")
+    nums = build_report([cmp], tmp_path / "rep")
+    text = nums["summary"]
+    # Entropy: step 1 is 1 + (end - 1)/20; step 20 is the end value.
+    assert "fell from 0.960 to 0.200 nats (-79%) under none" in text
+    assert "fell from 0.990 to 0.800 nats (-19%) under clip_v" in text
+    assert "clip_v kept the most entropy (0.800 at the last step against 0.200 for none)" in text
+    assert "Pass@4 fell below the base model's under none" in text  # 0.45 < 0.55, clip_v's 0.65 is not
+    assert "Best pass@4: clip_v (0.650)" in text
+    assert "55% of tokens" in text and "weak per-token signal" in text and "75% of steps" in text
+    assert "clip_v removed 2.00% of tokens per step, most in A<0, S_c≤0" in text
+    assert "lowered entropy" in text
+    assert "a=0.200, b=0.800, ceiling 0.600, R²=1.00" in text
+    assert nums["figures"] == ["entropy", "accuracy", "probe", "sc", "lens", "passk", "passrate", "law"]
+    page = (tmp_path / "rep" / "report.html").read_text()
+    imgs = _decoded_images(page)
+    assert len(imgs) == 8 and all(im.format == "PNG" and im.size[0] > 300 for im in imgs)
+    assert "http://" not in page and "https://" not in page and "<script" not in page  # offline, static
+    assert json.loads((tmp_path / "rep" / "report.json").read_text())["summary"] == text
+
+
+def test_expand_run_dirs_and_errors(tmp_path, capsys):
+    a = _write_synthetic(tmp_path / "cmp" / "none-s0", "none", 0.5)
+    b = _write_synthetic(tmp_path / "cmp" / "clip_v-s1", "clip_v", 0.5)
+    assert expand_run_dirs([tmp_path / "cmp"]) == [b, a]
+    assert expand_run_dirs([a, tmp_path / "cmp"]) == [a, b]  # duplicates dropped, order kept
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UserError, match="not a run directory"):
+        expand_run_dirs([tmp_path / "empty"])
+    assert main(["report", str(tmp_path / "nope"), "--out", str(tmp_path / "r")]) == 2
+    assert "no such directory" in capsys.readouterr().err
+    (tmp_path / "blank").mkdir()
+    (tmp_path / "blank" / "metrics.jsonl").write_text("")
+    assert main(["report", str(tmp_path / "blank"), "--out", str(tmp_path / "r")]) == 2
+    assert "empty" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- real micro runs
+
+
+def _sets(model, **extra):
+    return [a for s in micro_overrides(model, **extra) for a in ("--set", s)]
+
+
+@pytest.fixture(scope="module")
+def micro_runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("rep")
+    model = make_micro_policy(root / "model")
+    assert main(["compare", "--methods", "none,clip_v", "--max-steps", "4", "--out", str(root / "cmp"),
+                 *_sets(model, **{"method.presets.clip_v.mu": 0.5})]) == 0
+    assert main(["compare", "--methods", "none", "--max-steps", "2", "--out", str(root / "noeval"),
+                 *_sets(model, **{"eval.every": 0})]) == 0
+    return root
+
+
+def test_two_step_run_without_evaluation_still_has_its_figures(micro_runs, tmp_path):
+    nums = build_report([micro_runs / "noeval" / "none-s0"], tmp_path)
+    assert {"entropy", "accuracy", "sc", "lens"} <= set(nums["figures"])
+    assert not {"passk", "passrate", "law"} & set(nums["figures"])
+    page = (tmp_path / "report.html").read_text()
+    if "probe" not in nums["figures"]:  # the micro run's first steps may all have A = 0; the page says so
+        assert "no recorded token had both a non-zero predicted" in page
+    assert len(IMG_RE.findall(page)) == len(nums["figures"])
+    assert "Not shown: no evaluation" in page
+    assert "No evaluation was logged" in nums["summary"]
+
+
+def _chromium(*args: str, tmp: Path) -> subprocess.CompletedProcess:
+    assert Path(CHROMIUM).is_file() or shutil.which("chromium"), (
+        "headless Chromium is required: apt-get install -y chromium (the Makefile's setup installs it)")
+    cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+           "--disable-background-networking", "--disable-component-update", "--disable-sync",
+           f"--user-data-dir={tmp / 'chrome-profile'}", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+
+
+CHECK = ('<script>window.addEventListener("load",()=>{const im=[...document.images];'
+         'document.body.setAttribute("data-check",im.length+":"+'
+         'im.filter(i=>i.complete&&i.naturalWidth>0).length)});</script></body>')
+
+
+def _loaded_images(html_file: Path, tmp: Path) -> tuple[int, int]:
+    probe = html_file.with_name("check_" + html_file.name)
+    probe.write_text(html_file.read_text().replace("</body>", CHECK))
+    res = _chromium("--virtual-time-budget=5000", "--dump-dom", probe.resolve().as_uri(), tmp=tmp)
+    m = re.search(r'<body[^>]*data-check="(\d+):(\d+)"', res.stdout)
+    assert m, f"chromium did not report the image check: rc={res.returncode} {res.stderr[-500:]}"
+    return int(m.group(1)), int(m.group(2))
+
+
+def test_report_renders_in_headless_chromium_with_all_images(micro_runs, tmp_path):
+    out = tmp_path / "rep"
+    assert main(["report", str(micro_runs / "cmp"), "--out", str(out)]) == 0
+    nums = json.loads((out / "report.json").read_text())
+    assert nums["figures"] == ["entropy", "accuracy", "probe", "sc", "lens", "passk", "passrate", "law"]
+    total, loaded = _loaded_images(out / "report.html", tmp_path)
+    assert total == 8 and loaded == 8
+    # The check can fail: a corrupt image is counted as not loaded.
+    broken = out / "broken.html"
+    broken.write_text((out / "report.html").read_text().replace(
+        "</body>", '<img alt="x" src="data:image/png;base64,AAAA"></body>'))
+    assert _loaded_images(broken, tmp_path) == (9, 8)
+    # A screenshot of the page: it is drawn, and not blank.
+    shot = tmp_path / "shot.png"
+    res = _chromium(f"--screenshot={shot}", "--window-size=1200,4000", (out / "report.html").resolve().as_uri(),
+                    tmp=tmp_path)
+    assert shot.is_file(), res.stderr[-500:]
+    im = Image.open(shot).convert("L")
+    assert im.size == (1200, 4000)
+    dark = np.asarray(im) < 200
+    assert dark.mean() > 0.01  # text, axes and curves, not an empty white page
