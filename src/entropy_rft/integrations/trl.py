@@ -421,10 +421,14 @@ class EntropyControlGRPOTrainer(GRPOTrainer):
 
     # ------------------------------------------------------------------ loss
 
+    def _grad_accum(self) -> int:
+        """Micro-batches in the current optimizer step (set by Trainer.train; the config value before)."""
+        return getattr(self, "current_gradient_accumulation_steps", self.args.gradient_accumulation_steps)
+
     def _window_inputs(self) -> tuple[int, list[dict[str, Any]]] | None:
         """(window start, micro-batches) of the current optimizer step, when they all come from the current
         generation buffer; None otherwise (then selections fall back to the micro-batch)."""
-        ga = self.current_gradient_accumulation_steps
+        ga = self._grad_accum()
         spg = self.args.steps_per_generation
         if (spg * self.num_iterations) % ga != 0 or self._buffered_inputs is None:
             return None
@@ -481,7 +485,7 @@ class EntropyControlGRPOTrainer(GRPOTrainer):
             win = self._window_inputs()
             if win is None:  # fallback: this micro-batch is the window (global over ranks)
                 w = self._build_window(model, self._step, [inputs], out.logp.detach())
-                masks, scale = w.masks[0], w.scales[0] / self.current_gradient_accumulation_steps
+                masks, scale = w.masks[0], w.scales[0] / self._grad_accum()
             else:
                 start, micro = win
                 if self._erft_window is None or self._erft_window.start != start:

@@ -1,0 +1,255 @@
+"""TRL integration (CPU): version pin, statistics against TRL's own fused head and our native forward, masks
+and loss against the native trainer's components, the accumulation re-weighting, and short `erft train
+--engine trl` runs for every method (run directory rules, metrics.jsonl, resume).
+
+References are independent of the code under test: TRL's ``add_fused_lm_head`` (its own log-prob/entropy
+kernel), ``entropy_rft.forward.policy_forward`` (the native trainer's forward) and plain ``policy_loss``
+on the concatenated batch.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from entropy_rft import control, launch  # noqa: E402
+from entropy_rft.config import load_config  # noqa: E402
+from entropy_rft.errors import UserError  # noqa: E402
+from entropy_rft.forward import policy_forward  # noqa: E402
+from entropy_rft.integrations import trl as erft_trl  # noqa: E402
+from entropy_rft.loss import policy_loss, ppo_clipped_mask  # noqa: E402
+from entropy_rft.models import load_policy  # noqa: E402
+from entropy_rft.rollout import RolloutBatch  # noqa: E402
+from micro import make_micro_policy, micro_overrides  # noqa: E402
+
+# Parameters that make every method act on a few dozen tokens.
+ACTING = {
+    "none": {},
+    "clip_b": {"mu": 0.5},
+    "clip_b_paper": {"mu_low": 0.5, "mu_high": 0.5},
+    "clip_v": {"mu": 0.5, "max_frac": 0.05},
+    "clip_v_paper": {"mu_low": 0.5, "mu_high": 0.5},
+    "clip_cov": {"ratio": 0.1, "lb": -5.0, "ub": 5.0},
+    "kl_cov": {"ratio": 0.1},
+    "clip_higher": {},
+    "entropy_bonus": {"coef": 0.1},
+    "high_entropy": {"top_q": 0.5},
+    "grad_mask": {"sample_sign": "negative", "s_sign": "negative", "drop_other_samples": False},
+}
+
+
+@pytest.fixture(scope="module")
+def policy_dir(tmp_path_factory) -> Path:
+    return make_micro_policy(tmp_path_factory.mktemp("trl") / "policy")
+
+
+def fixed_batch(seed: int = 0, b: int = 8, p: int = 5, c: int = 7, vocab: int = 21):
+    """Equal-length prompts (no left padding, so TRL's and our position ids agree), right-padded responses."""
+    g = torch.Generator().manual_seed(seed)
+    prompt = torch.randint(3, vocab, (b, p), generator=g)
+    comp = torch.randint(3, vocab, (b, c), generator=g)
+    lengths = torch.randint(2, c + 1, (b,), generator=g)
+    cmask = torch.arange(c)[None, :] < lengths[:, None]
+    adv = torch.randn(b, generator=g)
+    adv[0] = 0.0
+    return prompt, comp, cmask, adv
+
+
+def make_trainer(policy_dir: Path, method: str, params: dict, tmp: Path, **cfg_kw):
+    from datasets import Dataset
+    from trl import GRPOConfig
+
+    model, tok = load_policy(str(policy_dir))
+    args = GRPOConfig(output_dir=str(tmp / "trl"), use_cpu=True, bf16=False, per_device_train_batch_size=8,
+                      num_generations=4, max_completion_length=7, max_steps=1, report_to=[],
+                      save_strategy="no", disable_tqdm=True, seed=3, **cfg_kw)
+    ds = Dataset.from_dict({"prompt": ["123>7:"] * 8})
+    return erft_trl.EntropyControlGRPOTrainer(
+        model=model, reward_funcs=lambda completions, **kw: [0.0] * len(completions), args=args,
+        train_dataset=ds, processing_class=tok, method=method, method_params=params)
+
+
+# ----------------------------------------------------------------------------- version pin
+
+
+def test_version_pin():
+    erft_trl.check_trl_version("1.16.0")
+    erft_trl.check_trl_version("1.16.3.dev0")
+    for bad in ("1.15.9", "1.17.0", "2.0.0", "0.29.1"):
+        with pytest.raises(ImportError, match=r"trl>=1\.16\.0,<1\.17\.0"):
+            erft_trl.check_trl_version(bad)
+
+
+# ----------------------------------------------------------------------------- statistics
+
+
+def test_stats_match_trl_fused_head_and_native_forward(policy_dir):
+    from trl.trainer.utils import add_fused_lm_head
+
+    model, _ = load_policy(str(policy_dir))
+    prompt, comp, cmask, _ = fixed_batch()
+    ids = torch.cat([prompt, comp], 1)
+    am = torch.cat([torch.ones_like(prompt), cmask.long()], 1)
+    temp = 0.7
+    with torch.no_grad():
+        ours = erft_trl.fused_policy_out(model, ids, am, comp.shape[1], temp)
+        rb = RolloutBatch(prompt, torch.ones_like(prompt, dtype=torch.bool), comp, cmask, [""] * len(comp))
+        native = policy_forward(model, rb, temp)
+        ref = copy.deepcopy(model)
+        add_fused_lm_head(ref, temperature=temp, outputs=("log_probs", "entropy"))
+        labels = ids.masked_fill(am == 0, -100)
+        labels[:, : prompt.shape[1]] = -100
+        trl_out = ref(input_ids=ids, attention_mask=am, labels=labels, fused_lm_head=True)
+    trl_logp = trl_out.log_probs[:, -comp.shape[1]:]
+    trl_ent = trl_out.entropy[:, -comp.shape[1]:]
+    torch.testing.assert_close(ours.logp[cmask], trl_logp[cmask], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ours.stats.entropy[cmask], trl_ent[cmask].float(), atol=1e-5, rtol=1e-5)
+    for f in ("logp", "entropy", "s_star", "s_expected", "s_centered"):
+        torch.testing.assert_close(getattr(ours.stats, f)[cmask], getattr(native.stats, f)[cmask],
+                                   atol=1e-6, rtol=1e-5)
+
+
+# ----------------------------------------------------------------------------- masks and loss vs native
+
+
+@pytest.mark.parametrize("method", sorted(ACTING))
+def test_masks_and_loss_equal_native(policy_dir, tmp_path, method):
+    trainer = make_trainer(policy_dir, method, ACTING[method], tmp_path)
+    model = trainer.model
+    model.train()
+    prompt, comp, cmask, adv = fixed_batch(seed=1)
+    ids, am = torch.cat([prompt, comp], 1), torch.cat([torch.ones_like(prompt), cmask.long()], 1)
+    # the integration's path: old-policy pass, global rollout masks, then _compute_loss (window of one)
+    with torch.no_grad():
+        old = trainer._policy_pass(model, ids, am, comp.shape[1], None, False)
+    gb = erft_trl.global_rollout_batch(trainer.method, old.stats, adv, cmask)
+    keep = cmask.clone() if gb.masks.keep is None else gb.masks.keep & cmask
+    inputs = {"prompt_ids": prompt, "prompt_mask": torch.ones_like(prompt), "completion_ids": comp,
+              "completion_mask": cmask.long(), "advantages": adv, "old_per_token_logps": old.logp.detach(),
+              "erft_keep": keep}
+    trainer._buffered_inputs, trainer._step, trainer._erft_window = [inputs], 0, None
+    loss = trainer._compute_loss(model, inputs)
+    loss.backward()
+    grad = model.get_output_embeddings().weight.grad.clone()
+    model.zero_grad()
+
+    # the native trainer's components on the same inputs
+    m = control.build_method(method, **ACTING[method])
+    rb = RolloutBatch(prompt, torch.ones_like(prompt, dtype=torch.bool), comp, cmask, [""] * len(comp))
+    adv_tok = adv[:, None].expand_as(cmask).float() * cmask
+    with torch.no_grad():
+        nat_old = policy_forward(model, rb, 1.0)
+    nat_keep = m.rollout_masks(nat_old.stats, adv_tok, cmask).keep
+    assert torch.equal(keep, cmask if nat_keep is None else nat_keep & cmask)
+    cur = policy_forward(model, rb, 1.0, with_entropy=m.needs_entropy_grad())
+    kw = dict(eps_low=0.2, eps_high=0.2, agg="token-mean")
+    kw.update(m.loss_kwargs())
+    masks = control.Masks()
+    if m.stage == "minibatch":
+        clipped = ppo_clipped_mask(cur.logp.detach(), nat_old.logp, adv_tok, cmask, kw["eps_low"], kw["eps_high"])
+        masks = m.minibatch_masks(cur.logp.detach(), nat_old.logp, adv_tok, cmask, clipped=clipped,
+                                  generator=torch.Generator().manual_seed(3 + 2))
+        win = trainer._erft_window.masks[0]
+        for f in ("keep", "zeroed", "kl_cov_select"):
+            a, b = getattr(win, f), getattr(masks, f)
+            assert (a is None) == (b is None) and (a is None or torch.equal(a, b)), f
+    nat_loss, _ = policy_loss(cur.logp, nat_old.logp, adv_tok, cmask, keep=nat_keep, zeroed=masks.zeroed,
+                              kl_cov_select=masks.kl_cov_select, entropy=cur.entropy, **kw)
+    nat_loss.backward()
+    torch.testing.assert_close(loss.detach(), nat_loss.detach(), atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(grad, model.get_output_embeddings().weight.grad, atol=1e-6, rtol=1e-4)
+    if method in ("clip_b_paper", "clip_v_paper", "high_entropy", "clip_v"):
+        assert int(keep.sum()) < int(cmask.sum())  # the method acted, so the equality above is not vacuous
+
+
+# ----------------------------------------------------------------------------- accumulation re-weighting
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
+def test_loss_scales_make_accumulation_equal_whole_batch(agg):
+    g = torch.Generator().manual_seed(7)
+    widths, rows = [5, 9, 3], [4, 2, 5]
+    parts = []
+    for b, t in zip(rows, widths):
+        lp = torch.randn(b, t, generator=g) * 0.3 - 1.0
+        old = lp + 0.1 * torch.randn(b, t, generator=g)
+        mask = torch.rand(b, t, generator=g) < 0.7
+        keep = torch.rand(b, t, generator=g) < 0.8
+        adv = torch.randn(b, generator=g)
+        parts.append((lp, old, mask, keep, adv))
+    width = 9
+    scales = erft_trl.global_loss_scales([m & k for _, _, m, k, _ in parts], agg, width)
+    acc = sum(s * policy_loss(lp, old, adv, m, keep=k, agg=agg)[0] for s, (lp, old, m, k, adv) in zip(scales, parts))
+
+    def pad(x, v):
+        out = torch.full((x.shape[0], width), v, dtype=x.dtype)
+        out[:, : x.shape[1]] = x
+        return out
+
+    whole, _ = policy_loss(torch.cat([pad(p[0], 0.0) for p in parts]), torch.cat([pad(p[1], 0.0) for p in parts]),
+                           torch.cat([p[4] for p in parts]), torch.cat([pad(p[2], False) for p in parts]),
+                           keep=torch.cat([pad(p[3], False) for p in parts]), agg=agg)
+    torch.testing.assert_close(acc, whole, atol=1e-6, rtol=1e-5)
+    assert any(abs(s - 1.0) > 1e-3 for s in scales)  # re-weighting was needed
+
+
+def test_unsupported_trl_options_are_rejected(policy_dir, tmp_path):
+    with pytest.raises(ValueError, match="loss_type='sapo'"):
+        make_trainer(policy_dir, "none", {}, tmp_path, loss_type="sapo")
+    with pytest.raises(ValueError, match="high_entropy"):
+        make_trainer(policy_dir, "none", {}, tmp_path, top_entropy_quantile=0.2)
+    with pytest.raises(ValueError, match="unknown method"):
+        make_trainer(policy_dir, "clip_z", {}, tmp_path)
+
+
+# ----------------------------------------------------------------------------- erft train --engine trl
+
+
+def trl_config(policy_dir: Path, method: str, **extra):
+    sets = micro_overrides(policy_dir, **{"eval.every": 0, "train.tensorboard": "false", "train.max_steps": 2,
+                                          "train.checkpoint_every": 1, **extra})
+    return load_config(None, sets, extra={"engine": "trl", "method": {"name": method, "params": ACTING[method]}})
+
+
+def read_rows(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("method", sorted(ACTING))
+def test_erft_train_engine_trl_every_method(policy_dir, tmp_path, method):
+    out = tmp_path / "run"
+    launch.start(trl_config(policy_dir, method), out)
+    rows = read_rows(out)
+    assert [r["step"] for r in rows] == [1, 2]
+    for r in rows:
+        assert r["loss/total"] is not None and abs(r["loss/total"]) < 1e3
+        assert 0.0 < r["entropy/mean"] < 4.0  # below log(vocab): a real entropy, not a placeholder
+        assert r["dynamics/s_centered_std"] > 0
+        assert 0.0 <= r["control/kept_frac"] <= 1.0
+    if method in ("clip_b_paper", "clip_v_paper", "high_entropy"):
+        assert all(r["control/kept_frac"] < 1.0 for r in rows)
+    if method == "clip_cov":
+        assert all(r["control/zeroed_frac"] > 0 for r in rows)
+    if method == "none":
+        assert all(r["control/kept_frac"] == 1.0 and r["control/zeroed_frac"] == 0.0 for r in rows)
+    assert json.loads((out / "run.json").read_text())["status"] == "finished"
+    assert (out / "final" / "config.json").is_file()
+
+
+def test_engine_trl_refuses_overwrite_and_resumes(policy_dir, tmp_path):
+    out = tmp_path / "run"
+    launch.start(trl_config(policy_dir, "clip_v"), out)
+    with pytest.raises(UserError, match="already exists"):
+        launch.start(trl_config(policy_dir, "clip_v"), out)
+    (out / "metrics.jsonl").write_text((out / "metrics.jsonl").read_text() + '{"step": 9, "torn')
+    launch.resume(out, max_steps=3)
+    rows = read_rows(out)
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert json.loads((out / "run.json").read_text())["step"] == 3
