@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import matplotlib
+import matplotlib.ticker
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -35,6 +36,9 @@ DPI = 90
 
 
 def _png(fig) -> bytes:
+    for ax in fig.axes:  # steps and k are integers
+        if ax.get_xlabel() in ("step", "k"):
+            ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=DPI, bbox_inches="tight")
     plt.close(fig)

@@ -227,8 +227,12 @@ def summary_paragraph(runs: Sequence[RunData], summaries: Sequence[dict], lens: 
         if sb is not None:
             txt += f"; the batch-mean sign was right in {100 * sb:.0f}% of steps"
         txt += ")"
-        txt += (", a weak per-token signal, as expected when logits share parameters." if sa < 0.65
-                else ", a strong per-token signal.")
+        if sa < 0.6:
+            txt += ", a weak per-token signal, as expected when logits share parameters."
+        elif sa < 0.8:
+            txt += ", a moderate per-token signal (logits share parameters, so other tokens' updates interfere)."
+        else:
+            txt += ", a strong per-token signal."
         parts.append(txt)
     # Lens.
     bits = []
@@ -268,7 +272,8 @@ padding:0 16px;color:#222;line-height:1.45}
 h1{font-size:1.6em;margin-bottom:0.2em} h2{font-size:1.2em;margin-top:1.6em;border-bottom:1px solid #ddd}
 .meta{color:#666;font-size:0.9em} .summary{background:#f5f7fa;border-left:4px solid #4a78c2;padding:10px 14px}
 table{border-collapse:collapse;font-size:0.82em;margin:8px 0;display:block;overflow-x:auto}
-th,td{border:1px solid #ccc;padding:3px 6px;text-align:right;white-space:nowrap} th{background:#eef}
+th,td{border:1px solid #ccc;padding:3px 6px;text-align:right;white-space:nowrap}
+th{background:#eef;white-space:normal;max-width:7em;vertical-align:bottom}
 td:first-child,th:first-child{text-align:left}
 figure{margin:10px 0 22px 0} figure img{max-width:100%;height:auto;border:1px solid #eee}
 figcaption{color:#555;font-size:0.88em} .missing{color:#a33;font-style:italic}
