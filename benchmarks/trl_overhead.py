@@ -1,0 +1,173 @@
+"""TRL integration overhead, measured side by side in one run (CPU, one process, threads=1).
+
+1. Step time: stock ``trl.GRPOTrainer`` vs ``EntropyControlGRPOTrainer`` with ``none`` and with ClipV, on the
+   same tiny model and settings (target: ClipV / stock <= 1.05).
+2. Peak memory of one old-policy pass: our statistics path (``fused_policy_out``: log p and the full
+   TokenStats) vs TRL's fused head with ``("log_probs", "entropy")``, each in a fresh subprocess (peak RSS
+   above the process's baseline), on a wider model (vocab 32k) so that logits would dominate.
+3. Our native trainer's steps/s vs stock ``GRPOTrainer`` (issue C's ">= 2x TRL" target), 16 prompts x 8
+   samples, max 12 new tokens, one optimizer update per rollout batch for both.
+
+Usage: ``.venv/bin/python benchmarks/trl_overhead.py [--steps 6]``. Prints a ratio table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+
+import torch  # noqa: E402
+
+PROMPTS, GROUP, NEW_TOKENS = 16, 8, 12
+
+
+def _dataset():
+    from datasets import Dataset
+
+    from micro import DigitTask
+
+    train, _ = DigitTask().split(0)
+    return Dataset.from_dict({"prompt": [ex.prompt for ex in train], "answer": [ex.answer for ex in train]})
+
+
+def _reward(prompts, completions, answer, **_kw):
+    return [1.0 if c[:1] == a else 0.0 for c, a in zip(completions, answer)]
+
+
+def trl_step_times(policy: Path, out: Path, steps: int, method: str | None) -> list[float]:
+    """Per-optimizer-step wall times of stock GRPOTrainer (method None) or ours, first step excluded."""
+    from transformers import TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from entropy_rft.integrations.trl import EntropyControlGRPOTrainer
+    from entropy_rft.models import load_policy
+
+    model, tok = load_policy(str(policy))
+    args = GRPOConfig(output_dir=str(out), use_cpu=True, bf16=False, per_device_train_batch_size=PROMPTS * GROUP,
+                      num_generations=GROUP, max_completion_length=NEW_TOKENS, max_steps=steps, report_to=[],
+                      save_strategy="no", disable_tqdm=True, logging_steps=10_000, seed=0, learning_rate=1e-3)
+    kw = dict(model=model, reward_funcs=_reward, args=args, train_dataset=_dataset(), processing_class=tok)
+    if method is None:
+        trainer = GRPOTrainer(**kw)
+    else:
+        params = {"mu": 2.0, "max_frac": None} if method == "clip_v" else {}
+        trainer = EntropyControlGRPOTrainer(**kw, method=method, method_params=params)
+    stamps: list[float] = []
+
+    class Stamp(TrainerCallback):
+        def on_step_begin(self, *a, **k):
+            stamps.append(time.perf_counter())
+
+        def on_train_end(self, *a, **k):
+            stamps.append(time.perf_counter())
+
+    trainer.add_callback(Stamp())
+    trainer.train()
+    return [b - a for a, b in zip(stamps[1:-1], stamps[2:])]
+
+
+def native_step_times(policy: Path, out: Path, steps: int) -> list[float]:
+    from entropy_rft.config import load_config
+    from entropy_rft.trainer import train
+    from micro import micro_overrides
+
+    sets = micro_overrides(policy, **{"rollout.prompts_per_step": PROMPTS, "rollout.group_size": GROUP,
+                                      "rollout.max_new_tokens": NEW_TOKENS, "algo.minibatches": 1,
+                                      "eval.every": 0, "train.max_steps": steps, "train.checkpoint_every": steps,
+                                      "train.tensorboard": "false", "optim.lr": 1e-3})
+    cfg = load_config(None, sets)
+    stamps: list[float] = []
+    stamps.append(time.perf_counter())
+    train(cfg, out, on_step=lambda run, row: stamps.append(time.perf_counter()))
+    return [b - a for a, b in zip(stamps[1:-1], stamps[2:])]
+
+
+_MEM_CHILD = r"""
+import os, resource, sys, json, torch
+torch.set_num_threads(1)
+from transformers import LlamaConfig, LlamaForCausalLM
+which = sys.argv[1]
+torch.manual_seed(0)
+cfg = LlamaConfig(vocab_size=32000, hidden_size=256, intermediate_size=512, num_hidden_layers=1,
+                  num_attention_heads=4, num_key_value_heads=4)
+model = LlamaForCausalLM(cfg).eval()
+B, P, C = 64, 16, 64
+ids = torch.randint(0, 32000, (B, P + C)); am = torch.ones_like(ids)
+if which == "trl":
+    from trl.trainer.utils import add_fused_lm_head
+    add_fused_lm_head(model, outputs=("log_probs", "entropy"))
+    labels = ids.clone(); labels[:, :P] = -100
+    run = lambda: model(input_ids=ids, attention_mask=am, labels=labels, fused_lm_head=True)
+else:
+    from entropy_rft.integrations.trl import fused_policy_out
+    run = lambda: fused_policy_out(model, ids, am, C, 1.0)
+with torch.no_grad():
+    hidden = model.base_model(input_ids=ids, attention_mask=am).last_hidden_state  # warm the backbone
+    del hidden
+    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    run()
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print(json.dumps({"peak_above_base_mib": (peak - base) / 1024}))
+"""
+
+
+def peak_memory(which: str) -> float:
+    res = subprocess.run([sys.executable, "-c", _MEM_CHILD, which], capture_output=True, text=True, check=True,
+                         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+    return json.loads(res.stdout.strip().splitlines()[-1])["peak_above_base_mib"]
+
+
+def _median(xs: list[float]) -> float:
+    s = sorted(xs)
+    return s[len(s) // 2] if len(s) % 2 else 0.5 * (s[len(s) // 2 - 1] + s[len(s) // 2])
+
+
+def main() -> None:
+    from micro import make_micro_policy
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=6, help="steps per engine (the first is excluded)")
+    a = p.parse_args()
+    torch.set_num_threads(1)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        policy = make_micro_policy(tmp / "policy")
+        times = {}
+        for _ in range(2):  # interleave the engines twice to spread machine noise over all of them
+            for name, fn in (("trl", lambda o: trl_step_times(policy, o, a.steps, None)),
+                             ("erft_none", lambda o: trl_step_times(policy, o, a.steps, "none")),
+                             ("erft_clip_v", lambda o: trl_step_times(policy, o, a.steps, "clip_v")),
+                             ("native", lambda o: native_step_times(policy, o, a.steps))):
+                out = Path(tempfile.mkdtemp(dir=tmp))
+                times.setdefault(name, []).extend(fn(out / "run"))
+        mem = {w: peak_memory(w) for w in ("trl", "erft")}
+    med = {k: _median(v) for k, v in times.items()}
+    print(f"\nstep time, median of {len(times['trl'])} steps each (16 prompts x 8 samples, <=12 new tokens, "
+          "1 process, 1 thread)")
+    print(f"{'engine':<34}{'s/step':>10}{'steps/s':>10}{'ratio vs TRL':>14}")
+    for k, label in (("trl", "TRL GRPOTrainer (stock)"), ("erft_none", "EntropyControlGRPOTrainer none"),
+                     ("erft_clip_v", "EntropyControlGRPOTrainer clip_v"), ("native", "erft native trainer")):
+        print(f"{label:<34}{med[k]:>10.3f}{1 / med[k]:>10.2f}{med[k] / med['trl']:>14.3f}")
+    print(f"\nClipV overhead (time ratio clip_v / stock TRL): {med['erft_clip_v'] / med['trl']:.3f}  (target <= 1.05)")
+    print(f"native speed-up (steps/s native / stock TRL): {med['trl'] / med['native']:.2f}x  (issue C target >= 2x)")
+    print("\npeak RSS above baseline, one old-policy pass, 64 x 64 tokens, vocab 32000 (logits would be 500 MiB)")
+    print(f"  TRL fused head (log p, entropy): {mem['trl']:8.1f} MiB")
+    ratio = mem["erft"] / max(mem["trl"], 1e-9)
+    print(f"  ours (log p + full TokenStats):  {mem['erft']:8.1f} MiB   ratio {ratio:.2f}")
+
+
+if __name__ == "__main__":
+    main()
