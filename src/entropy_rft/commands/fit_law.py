@@ -26,7 +26,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _f(v: float | None, fmt: str = ".4f") -> str:
-    return "–" if v is None else format(v, fmt)
+    if v is None:
+        return "–"
+    text = format(v, fmt)
+    return text[1:] if text.startswith("-") and float(text) == 0 else text  # no "-0.0000"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -40,16 +43,16 @@ def run(args: argparse.Namespace) -> int:
     fit = res["fit"]
     print(f"entropy-performance law for {run_dir}  (R = {args.metric}, H = {args.entropy} entropy)")
     print(f"  R = -a*exp(H) + b, linear least squares on [-exp(H), 1] over {fit['n']} evaluations")
-    print(f"  a = {fit['a']:.4f}   b = {fit['b']:.4f}   ceiling b - a = {fit['ceiling']:.4f}   "
-          f"R^2 = {_f(fit['r2'])}   RMSE = {fit['rmse']:.4f}")
+    print(f"  a = {_f(fit['a'])}   b = {_f(fit['b'])}   ceiling b - a = {_f(fit['ceiling'])}   "
+          f"R^2 = {_f(fit['r2'])}   RMSE = {_f(fit['rmse'])}")
     fc = res["forecast"]
     if fc is None:
         print(f"  forecast test: not possible: {res['forecast_error']}")
     else:
         print(f"  forecast test: fit on steps {fc['fit_steps']} (<= {fc['cutoff_step']:g}), "
-              f"a = {fc['fit']['a']:.4f}, b = {fc['fit']['b']:.4f}")
-        print(f"    predicting steps {fc['test_steps']}: RMSE = {fc['test_rmse']:.4f}, "
-              f"MAE = {fc['test_mae']:.4f} (accuracy units; Paper B reports ~0.01 on real models)")
+              f"a = {_f(fc['fit']['a'])}, b = {_f(fc['fit']['b'])}")
+        print(f"    predicting steps {fc['test_steps']}: RMSE = {_f(fc['test_rmse'])}, "
+              f"MAE = {_f(fc['test_mae'])} (accuracy units; Paper B reports ~0.01 on real models)")
     if args.json:
         atomic_write_json(args.json, res)
         print(f"  written to {args.json}")
