@@ -113,7 +113,12 @@ def cached_build(final: Path, build: Callable[[Path], None], *, timeout: float =
             build(tmp)
             if not is_complete(tmp):
                 raise RuntimeError(f"build of {final.name} did not write {INFO_FILE}")
-            os.replace(tmp, final)
+            try:
+                os.replace(tmp, final)
+            except OSError:
+                if not is_complete(final):  # someone placed a finished folder without the lock: keep it
+                    raise
+                shutil.rmtree(tmp, ignore_errors=True)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise

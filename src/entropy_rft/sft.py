@@ -103,15 +103,19 @@ def encode_sft_batch(
     """Right-padded ``input_ids`` (``<bos> prompt response <eos>``) and ``labels`` (-100 off the response).
 
     Right padding needs no attention mask: with causal attention a pad only follows the real tokens.
+    Characters are mapped straight through the vocabulary (the char tokenizer has one token per
+    character), which is much faster than calling the tokenizer per sample.
     """
+    vocab = tokenizer.get_vocab()
+    unk = tokenizer.unk_token_id
+    bos, eos, pad = tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id
     rows, labels = [], []
     for p, r in zip(prompts, responses, strict=True):
-        p_ids = tokenizer(p).input_ids  # includes <bos>
-        r_ids = tokenizer(r, add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
+        p_ids = [bos] + [vocab.get(c, unk) for c in p]
+        r_ids = [vocab.get(c, unk) for c in r] + [eos]
         rows.append(p_ids + r_ids)
         labels.append([-100] * len(p_ids) + r_ids)
     width = max(len(x) for x in rows)
-    pad = tokenizer.pad_token_id
     ids = torch.tensor([x + [pad] * (width - len(x)) for x in rows])
     lab = torch.tensor([y + [-100] * (width - len(y)) for y in labels])
     return ids, lab
@@ -161,7 +165,9 @@ def train_sft(
     console = Console(stderr=True)
     with _progress(console, progress) as bar:
         job = bar.add_task("SFT base policy", total=steps, loss="-")
-        for _ in range(steps):
+        log_every = max(1, steps // 10) if progress and not console.is_terminal else 0
+        t0 = time.perf_counter()
+        for step in range(steps):
             batch = [rng.choice(pairs) for _ in range(batch_size)]
             prompts = [f"{''.join(map(str, d))}>{t:02d}:" for d, t in batch]
             responses = [sft_sample(d, t, rng, p_correct) for d, t in batch]
@@ -174,6 +180,8 @@ def train_sft(
             sched.step()
             losses.append(loss.item())
             bar.update(job, advance=1, loss=f"{losses[-1]:.3f}")
+            if log_every and (step + 1) % log_every == 0:  # no live bar without a terminal
+                console.print(f"SFT step {step + 1}/{steps} loss {losses[-1]:.3f} {time.perf_counter() - t0:.0f}s")
     model.eval()
     return losses
 
