@@ -5,7 +5,7 @@ PIP     := $(PY) -m pip --disable-pip-version-check
 STAMP   := .venv/.erft-installed
 JOBS    ?= auto
 
-.PHONY: run test lint bench setup clean
+.PHONY: run test lint bench setup clean browser
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || python3 -m venv .venv
@@ -20,7 +20,11 @@ setup: $(STAMP)
 run: $(STAMP)
 	.venv/bin/erft compare --methods none,clip_v --out runs/default
 
-test: $(STAMP)
+# The report test renders report.html in headless Chromium from Debian's package (no browser downloads).
+browser:
+	@command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null)
+
+test: $(STAMP) browser
 	.venv/bin/ruff check src tests benchmarks
 	.venv/bin/python -m pytest
 
