@@ -19,6 +19,7 @@ setup: $(STAMP)
 # The main job: build (or reuse) the default base policy, train GRPO and ClipV side by side, print the table.
 run: $(STAMP)
 	.venv/bin/erft compare --methods none,clip_v --out runs/default
+	.venv/bin/erft report runs/default --out runs/default/report
 
 # The report test renders report.html in headless Chromium from Debian's package (no browser downloads).
 browser:
