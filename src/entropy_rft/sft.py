@@ -235,12 +235,13 @@ def quick_eval(
         for start in range(0, len(prompts), batch_size):
             chunk = prompts[start : start + batch_size]
             enc = tokenizer(chunk, return_tensors="pt", padding=True).to(device)
+            # Pure sampling: top_k=0 explicitly (None would mean HF's default top_k=50).
+            sampling = {"do_sample": False} if greedy else {
+                "do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0
+            }
             out = model.generate(
                 **enc,
-                do_sample=not greedy,
-                temperature=1.0 if greedy else temperature,
-                top_k=0,  # None would mean HF's default top_k=50
-                top_p=1.0,
+                **sampling,
                 max_new_tokens=max_new,
                 eos_token_id=tokenizer.eos_token_id,
                 pad_token_id=tokenizer.pad_token_id,
