@@ -297,7 +297,9 @@ class Run:
             dropped_mb[idx] |= mb_masks.zeroed & mb_mask
         keep_mb = and_masks(None if sb.keep is None else sb.keep[idx], mb_masks.keep)
         counted = mb_mask if keep_mb is None else mb_mask & keep_mb
-        total_w = float(agg_weights(counted, a.agg).sum()) or 1.0
+        # Each micro-batch's loss is normalised over itself; scaling it by (its tokens' minibatch-level
+        # aggregation weights) / (their micro-batch-level weights) makes the sum equal the minibatch loss.
+        mb_weights = agg_weights(counted, a.agg)
 
         self.optim.zero_grad(set_to_none=True)
         metrics: list[dict] = []
@@ -313,7 +315,8 @@ class Run:
                 ref_logp=None if sb.ref_logp is None else sb.ref_logp[mi],
                 entropy=out.entropy, **self.loss_kwargs)
             if len(micro) > 1:  # re-weight so the accumulated gradient equals the whole minibatch's loss
-                loss = loss * (float(agg_weights(counted[local], a.agg).sum()) / total_w)
+                own = float(agg_weights(counted[local], a.agg).sum())
+                loss = loss * (float(mb_weights[local].sum()) / own if own > 0 else 0.0)
             if self.value_head is not None:
                 v = self.value_head(out.hidden)
                 vm = sb.mask[mi].float()
