@@ -6,10 +6,13 @@ Pass@K uses the unbiased estimator of Chen et al. (2021), as Paper A does:
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
+import torch
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -89,3 +92,45 @@ def summarize(correct: Sequence[Sequence[float]], answers: Sequence[Sequence[str
         f"{prefix}distinct_correct": distinct_correct(answers, arr),
         f"{prefix}pass_rate_hist": pass_rate_histogram(arr),
     }
+
+
+@torch.no_grad()
+def evaluate_policy(model, tokenizer, task, examples: Sequence, *, n_samples: int, temperature: float,
+                    max_new_tokens: int, generator: torch.Generator | None = None, batch_size: int = 512,
+                    prefix: str = "eval/") -> dict[str, Any]:
+    """Sample ``n_samples`` responses per example (KV-cache sampler; ``temperature == 0`` is greedy), score them
+    with the task's verifier and summarise: Avg@K, Pass@1/K, Maj@K, distinct correct answers, the pass-rate
+    histogram, the mean token entropy of the sampling distribution (EOS included) and the response length.
+
+    Returns the figures (slash names with ``prefix``) plus ``{prefix}samples``: a few (prompt, response, reward).
+    """
+    from entropy_rft.forward import policy_forward
+    from entropy_rft.rollout import sample
+
+    if not examples:
+        raise ValueError("examples: need at least one example to evaluate")
+    t0 = time.perf_counter()
+    per_chunk = max(1, batch_size // n_samples)
+    correct: list[list[float]] = []
+    answers: list[list[str | None]] = []
+    ent_sum, n_tok, shown = 0.0, 0, []
+    for i in range(0, len(examples), per_chunk):
+        part = examples[i : i + per_chunk]
+        prompts = [ex.prompt for ex in part for _ in range(n_samples)]
+        rb = sample(model, tokenizer, prompts, max_new_tokens=max_new_tokens, temperature=temperature,
+                    generator=generator)
+        st = policy_forward(model, rb, temperature if temperature > 0 else 1.0).stats
+        ent_sum += float((st.entropy.double() * rb.response_mask).sum())
+        n_tok += int(rb.response_mask.sum())
+        for j, ex in enumerate(part):
+            resp = rb.responses[j * n_samples : (j + 1) * n_samples]
+            correct.append([task.reward(r, ex) for r in resp])
+            answers.append([task.canonical(r, ex) for r in resp])
+            if len(shown) < 8:
+                shown.append({"prompt": ex.prompt, "response": resp[0], "reward": correct[-1][0]})
+    out: dict[str, Any] = summarize(correct, answers, prefix=prefix)
+    out[f"{prefix}entropy"] = ent_sum / max(1, n_tok)
+    out[f"{prefix}response_tokens"] = n_tok / (len(examples) * n_samples)
+    out[f"{prefix}seconds"] = time.perf_counter() - t0
+    out[f"{prefix}samples"] = shown
+    return out

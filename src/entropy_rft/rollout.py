@@ -73,7 +73,10 @@ def _top_p_filter(probs: Tensor, top_p: float) -> Tensor:
 @torch.no_grad()
 def sample_kv(model, prompt_ids: Tensor, prompt_mask: Tensor, *, max_new_tokens: int, temperature: float,
               top_p: float, eos_id: int, pad_id: int, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
-    """Sample responses with a KV cache: one forward per new token. Returns (ids [B, R], mask [B, R])."""
+    """Sample responses with a KV cache: one forward per new token. Returns (ids [B, R], mask [B, R]).
+
+    ``temperature == 0`` decodes greedily.
+    """
     b = prompt_ids.shape[0]
     attn = prompt_mask.long()
     pos = position_ids(attn)
@@ -84,10 +87,13 @@ def sample_kv(model, prompt_ids: Tensor, prompt_mask: Tensor, *, max_new_tokens:
     done = torch.zeros(b, dtype=torch.bool, device=prompt_ids.device)
     toks, valid = [], []
     for t in range(max_new_tokens):
-        probs = torch.softmax(logits.float() / temperature, dim=-1)
-        if top_p < 1.0:
-            probs = _top_p_filter(probs, top_p)
-        tok = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+        if temperature == 0:  # greedy
+            tok = logits.float().argmax(-1)
+        else:
+            probs = torch.softmax(logits.float() / temperature, dim=-1)
+            if top_p < 1.0:
+                probs = _top_p_filter(probs, top_p)
+            tok = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
         tok = torch.where(done, torch.full_like(tok, pad_id), tok)
         toks.append(tok)
         valid.append(~done)

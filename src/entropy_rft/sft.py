@@ -41,6 +41,7 @@ from rich.progress import (
 )
 from transformers import LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
+from entropy_rft.evaluation import evaluate_policy
 from entropy_rft.models import (
     build_char_tokenizer,
     cached_build,
@@ -189,13 +190,6 @@ def train_sft(
 # ----------------------------------------------------------------------------- evaluation
 
 
-def _pass_at_k(n: int, c: int, k: int) -> float:
-    """Unbiased pass@k for one prompt: 1 - C(n-c, k) / C(n, k)."""
-    if n - c < k:
-        return 1.0
-    return 1.0 - math.prod((n - c - i) / (n - i) for i in range(k))
-
-
 @torch.no_grad()
 def quick_eval(
     model: PreTrainedModel,
@@ -209,10 +203,10 @@ def quick_eval(
     batch_size: int = 1024,
     seed: int | None = 0,
 ) -> dict[str, Any]:
-    """Sample ``n_samples`` responses per example with ``model.generate`` (KV cache) and score them.
+    """Sample ``n_samples`` responses per example (``evaluation.evaluate_policy``, KV cache) and score them.
 
-    Pure sampling (no top-k/top-p) at ``temperature``; ``temperature == 0`` means greedy. The global
-    RNG is forked, so calling this does not disturb the caller's random stream. Returns:
+    Pure sampling (no top-k/top-p) at ``temperature``; ``temperature == 0`` means greedy. Sampling uses its
+    own generator seeded with ``seed``, so the caller's random stream is untouched. Returns:
 
     - ``pass@1`` (mean accuracy) and ``pass@{n_samples}`` (unbiased estimator);
     - ``entropy``: token-mean entropy (nats) of the sampling distribution over generated tokens,
@@ -220,70 +214,26 @@ def quick_eval(
     - ``distinct_correct``: mean number of distinct ``task.canonical`` forms among correct samples;
     - ``response_tokens``: mean generated length (EOS included); ``seconds``; ``samples`` (a few).
     """
-    t0 = time.perf_counter()
     device = next(model.parameters()).device
-    max_new = max_new_tokens or getattr(task, "max_response_tokens", 64)
-    greedy = temperature == 0
-    fork_devices = [device] if device.type == "cuda" else []
-    prompts = [ex.prompt for ex in examples for _ in range(n_samples)]
-    rewards: list[float] = []
-    responses: list[str] = []
-    ent_sum, ent_n, len_sum = 0.0, 0, 0
-    with torch.random.fork_rng(devices=fork_devices):
-        if seed is not None:
-            torch.manual_seed(seed)
-        for start in range(0, len(prompts), batch_size):
-            chunk = prompts[start : start + batch_size]
-            enc = tokenizer(chunk, return_tensors="pt", padding=True).to(device)
-            # Pure sampling: top_k=0 explicitly (None would mean HF's default top_k=50).
-            sampling = {"do_sample": False} if greedy else {
-                "do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0
-            }
-            out = model.generate(
-                **enc,
-                **sampling,
-                max_new_tokens=max_new,
-                eos_token_id=tokenizer.eos_token_id,
-                pad_token_id=tokenizer.pad_token_id,
-                return_dict_in_generate=True,
-                output_logits=True,
-                use_cache=True,
-            )
-            gen = out.sequences[:, enc["input_ids"].shape[1] :]
-            is_eos = gen == tokenizer.eos_token_id
-            valid = (torch.cumsum(is_eos.int(), dim=1) - is_eos.int()) == 0  # up to and incl. first EOS
-            for t, logits in enumerate(out.logits):
-                z = logits.float() / (1.0 if greedy else temperature)
-                logp = torch.log_softmax(z, dim=-1)
-                h = -(logp.exp() * logp).sum(-1)
-                ent_sum += float(h[valid[:, t]].sum())
-            ent_n += int(valid.sum())
-            len_sum += int(valid.sum())
-            texts = tokenizer.batch_decode(gen.masked_fill(~valid, tokenizer.pad_token_id), skip_special_tokens=True)
-            responses.extend(texts)
-    correct = []
-    distinct = []
-    for i, ex in enumerate(examples):
-        rs = responses[i * n_samples : (i + 1) * n_samples]
-        rw = [task.reward(r, ex) for r in rs]
-        rewards.extend(rw)
-        correct.append(sum(1 for x in rw if x >= 1.0))
-        distinct.append(len({task.canonical(r, ex) for r, x in zip(rs, rw) if x >= 1.0} - {None}))
-    n_ex = max(1, len(examples))
+    gen = torch.Generator(device=device)
+    if seed is not None:
+        gen.manual_seed(seed)
+    else:
+        gen.seed()
+    m = evaluate_policy(model, tokenizer, task, list(examples), n_samples=n_samples, temperature=temperature,
+                        max_new_tokens=max_new_tokens or getattr(task, "max_response_tokens", 64),
+                        generator=gen, batch_size=batch_size, prefix="")
     return {
-        "pass@1": sum(rewards) / max(1, len(rewards)),
-        f"pass@{n_samples}": sum(_pass_at_k(n_samples, c, n_samples) for c in correct) / n_ex,
-        "entropy": ent_sum / max(1, ent_n),
-        "distinct_correct": sum(distinct) / n_ex,
-        "response_tokens": len_sum / max(1, len(prompts)),
+        "pass@1": m["pass@1"],
+        f"pass@{n_samples}": m[f"pass@{n_samples}"],
+        "entropy": m["entropy"],
+        "distinct_correct": m["distinct_correct"],
+        "response_tokens": m["response_tokens"],
         "n_prompts": len(examples),
         "n_samples": n_samples,
         "temperature": temperature,
-        "seconds": round(time.perf_counter() - t0, 2),
-        "samples": [
-            {"prompt": prompts[i], "response": responses[i], "reward": rewards[i]}
-            for i in range(0, min(len(prompts), 8 * n_samples), n_samples)
-        ],
+        "seconds": round(m["seconds"], 2),
+        "samples": m["samples"],
     }
 
 

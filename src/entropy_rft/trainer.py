@@ -365,24 +365,13 @@ class Run:
         Sampling uses its own generator seeded from (seed, step), so evaluation never moves the training RNG.
         """
         e = self.cfg.eval
-        exs = self.val_set[: e.prompts]
         gen = torch.Generator(device=self.device).manual_seed(self.cfg.train.seed * 1_000_003 + self.step)
-        correct, answers, ents = [], [], []
-        chunk = max(1, 512 // e.samples)
-        for i in range(0, len(exs), chunk):
-            part = exs[i : i + chunk]
-            prompts = [ex.prompt for ex in part for _ in range(e.samples)]
-            with self.autocast():
-                rb = sample(self.model, self.tok, prompts, max_new_tokens=self.cfg.rollout.max_new_tokens,
-                            temperature=e.temperature, top_p=1.0, backend="kv", generator=gen)
-            st = self.forward(rb).stats
-            ents.append((st.entropy * rb.response_mask).sum().item() / max(1, int(rb.response_mask.sum())))
-            for j, ex in enumerate(part):
-                resp = rb.responses[j * e.samples : (j + 1) * e.samples]
-                correct.append([self.task.reward(r, ex) for r in resp])
-                answers.append([self.task.canonical(r, ex) for r in resp])
-        out = evaluation.summarize(correct, answers, prefix="eval/")
-        out["eval/entropy"] = float(np.mean(ents))
+        with self.autocast():
+            out = evaluation.evaluate_policy(self.model, self.tok, self.task, self.val_set[: e.prompts],
+                                             n_samples=e.samples, temperature=e.temperature,
+                                             max_new_tokens=self.cfg.rollout.max_new_tokens, generator=gen)
+        for k in ("eval/samples", "eval/seconds"):
+            out.pop(k)
         return out
 
 
