@@ -20,22 +20,6 @@ import torch
 from torch import Tensor
 
 
-def masked_mean(x: Tensor, mask: Tensor) -> float | None:
-    """Mean of ``x`` over ``mask``; None when the mask is empty (JSON null, never NaN)."""
-    n = int(mask.sum())
-    if n == 0:
-        return None
-    return float((x.double() * mask).sum() / n)
-
-
-def masked_std(x: Tensor, mask: Tensor) -> float | None:
-    """Population std of ``x`` over ``mask``; None when the mask is empty."""
-    m = masked_mean(x, mask)
-    if m is None:
-        return None
-    return float((((x.double() - m) ** 2) * mask).sum() / mask.sum()) ** 0.5
-
-
 def pearson(x: Tensor, y: Tensor) -> float | None:
     """Pearson correlation of two 1-D tensors; None when either is constant or empty."""
     if x.numel() < 2:

@@ -29,7 +29,8 @@ from entropy_rft.config import Config, config_from_dict, config_to_dict
 from entropy_rft.errors import UserError
 from entropy_rft.forward import policy_forward
 from entropy_rft.loss import agg_weights, policy_loss, ppo_clipped_mask
-from entropy_rft.probe import masked_mean, masked_std, probe_metrics, tabular_prediction
+from entropy_rft.metrics import masked_mean, stats_metrics
+from entropy_rft.probe import probe_metrics, tabular_prediction
 from entropy_rft.rollout import RolloutBatch, sample
 from entropy_rft.tasks import build_task
 
@@ -428,15 +429,7 @@ def batch_metrics(sb: StepBatch, task_correct: torch.Tensor, eos_id: int) -> dic
     return {
         "reward/mean": float(sb.rewards.float().mean()),
         "reward/accuracy": float(task_correct.float().mean()),
-        "entropy/mean": masked_mean(st.entropy, m),
-        "dynamics/s_star_mean": masked_mean(st.s_star, m),
-        "dynamics/s_star_std": masked_std(st.s_star, m),
-        "dynamics/s_centered_mean": masked_mean(st.s_centered, m),
-        "dynamics/s_centered_std": masked_std(st.s_centered, m),
-        "dynamics/s_expected_mean": masked_mean(st.s_expected, m),
-        "dynamics/cov_logp_adv": dynamics.cov_logp_advantage(st.logp, sb.adv, m),
-        "dynamics/cov_adv_s_centered": dynamics.cov_advantage_s_centered(sb.adv, st.s_centered, m),
-        "dynamics/pred_dH": dynamics.batch_predicted_entropy_change(st, sb.adv, m),
+        **stats_metrics(st, sb.adv, m),
         "control/kept_frac": int((keep & m).sum()) / n_valid if n_valid else None,
         "control/zeroed_frac": float(sb.extra["minibatch_dropped"].sum()) / n_valid if n_valid else None,
         "response/length": float(m.sum(-1).float().mean()),

@@ -45,7 +45,7 @@ from entropy_rft.dynamics import TokenStats
 from entropy_rft.forward import supports_fused
 from entropy_rft.integrations.dist import all_gather_rows, all_reduce_sum, rank_and_world
 from entropy_rft.loss import agg_weights, policy_loss, ppo_clipped_mask
-from entropy_rft.probe import masked_mean, masked_std
+from entropy_rft.metrics import stats_metrics
 
 # TRL versions this integration was tested with: it overrides private methods of GRPOTrainer, whose
 # signatures change between minor releases.
@@ -251,15 +251,7 @@ def batch_metrics(gb: GlobalBatch, truncated: Tensor | None = None) -> dict[str,
     n_valid = int(m.sum())
     keep = m if gb.masks.keep is None else m & gb.masks.keep
     out = {
-        "entropy/mean": masked_mean(st.entropy, m),
-        "dynamics/s_star_mean": masked_mean(st.s_star, m),
-        "dynamics/s_star_std": masked_std(st.s_star, m),
-        "dynamics/s_centered_mean": masked_mean(st.s_centered, m),
-        "dynamics/s_centered_std": masked_std(st.s_centered, m),
-        "dynamics/s_expected_mean": masked_mean(st.s_expected, m),
-        "dynamics/cov_logp_adv": dynamics.cov_logp_advantage(st.logp, adv, m),
-        "dynamics/cov_adv_s_centered": dynamics.cov_advantage_s_centered(adv, st.s_centered, m),
-        "dynamics/pred_dH": dynamics.batch_predicted_entropy_change(st, adv, m),
+        **stats_metrics(st, adv, m),
         "control/rollout_kept_frac": int(keep.sum()) / n_valid if n_valid else None,
         "response/length": float(m.sum(-1).float().mean()) if m.shape[0] else None,
     }
