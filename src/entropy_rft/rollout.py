@@ -46,10 +46,14 @@ def position_ids(attention_mask: Tensor) -> Tensor:
 
 
 def tokenize_prompts(tokenizer, prompts: list[str], device: torch.device | str = "cpu") -> tuple[Tensor, Tensor]:
-    """Tokenise and left-pad prompts. Returns (ids [B, P], mask [B, P] bool)."""
+    """Tokenise and left-pad prompts. Returns (ids [B, P], mask [B, P] bool).
+
+    A ``prompts.ChatPrompt`` is rendered with the tokenizer's chat template when it has one."""
     if not prompts:
         raise ValueError("prompts: expected at least one prompt")
-    enc = [tokenizer(p, add_special_tokens=True)["input_ids"] for p in prompts]
+    from entropy_rft.prompts import encode_prompt  # chat prompts get the tokenizer's chat template
+
+    enc = [encode_prompt(tokenizer, p) for p in prompts]
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     width = max(len(e) for e in enc)
     ids = torch.full((len(enc), width), pad, dtype=torch.long)

@@ -18,6 +18,15 @@ TaskFactory = Callable[..., Task]
 # name -> "module:attr" (resolved lazily, so importing the package stays cheap) or a factory.
 _REGISTRY: dict[str, str | TaskFactory] = {
     "countdown": "entropy_rft.tasks.countdown:CountdownTask",
+    "math": "entropy_rft.tasks.math:math_task",
+    "dapo_math_17k": "entropy_rft.tasks.math:dapo_math_17k",
+    "dapo500": "entropy_rft.tasks.math:dapo500",
+    "aime24": "entropy_rft.tasks.math:aime24",
+    "aime25": "entropy_rft.tasks.math:aime25",
+    "amc23": "entropy_rft.tasks.math:amc23",
+    "math500": "entropy_rft.tasks.math:math500",
+    "champ": "entropy_rft.tasks.math:champ",
+    "gsm_symbolic": "entropy_rft.tasks.math:gsm_symbolic",
 }
 
 
