@@ -109,6 +109,12 @@ DEFAULT_COLUMNS = ("final/pass@1", "best/pass@1", "final/avg@K", "final/pass@K",
                    "control/kept_frac")
 
 
+# What `erft compare` prints (the full DEFAULT_COLUMNS table goes to summary.md).
+SHORT_COLUMNS = ("final/pass@1", "final/pass@K", "final/distinct_correct", "final/entropy", "entropy_drop",
+                 "probe/sign_agreement", "probe/sign_agreement_weighted", "probe/batch_sign_agree",
+                 "control/kept_frac")
+
+
 def _expand_columns(agg: dict[str, dict[str, Any]], columns: Sequence[str]) -> list[str]:
     """'entropy@*' becomes one column per fixed step that some method reached."""
     out: list[str] = []

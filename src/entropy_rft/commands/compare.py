@@ -25,7 +25,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from entropy_rft import launch
-    from entropy_rft.analysis.summary import aggregate, markdown_table, run_summary
+    from entropy_rft.analysis.summary import SHORT_COLUMNS, aggregate, markdown_table, run_summary
     from entropy_rft.config import load_config
     from entropy_rft.rundir import atomic_write_json, atomic_write_text
 
@@ -57,6 +57,6 @@ def run(args: argparse.Namespace) -> int:
     table = markdown_table(agg)
     atomic_write_json(out / "summary.json", {"runs": summaries, "methods": agg})
     atomic_write_text(out / "summary.md", table)
-    print(table)
+    print(markdown_table(agg, SHORT_COLUMNS))
     print(f"summary written to {out / 'summary.md'} and {out / 'summary.json'}")
     return 0
