@@ -1,0 +1,473 @@
+"""verl integration: entropy-rft's methods as verl policy losses, plus the small extension that carries the
+old-policy TokenStats from the actor's forward to the loss.
+
+Tested with verl 0.9.x (model-engine workers, ``trainer.use_v1``). Thin by design: the statistics come from
+``dynamics.token_stats``, the masks from ``control`` (the method registry), the loss from ``loss.policy_loss``;
+nothing in verl is patched or forked. Three layers, each usable without the next:
+
+1. **Policy losses** (``verl.trainer.ppo.core_algos.register_policy_loss``). Importing this module registers
+   every entropy-rft method as ``erft_<name>`` (``erft_clip_v``, ``erft_clip_cov``, ...) and, where verl has no
+   loss of that name, also under the plain name (``clip_b``, ``clip_v``, ``clip_b_paper``, ``clip_v_paper``,
+   ``high_entropy``, ``grad_mask``, ``clip_higher``, ``entropy_bonus``). verl's own ``clip_cov``/``kl_cov``/
+   ``vanilla`` keep their names. Select one with ``actor_rollout_ref.actor.policy_loss.loss_mode``. Import it
+   in every verl process with ``actor_rollout_ref.model.external_lib=entropy_rft.integrations.verl`` (verl's
+   ``HFModelConfig`` imports it) or ``VERL_USE_EXTERNAL_MODULES=entropy_rft.integrations.verl``.
+   Each loss is ``policy_loss`` with verl's ratio clip (``clip_ratio_low/high``, dual clip ``clip_ratio_c``)
+   and the method's masks, rescaled to verl's global-batch normalisation (``config.global_batch_info``).
+   Minibatch-stage methods (Clip-Cov, KL-Cov) work with the loss alone; rollout-stage methods (ClipB, ClipV,
+   80/20, grad-mask) need layer 2 and raise a clear error without it.
+2. **Micro-batch extras** (``erft_ppo_loss``): a drop-in for verl's ``workers.utils.losses.ppo_loss`` that
+   reads entropy-rft's per-token fields (``erft_keep``) and the current entropy from verl's micro-batch and
+   model output, hands them to the registered loss, then calls verl's own ``ppo_loss``.
+3. **Worker and trainer** (``ErftActorRolloutRefWorker``, trainer ``trainer.v1.trainer_mode=erft_sync``):
+   the old-policy pass (``compute_log_prob``) also returns TokenStats (``erft_entropy``, ``erft_s_star``,
+   ``erft_s_expected``, ``erft_s_centered``, via ``dynamics.token_stats`` on the logits verl already has);
+   ``update_actor`` all-gathers them with the advantages over the data-parallel ranks, builds the
+   rollout-stage keep mask once per rollout batch over the *global* batch (``control``), folds it into
+   ``loss_mask`` (so verl's global token count counts only kept tokens) and stores it as ``erft_keep``;
+   the loss function is ``erft_ppo_loss``. The trainer only swaps the actor worker class (as verl's own
+   ``separate_async`` trainer does) and is registered with ``verl.trainer.ppo.v1.register_trainer``.
+
+What is per micro-batch or per rank (docs/verl.md): ClipB/ClipV/80-20/grad-mask select once per rollout
+batch over all ranks (exact). Clip-Cov/KL-Cov select inside verl's loss hook, which sees one micro-batch:
+per micro-batch, but over all data-parallel ranks (all-gather; verl gives every rank the same number of
+micro-batches); per rank when the world is not the data-parallel group (sequence/tensor parallel).
+Layer 3 is unit-tested piece by piece on CPU; a full Ray run was not possible in our CI (no GPU, no vLLM).
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from entropy_rft import control, dynamics
+from entropy_rft.control import Masks, Method
+from entropy_rft.integrations.dist import all_gather_rows, rank_and_world
+from entropy_rft.loss import AGG_MODES, policy_loss, ppo_clipped_mask
+
+# verl versions this integration was tested with (the loss signature and engine internals change often).
+VERL_MIN, VERL_MAX_EXCLUSIVE = (0, 9, 0), (0, 10, 0)
+PREFIX = "erft_"
+STATS_FIELDS = ("entropy", "s_star", "s_expected", "s_centered")  # returned as erft_<field> by the old pass
+
+__all__ = [
+    "ErftActorRolloutRefWorker",
+    "MicroBatchExtras",
+    "check_verl_version",
+    "configure",
+    "configured_method",
+    "erft_ppo_loss",
+    "global_scale",
+    "loss_names",
+    "make_policy_loss",
+    "rollout_keep",
+    "stats_model_output",
+]
+
+
+def _version_tuple(version: str) -> tuple[int, ...]:
+    parts = []
+    for p in version.split("+")[0].split(".")[:3]:
+        digits = "".join(ch for ch in p if ch.isdigit())
+        parts.append(int(digits) if digits else 0)
+    return tuple(parts + [0] * (3 - len(parts)))
+
+
+def check_verl_version(version: str) -> None:
+    """Raise ImportError unless verl ``version`` lies in [VERL_MIN, VERL_MAX_EXCLUSIVE)."""
+    if not VERL_MIN <= _version_tuple(version) < VERL_MAX_EXCLUSIVE:
+        lo, hi = ".".join(map(str, VERL_MIN)), ".".join(map(str, VERL_MAX_EXCLUSIVE))
+        raise ImportError(f"entropy_rft.integrations.verl supports verl>={lo},<{hi}; found verl {version}. "
+                          f"Install a tested version: pip install 'verl>={lo},<{hi}' (see constraints-verl.txt)")
+
+
+import verl  # noqa: E402
+
+check_verl_version(verl.__version__)
+
+from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY, register_policy_loss  # noqa: E402
+
+# ----------------------------------------------------------------------------- configured methods
+
+_METHODS: dict[str, Method] = {}
+_GENERATOR: dict[str, torch.Generator] = {}
+
+
+def configure(method: str, seed: int = 0, **params: Any) -> Method:
+    """Set the parameters of ``method`` for this process (``control.build_method``; bad ones raise ValueError).
+
+    Unconfigured methods use their defaults. ``seed`` seeds the generator of Clip-Cov's random pick; it must
+    be the same on every rank (the worker passes ``actor_rollout_ref.actor.data_loader_seed``).
+    """
+    m = control.build_method(method, **params)
+    _METHODS[method] = m
+    _GENERATOR[method] = torch.Generator().manual_seed(int(seed) + 2)
+    return m
+
+
+def configured_method(method: str) -> Method:
+    """The configured method of that name (its defaults when ``configure`` was never called for it)."""
+    if method not in _METHODS:
+        configure(method)
+    return _METHODS[method]
+
+
+# ----------------------------------------------------------------------------- micro-batch extras
+
+
+@dataclass
+class MicroBatchExtras:
+    """Per-token tensors of the current micro-batch that verl's loss hook does not pass ([B, T] response
+    layout): ``keep`` (rollout-stage keep mask, built on the global rollout batch) and ``entropy`` (current
+    policy, with grad; for ``entropy_bonus``)."""
+
+    keep: Tensor | None = None
+    entropy: Tensor | None = None
+
+
+_LOCAL = threading.local()
+
+
+def _extras() -> MicroBatchExtras:
+    return getattr(_LOCAL, "extras", None) or MicroBatchExtras()
+
+
+class _use_extras:
+    """Context manager: make ``extras`` visible to the registered loss during one micro-batch."""
+
+    def __init__(self, extras: MicroBatchExtras) -> None:
+        self.extras = extras
+
+    def __enter__(self) -> MicroBatchExtras:
+        self.prev = getattr(_LOCAL, "extras", None)
+        _LOCAL.extras = self.extras
+        return self.extras
+
+    def __exit__(self, *exc: Any) -> None:
+        _LOCAL.extras = self.prev
+
+
+# ----------------------------------------------------------------------------- the policy losses
+
+
+def _cfg(config: Any, key: str, default: Any = None) -> Any:
+    if config is None:
+        return default
+    getter = getattr(config, "get", None)
+    return getter(key, default) if getter is not None else getattr(config, key, default)
+
+
+def loss_kwargs_from_config(config: Any, method: Method, agg: str) -> dict[str, Any]:
+    """``policy_loss`` keyword arguments from verl's actor config: the ratio clip (``clip_ratio`` with
+    ``clip_ratio_low``/``clip_ratio_high``), the dual clip ``clip_ratio_c`` (verl applies it always, default
+    3.0) and the aggregation; the method's own overrides (clip-higher, KL-Cov, entropy bonus) win."""
+    if agg not in AGG_MODES:
+        raise ValueError(f"entropy-rft losses support loss_agg_mode in {list(AGG_MODES)}, got {agg!r}")
+    eps = _cfg(config, "clip_ratio", 0.2)
+    lo, hi = _cfg(config, "clip_ratio_low"), _cfg(config, "clip_ratio_high")
+    kw: dict[str, Any] = {"eps_low": float(eps if lo is None else lo), "eps_high": float(eps if hi is None else hi),
+                          "dual_clip": float(_cfg(config, "clip_ratio_c", 3.0)), "agg": agg}
+    kw.update(method.loss_kwargs())
+    return kw
+
+
+def global_scale(counted: Tensor, agg: str, info: dict[str, Any] | None) -> float:
+    """Factor that turns ``policy_loss``'s aggregate over this micro-batch's counted tokens into verl's
+    contribution to the global mini-batch loss (``core_algos.agg_loss`` with ``config.global_batch_info``):
+
+    - token-mean: n_counted / batch_num_tokens · dp_size;
+    - seq-mean-token-mean: n_rows / global_batch_size · dp_size (rows with a counted token);
+    - seq-mean-token-sum-norm: n_rows · T / global_batch_size · dp_size / (loss_scale_factor or T).
+
+    Without global information (single micro-batch, one rank) verl aggregates locally: factor 1 (and
+    T / loss_scale_factor for the sum-norm mode).
+    """
+    info = info or {}
+    dp = int(info.get("dp_size") or 1)
+    n_tok = int(counted.sum())
+    n_rows = int((counted.sum(-1) > 0).sum())
+    width = counted.shape[-1]
+    if agg == "token-mean":
+        total = info.get("batch_num_tokens")
+        return 1.0 if total is None else (n_tok / float(total) * dp if total else 0.0)
+    g = info.get("global_batch_size")
+    factor = 1.0 if g is None else (n_rows / float(g) * dp if g else 0.0)
+    if agg == "seq-mean-token-sum-norm":
+        lsf = info.get("loss_scale_factor")
+        factor *= width / float(lsf if lsf is not None else width)
+    return factor
+
+
+def _minibatch_masks(method: Method, logp: Tensor, old: Tensor, adv: Tensor, mask: Tensor,
+                     kw: dict[str, Any], generator: torch.Generator, info: dict[str, Any]) -> Masks:
+    """Clip-Cov / KL-Cov selection over this micro-batch of every data-parallel rank (per rank when the
+    process group is larger than the data-parallel group)."""
+    _, world = rank_and_world()
+    gather = world > 1 and int(info.get("dp_size") or 1) == world
+    cur = logp.detach().float()
+    if gather:
+        g_cur, rows = all_gather_rows(cur, 0.0)
+        g_old, _ = all_gather_rows(old.detach().float(), 0.0)
+        g_adv, _ = all_gather_rows(adv.detach().float(), 0.0)
+        g_mask, _ = all_gather_rows(mask, False)
+    else:
+        g_cur, g_old, g_adv, g_mask, rows = cur, old.detach().float(), adv.detach().float(), mask, slice(None)
+    clipped = ppo_clipped_mask(g_cur, g_old, g_adv, g_mask, kw.get("eps_low"), kw.get("eps_high"))
+    m = method.minibatch_masks(g_cur, g_old, g_adv, g_mask, clipped=clipped, generator=generator)
+    width = mask.shape[-1]
+
+    def local(x: Tensor | None) -> Tensor | None:
+        return None if x is None else x[rows, :width]
+
+    return Masks(local(m.keep), local(m.zeroed), local(m.kl_cov_select))
+
+
+def make_policy_loss(method_name: str):
+    """verl policy-loss function for entropy-rft method ``method_name`` (verl's PolicyLossFn signature)."""
+    control.get_method_class(method_name)  # unknown names fail here, listing the known ones
+
+    def erft_policy_loss(old_log_prob: Tensor, log_prob: Tensor, advantages: Tensor, response_mask: Tensor,
+                         loss_agg_mode: str = "token-mean", config: Any = None,
+                         rollout_is_weights: Tensor | None = None) -> tuple[Tensor, dict[str, float]]:
+        if rollout_is_weights is not None:
+            raise ValueError("entropy-rft losses take no rollout importance weights; disable "
+                             "algorithm.rollout_correction's token/sequence weights (policy_loss has no weight)")
+        method = configured_method(method_name)
+        mask = response_mask.bool()
+        extras = _extras()
+        if method.stage == "rollout" and extras.keep is None:
+            raise RuntimeError(
+                f"loss_mode {method_name!r} selects tokens from old-policy TokenStats of the whole rollout "
+                "batch; run verl with trainer.v1.trainer_mode=erft_sync (ErftActorRolloutRefWorker), see "
+                "docs/verl.md")
+        if method.needs_entropy_grad() and extras.entropy is None:
+            raise RuntimeError(f"loss_mode {method_name!r} needs the current entropy: set "
+                               "actor_rollout_ref.actor.calculate_entropy=True and use trainer_mode=erft_sync")
+        kw = loss_kwargs_from_config(config, method, loss_agg_mode)
+        info = dict(_cfg(config, "global_batch_info", {}) or {})
+        masks = Masks()
+        if method.stage == "minibatch":
+            gen = _GENERATOR.setdefault(method_name, torch.Generator().manual_seed(2))
+            masks = _minibatch_masks(method, log_prob, old_log_prob, advantages, mask, kw, gen, info)
+        keep = extras.keep.bool() if extras.keep is not None else None
+        if masks.keep is not None:
+            keep = masks.keep if keep is None else keep & masks.keep
+        loss, met = policy_loss(log_prob, old_log_prob, advantages, mask, keep=keep, zeroed=masks.zeroed,
+                                kl_cov_select=masks.kl_cov_select,
+                                entropy=extras.entropy if method.needs_entropy_grad() else None, **kw)
+        counted = mask if keep is None else mask & keep
+        metrics = {k: float(v) for k, v in met.items() if v is not None}
+        return loss * global_scale(counted, loss_agg_mode, info), metrics
+
+    erft_policy_loss.__name__ = f"erft_policy_loss_{method_name}"
+    erft_policy_loss.__qualname__ = erft_policy_loss.__name__
+    return erft_policy_loss
+
+
+def loss_names() -> dict[str, str]:
+    """verl loss_mode -> entropy-rft method, for every name this module registers."""
+    return dict(_REGISTERED)
+
+
+_REGISTERED: dict[str, str] = {}
+
+
+def _register_all() -> None:
+    for name in control.available_methods():
+        fn = make_policy_loss(name)
+        names = [PREFIX + name]
+        plain = POLICY_LOSS_REGISTRY.get(name)
+        if name != "none" and (plain is None or _REGISTERED.get(name) == name):
+            names.append(name)  # verl has no loss of that name: the plain name is ours too
+        for n in names:
+            register_policy_loss(n)(fn)
+            _REGISTERED[n] = name
+
+
+_register_all()
+
+
+# ----------------------------------------------------------------------------- layer 2: erft_ppo_loss
+
+
+def _response_layout(x: Tensor, data: Any) -> Tensor:
+    """A per-token field in the padded response layout [B, T] (verl's ``no_padding_2_padding`` for
+    full-sequence nested tensors, ``to_padded_tensor`` for nested response tensors)."""
+    from verl.workers.utils.padding import no_padding_2_padding
+
+    if not x.is_nested:
+        return x
+    if "responses" in data.keys() and x.offsets().diff().sum() != data["responses"].offsets().diff().sum():
+        return no_padding_2_padding(x, data)
+    return x.to_padded_tensor(0)
+
+
+def erft_ppo_loss(config: Any, model_output: dict, data: Any, dp_group: Any = None):
+    """verl's ``ppo_loss`` with entropy-rft's micro-batch extras visible to the registered loss."""
+    from verl.workers.utils.losses import ppo_loss
+
+    keep = data["erft_keep"] if "erft_keep" in data.keys() else None
+    entropy = model_output.get("entropy")
+    extras = MicroBatchExtras(
+        keep=None if keep is None else _response_layout(keep, data).bool(),
+        entropy=None if entropy is None else _response_layout(entropy, data),
+    )
+    if entropy is not None and configured_method(_method_of(config)).needs_entropy_grad():
+        model_output = {k: v for k, v in model_output.items() if k != "entropy"}  # our bonus, not verl's
+    with _use_extras(extras):
+        return ppo_loss(config, model_output, data, dp_group)
+
+
+def _method_of(config: Any) -> str:
+    mode = _cfg(_cfg(config, "policy_loss", {}), "loss_mode", "vanilla")
+    return _REGISTERED.get(mode, "none")
+
+
+# ----------------------------------------------------------------------------- layer 3: stats and masks
+
+
+def stats_model_output(output: Any, output_args: dict[str, Any], micro_batch: Any,
+                       gather: Any = None) -> dict[str, Tensor]:
+    """Old-policy TokenStats from the logits of verl's FSDP language-model forward (remove-padding path,
+    no fused kernels): ``dynamics.token_stats`` on ``output.logits`` (packed, [1, nnz, V]) at verl's
+    per-token temperature, labels ``input_ids_rmpad_rolled``; returned as nested tensors like verl's
+    ``log_probs`` (``erft_entropy``, ``erft_s_star``, ``erft_s_expected``, ``erft_s_centered``).
+    ``gather(t, pad_size)`` undoes sequence-parallel packing (the engine's ``_gather_and_unpad_packed``).
+    """
+    if "input_ids_rmpad_rolled" not in output_args:
+        raise NotImplementedError("erft TokenStats need actor_rollout_ref.model.use_remove_padding=True")
+    logits = output.logits.squeeze(0).detach()
+    if not torch.is_floating_point(logits):
+        raise NotImplementedError("erft TokenStats need the logits (use_fused_kernels=False)")
+    if hasattr(logits, "full_tensor"):  # tensor-parallel DTensor, sharded on the vocabulary
+        logits = logits.full_tensor()
+    temp = output_args["temperature_rmpad"].to(logits.dtype).reshape(-1, 1)
+    st = dynamics.token_stats(logits / temp, output_args["input_ids_rmpad_rolled"].reshape(-1), 1.0)
+    cu = micro_batch["input_ids"].offsets()
+    out = {}
+    for f in STATS_FIELDS:
+        v = getattr(st, f)
+        if gather is not None:
+            v = gather(v, output_args.get("pad_size", 0))
+        out[PREFIX + f] = torch.nested.nested_tensor_from_jagged(v, cu)
+    return out
+
+
+def rollout_keep(method: Method, stats: dict[str, Tensor], advantages: Tensor, mask: Tensor) -> Tensor:
+    """Rollout-stage keep mask of this rank's rows, chosen on the batch of *all* ranks: the per-token
+    statistics ([B, T] response layout, keys ``entropy``/``s_star``/``s_expected``/``s_centered``), the
+    advantages and the response mask are all-gathered (``integrations.dist``) and ``method.rollout_masks``
+    runs on the concatenation. Methods without a rollout stage keep every valid token."""
+    mask = mask.bool()
+    if method.stage != "rollout":
+        return mask
+    g_mask, rows = all_gather_rows(mask, False)
+    g_adv, _ = all_gather_rows(advantages.float(), 0.0)
+    g = {f: all_gather_rows(stats[f].float(), 0.0)[0] for f in STATS_FIELDS}
+    logp = torch.zeros_like(g["entropy"])  # not used by any rollout-stage rule
+    st = dynamics.TokenStats(entropy=g["entropy"], logp=logp, s_star=g["s_star"],
+                             s_expected=g["s_expected"], s_centered=g["s_centered"])
+    keep = method.rollout_masks(st, g_adv, g_mask).keep
+    keep = g_mask if keep is None else keep & g_mask
+    return keep[rows, : mask.shape[-1]]
+
+
+def _stats_engine_class(base: type) -> type:
+    """A subclass of verl's engine class whose forward also returns TokenStats when the micro-batch asks
+    (non-tensor key ``erft_token_stats``)."""
+
+    class ErftStatsEngine(base):  # type: ignore[misc, valid-type]
+        def prepare_model_outputs(self, output, output_args, micro_batch, logits_processor_func):
+            out = super().prepare_model_outputs(output, output_args, micro_batch, logits_processor_func)
+            from verl.utils import tensordict_utils as tu
+
+            if tu.get_non_tensor_data(data=micro_batch, key="erft_token_stats", default=False):
+                out.update(stats_model_output(output, output_args, micro_batch, self._gather_and_unpad_packed))
+            return out
+
+    ErftStatsEngine.__name__ = f"ErftStats{base.__name__}"
+    return ErftStatsEngine
+
+
+from verl.workers.engine_workers import ActorRolloutRefWorker  # noqa: E402
+
+
+class ErftActorRolloutRefWorker(ActorRolloutRefWorker):
+    """verl's ``ActorRolloutRefWorker`` with entropy-rft's statistics, global masks and loss.
+
+    Method parameters come from ``actor_rollout_ref.erft`` (``+actor_rollout_ref.erft.mu=8.5`` ...), the
+    method from ``actor_rollout_ref.actor.policy_loss.loss_mode``.
+    """
+
+    def init_model(self):
+        super().init_model()
+        if self.actor is None:
+            return
+        params = dict(self.config.get("erft", {}) or {})
+        name = _REGISTERED.get(self.config.actor.policy_loss.get("loss_mode", "vanilla"))
+        if name is not None:
+            configure(name, seed=int(self.config.actor.get("data_loader_seed", 0) or 0), **params)
+        self.erft_method = configured_method(name) if name is not None else None
+        engine = self.actor.engine
+        engine.__class__ = _stats_engine_class(type(engine))
+        actor_config = self.loss_fn.keywords["config"]
+        self.loss_fn = functools.partial(erft_ppo_loss, config=actor_config)
+        self.actor.set_loss_fn(self.loss_fn)
+
+    def compute_log_prob(self, data):
+        # the old-policy pass (compute_loss False, calculate_entropy True); the ref pass goes to self.ref
+        from verl.utils import tensordict_utils as tu
+
+        if self.erft_method is not None and self.erft_method.stage == "rollout":
+            tu.assign_non_tensor(data, erft_token_stats=True)
+        return super().compute_log_prob(data)
+
+    def update_actor(self, data):
+        if self.erft_method is not None and self.erft_method.stage == "rollout":
+            add_rollout_keep(self.erft_method, data)
+        return super().update_actor(data)
+
+
+def add_rollout_keep(method: Method, data: Any) -> None:
+    """Build ``erft_keep`` for this rank's shard of the rollout batch (``rollout_keep``, global over
+    ranks) and fold it into ``loss_mask`` so that verl's global token count counts kept tokens only."""
+    mask = _response_layout(data["response_mask"], data).bool()
+    adv = _response_layout(data["advantages"], data)
+    stats = {f: _response_layout(data[PREFIX + f], data) for f in STATS_FIELDS}
+    keep = rollout_keep(method, stats, adv, mask)
+    data["erft_keep"] = keep
+    if "loss_mask" in data.keys() and not data["loss_mask"].is_nested and data["loss_mask"].shape == keep.shape:
+        data["loss_mask"] = data["loss_mask"].bool() & keep
+
+
+def _register_trainer() -> None:
+    from verl.trainer.ppo.v1 import register_trainer
+    from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
+
+    try:
+        from verl.trainer.ppo.v1 import get_trainer_cls
+
+        get_trainer_cls("erft_sync")
+        return  # already registered (module imported twice under different names)
+    except ValueError:
+        pass
+
+    import ray
+
+    @register_trainer("erft_sync")
+    class ErftPPOTrainerSync(PPOTrainerSync):
+        """verl's synchronous v1 trainer with ``ErftActorRolloutRefWorker`` as the actor worker."""
+
+        def _init_resource_pool_mgr(self):
+            super()._init_resource_pool_mgr()
+            for role in list(self.role_worker_mapping):
+                if getattr(role, "name", "").startswith("Actor"):  # Actor, ActorRollout, ActorRolloutRef
+                    self.role_worker_mapping[role] = ray.remote(ErftActorRolloutRefWorker)
+
+
+_register_trainer()
