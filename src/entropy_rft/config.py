@@ -83,6 +83,15 @@ class MethodConfig:
     params: dict = _f({}, "Parameters for the method; they override `presets[name]`.")
     presets: dict = _f({}, "Per-method parameter defaults for this config, used when `name` selects the "
                        "method. The built-in default tunes them for the tiny model (see configs/default.yaml).")
+    entropy_target: float | str | dict | None = _f(
+        None, "Entropy autopilot (native engine): hold the rollout batch's mean token entropy at this target by "
+        "moving the method's strength knob each step with a PI controller (see `autopilot.*`). A number of "
+        "nats (0.43); a multiple of the first batch's entropy ('0.6x'); a schedule 'linear:H0:H1[:STEPS]' or "
+        "'cosine:H0:H1[:STEPS]' (H0 at step 1 to H1 at STEPS, default the last step); or a mapping {kind: "
+        "linear, start: 0.6, end: 0.3, steps: 100}. Only methods with a knob (`erft methods`); the method's "
+        "configured knob value is the controller's starting point. null disables.")
+    label: str | None = _f(None, "Display name of this run's method in summaries and reports (erft compare sets "
+                           "it for variants such as 'clip_v:mu=1.5' or 'clip_v@target=0.43'); null: derived.")
 
 
 @dataclass
@@ -109,6 +118,30 @@ class ProbeConfig:
                        "first-order prediction -A*r*S_c (Theorem 3.3).")
     records_every: int = _f(25, "Write a sample of per-token records every N steps (0: never).")
     records_per_step: int = _f(256, "How many per-token records to write on such a step.")
+    jvp_every: int = _f(10, "Every N steps (0: never), the network's exact first-order prediction of each token's "
+                        "entropy change: the forward-mode JVP of per-token entropy along the step's actual "
+                        "parameter update (grad_theta H . delta_theta), against the actual change: probe/jvp_corr, "
+                        "probe/jvp_sign_agreement. Runs the model with eager attention (forward-mode AD has no "
+                        "SDPA rule on CPU). Native engine.")
+    counterfactual_every: int = _f(10, "Every N steps (0: never), from the same parameters, optimizer state, RNGs "
+                                   "and batch, also take the vanilla update (method 'none'), then restore "
+                                   "everything: probe/dH_method, probe/dH_vanilla and probe/dH_method_effect "
+                                   "(their difference: what the method itself did to the batch entropy). "
+                                   "Training is unaffected. Native engine.")
+
+
+@dataclass
+class AutopilotConfig:
+    kp: float = _f(4.0, "Proportional gain: log-knob change per unit relative entropy error (H* - H_s) / H*.")
+    ki: float = _f(0.3, "Integral gain: log-knob change per step and unit of the summed relative error.")
+    ema: float = _f(0.3, "Smoothing of the measured entropy: H_s <- ema*H + (1-ema)*H_s (1: no smoothing).")
+    max_step: float = _f(0.25, "Largest change of log(knob) in one step (0.25: a factor 1.28).")
+    i_zone: float = _f(0.25, "Integrate the error only while |relative error| <= i_zone (integral separation: "
+                       "far from the target the policy sets the approach speed and integrating only winds up).")
+    span: float = _f(10.0, "Default knob range [k0/span, k0*span] around the starting knob k0 (cut to values "
+                     "the method accepts).")
+    knob_min: float | None = _f(None, "Lower clamp of the knob; null: k0/span.")
+    knob_max: float | None = _f(None, "Upper clamp of the knob; null: k0*span.")
 
 
 @dataclass
@@ -134,6 +167,7 @@ class Config:
     optim: OptimConfig = field(default_factory=OptimConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     probe: ProbeConfig = field(default_factory=ProbeConfig)
+    autopilot: AutopilotConfig = field(default_factory=AutopilotConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     engine: str = _f("native", "Training engine: 'native' (our single-process trainer).")
 
@@ -353,13 +387,44 @@ def validate(cfg: Config) -> None:
            f"must be float32, bfloat16 or float16; got {cfg.model.dtype!r}")
     _check(cfg.engine in ("native", "trl"), "engine", f"must be 'native' or 'trl', got {cfg.engine!r}")
     _check(cfg.probe.records_every >= 0, "probe.records_every", "must be >= 0")
+    _check(cfg.probe.jvp_every >= 0, "probe.jvp_every", f"must be >= 0, got {cfg.probe.jvp_every}")
+    _check(cfg.probe.counterfactual_every >= 0, "probe.counterfactual_every",
+           f"must be >= 0, got {cfg.probe.counterfactual_every}")
+    ap = cfg.autopilot
+    for name in ("kp", "ki"):
+        _check(ap.__dict__[name] >= 0, f"autopilot.{name}", f"must be >= 0, got {ap.__dict__[name]}")
+    _check(0 < ap.ema <= 1, "autopilot.ema", f"must be in (0, 1], got {ap.ema}")
+    _check(ap.max_step > 0, "autopilot.max_step", f"must be > 0, got {ap.max_step}")
+    _check(ap.i_zone >= 0, "autopilot.i_zone", f"must be >= 0, got {ap.i_zone}")
+    _check(ap.span > 1, "autopilot.span", f"must be > 1, got {ap.span}")
+    for name in ("knob_min", "knob_max"):
+        v = ap.__dict__[name]
+        _check(v is None or v > 0, f"autopilot.{name}", f"must be > 0 or null, got {v}")
+    if ap.knob_min is not None and ap.knob_max is not None:
+        _check(ap.knob_min < ap.knob_max, "autopilot.knob_min", f"({ap.knob_min}) must be < autopilot.knob_max "
+               f"({ap.knob_max})")
     # The method name and its parameters are validated by the registry.
     from entropy_rft import control
 
     try:
-        control.build_method(cfg.method.name, **cfg.method_params())
+        method = control.build_method(cfg.method.name, **cfg.method_params())
     except (ValueError, TypeError) as err:
         raise UserError(f"config field 'method' invalid: {err}") from None
+    if cfg.method.entropy_target is not None:
+        from entropy_rft import autopilot
+
+        autopilot.parse_target(cfg.method.entropy_target)
+        _check(cfg.engine == "native", "method.entropy_target", f"needs engine 'native' (got {cfg.engine!r}); "
+               "the TRL engine has no autopilot")
+        autopilot.Autopilot(method, autopilot.parse_target(cfg.method.entropy_target), autopilot_gains(cfg),
+                            t.max_steps)
+
+
+def autopilot_gains(cfg: Config):
+    """The controller settings of ``cfg`` as ``autopilot.Gains``."""
+    from entropy_rft.autopilot import Gains
+
+    return Gains(**dataclasses.asdict(cfg.autopilot))
 
 
 def help_text(cls: type = Config, prefix: str = "") -> list[str]:

@@ -12,6 +12,16 @@ Levels reported (see feasibility.md for why one number misleads):
 - ``probe/sign_agreement_weighted``: the same, weighted by |pred|;
 - ``probe/corr``: per-token Pearson correlation of pred and actual;
 - ``probe/dH_actual``, ``probe/dH_pred``: batch means; ``probe/batch_sign_agree``: 1.0 when their signs agree.
+
+Two deeper levels, every ``probe.jvp_every`` / ``probe.counterfactual_every`` steps:
+
+- the network's exact first-order prediction (``entropy_rft.jvp``): the forward-mode JVP of each token's
+  entropy along the step's actual parameter update, ``probe/jvp_corr``, ``probe/jvp_sign_agreement``,
+  ``probe/jvp_sign_agreement_weighted``, ``probe/jvp_rel_err`` (‖jvp − actual‖ / ‖actual‖ over tokens) and
+  ``probe/dH_jvp`` (batch mean). What remains between it and the actual change is second order in the step;
+- the counterfactual: the batch-mean entropy change after the method's update (``probe/dH_method``) and after
+  the vanilla update from the very same state (``probe/dH_vanilla``); ``probe/dH_method_effect`` is their
+  difference, the method's own effect on entropy at this step.
 """
 
 from __future__ import annotations
@@ -56,3 +66,33 @@ def probe_metrics(pred: Tensor, actual: Tensor, mask: Tensor) -> dict[str, float
         "probe/corr": pearson(p[both], a[both]) if n_both >= 2 else None,
         "probe/batch_sign_agree": batch_agree,
     }
+
+
+def agreement_metrics(pred: Tensor, actual: Tensor, mask: Tensor, prefix: str) -> dict[str, float | None]:
+    """``{prefix}corr``, ``{prefix}sign_agreement`` (raw and |pred|-weighted) and ``{prefix}rel_err`` of a
+    per-token prediction of ΔH against the actual ΔH, over valid tokens where both are non-zero (corr, signs)
+    or all valid tokens (rel_err = ‖pred − actual‖ / ‖actual‖)."""
+    valid = mask.bool()
+    p, a = pred[valid].double(), actual[valid].double()
+    both = (p != 0) & (a != 0)
+    agree = (torch.sign(p) == torch.sign(a)) & both
+    n_both = int(both.sum())
+    wsum = float(p[both].abs().sum())
+    norm_a = float(a.norm())
+    return {
+        f"{prefix}corr": pearson(p[both], a[both]) if n_both >= 2 else None,
+        f"{prefix}sign_agreement": float(agree.sum()) / n_both if n_both else None,
+        f"{prefix}sign_agreement_weighted": float(p[agree].abs().sum()) / wsum if wsum > 0 else None,
+        f"{prefix}rel_err": float((p - a).norm()) / norm_a if norm_a > 0 else None,
+    }
+
+
+def counterfactual_metrics(dh_method: float | None, dh_vanilla: float | None) -> dict[str, float | None]:
+    """The method's own effect on the batch entropy at this step: its update's ΔH minus vanilla's."""
+    effect = None if dh_method is None or dh_vanilla is None else dh_method - dh_vanilla
+    return {"probe/dH_method": dh_method, "probe/dH_vanilla": dh_vanilla, "probe/dH_method_effect": effect}
+
+
+def due(every: int, step: int) -> bool:
+    """Whether a probe that runs every ``every`` steps (0: never) runs at ``step``."""
+    return every > 0 and step % every == 0

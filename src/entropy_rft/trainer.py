@@ -1,14 +1,17 @@
 """The single-process GRPO / Dr.GRPO / PPO loop, on CPU or one GPU, with entropy control and the probe.
 
 Read ``train`` top to bottom: each step samples prompts, rolls out, scores, computes advantages, runs the
-old-policy forward (TokenStats), builds the method's masks, takes the optimizer updates with
-``policy_loss``, probes the entropy change and logs. Everything else in this file is a small helper.
+old-policy forward (TokenStats), lets the autopilot set the method's knob (when an entropy target is set),
+builds the method's masks, takes the optimizer updates with ``policy_loss``, probes the entropy change
+(tabular every step; the JVP and the counterfactual every k steps) and logs. Everything else in this file
+is a small helper.
 The maths lives in ``dynamics``, ``control``, ``loss`` and ``advantages``; this file only wires it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import math
 import os
 import random
@@ -25,12 +28,14 @@ import yaml
 
 from entropy_rft import advantages as adv_lib
 from entropy_rft import control, dynamics, evaluation, rundir
-from entropy_rft.config import Config, config_from_dict, config_to_dict
+from entropy_rft.autopilot import Autopilot, parse_target
+from entropy_rft.config import Config, autopilot_gains, config_from_dict, config_to_dict
 from entropy_rft.errors import UserError
 from entropy_rft.forward import policy_forward
+from entropy_rft.jvp import entropy_jvp
 from entropy_rft.loss import agg_weights, policy_loss, ppo_clipped_mask
 from entropy_rft.metrics import masked_mean, stats_metrics
-from entropy_rft.probe import probe_metrics, tabular_prediction
+from entropy_rft.probe import agreement_metrics, counterfactual_metrics, due, probe_metrics, tabular_prediction
 from entropy_rft.rollout import RolloutBatch, sample
 from entropy_rft.tasks import build_task
 
@@ -163,6 +168,9 @@ class Run:
         self.task = build_task(cfg.task.name, **cfg.task.params)
         self.train_set, self.val_set = self.task.split(cfg.train.seed)
         self.method = control.build_method(cfg.method.name, **cfg.method_params())
+        target = parse_target(cfg.method.entropy_target)
+        self.autopilot = None if target is None else Autopilot(self.method, target, autopilot_gains(cfg),
+                                                                cfg.train.max_steps)
         self.loss_kwargs = self._loss_kwargs()
         self.uses_minibatch_masks = self.method.stage == "minibatch"
         params = [p for p in self.model.parameters() if p.requires_grad]
@@ -208,6 +216,8 @@ class Run:
     def state(self) -> dict[str, Any]:
         st = {"model": self.model.state_dict(), "optim": self.optim.state_dict(), "sched": self.sched.state_dict(),
               "rng": rng_state(self.gens), "trainer": {"step": self.step, "method": self.method_state()}}
+        if self.autopilot is not None:
+            st["trainer"]["autopilot"] = self.autopilot.state_dict()
         if self.value_head is not None:
             st["value_head"] = self.value_head.state_dict()
             st["value_optim"] = self.value_optim.state_dict()
@@ -227,6 +237,9 @@ class Run:
         self.step = int(st["trainer"]["step"])
         if st["trainer"].get("method", {}).get("knob") is not None:
             self.method.set_knob(st["trainer"]["method"]["knob"])
+        if self.autopilot is not None and st["trainer"].get("autopilot") is not None:
+            self.autopilot.load_state_dict(st["trainer"]["autopilot"])
+        self.loss_kwargs = self._loss_kwargs()  # knobs such as coef / eps_high enter the loss kwargs
 
     def save(self) -> None:
         rundir.save_checkpoint(self.out, self.step, self.state(), self.cfg.train.keep_checkpoints)
@@ -255,6 +268,15 @@ class Run:
                 sb.ref_logp = policy_forward(self.ref, sb.rollout, self.cfg.rollout.temperature,
                                              fused=self.cfg.model.fused_logp).logp.detach()
         sb.adv, sb.returns = token_advantages(self.cfg, sb.rewards, sb.mask, values)
+
+    def steer(self, sb: StepBatch) -> dict[str, Any]:
+        """Autopilot: from this batch's measured entropy (all response tokens), set the method's knob."""
+        if self.autopilot is None:
+            return {}
+        measured = masked_mean(sb.stats.entropy, sb.rollout.response_mask)
+        m = self.autopilot.update(self.step, measured)
+        self.loss_kwargs = self._loss_kwargs()
+        return m
 
     def minibatches(self, n: int) -> list[torch.Tensor]:
         perm = torch.randperm(n, generator=self.gens["data"])
@@ -356,6 +378,36 @@ class Run:
         m["policy/approx_kl"] = masked_mean(torch.expm1(log_r) - log_r, mask)
         sb.extra.update(pred=pred, actual=actual, ratio=torch.exp(log_r))
         return m
+
+    def params_snapshot(self) -> dict[str, torch.Tensor]:
+        return {n: p.detach().clone() for n, p in self.model.named_parameters()}
+
+    @torch.no_grad()
+    def jvp_probe(self, sb: StepBatch, before: dict[str, torch.Tensor]) -> dict[str, Any]:
+        """The network's first-order ΔH per token (∇θH·Δθ by forward-mode AD at the pre-update parameters,
+        along the step's actual update) against the actual ΔH that ``probe`` measured on the same tokens."""
+        delta = {n: p.detach() - before[n] for n, p in self.model.named_parameters()}
+        _, pred = entropy_jvp(self.model, sb.rollout, self.cfg.rollout.temperature, before, delta)
+        m = agreement_metrics(pred, sb.extra["actual"], sb.mask, "probe/jvp_")
+        m["probe/dH_jvp"] = masked_mean(pred, sb.mask)
+        return m
+
+    def vanilla_counterfactual(self, sb: StepBatch) -> float | None:
+        """From this exact state (parameters, optimizer, scheduler, RNGs, knob), take the vanilla update on
+        this batch, measure the batch-mean entropy change, then restore everything: training is unaffected."""
+        saved = copy.deepcopy(self.state())
+        method, keep, extra = self.method, sb.keep, dict(sb.extra)
+        try:
+            self.method = control.build_method("none")
+            self.loss_kwargs, self.uses_minibatch_masks, sb.keep = self._loss_kwargs(), False, None
+            self.update(sb)
+            with torch.no_grad():
+                after = self.forward(sb.rollout)
+            return masked_mean(after.stats.entropy - sb.stats.entropy, sb.mask)
+        finally:
+            self.method, sb.keep, sb.extra = method, keep, extra
+            self.uses_minibatch_masks = self.method.stage == "minibatch"
+            self.load_state(saved)
 
     # ------------------------------------------------------------------ evaluation
 
@@ -528,19 +580,31 @@ def train_step(run: Run, logger: Logger) -> dict[str, Any]:
     sb = StepBatch(rb, mask, rewards)
     # 4-5. old-policy forward (TokenStats) and advantages
     run.old_policy_pass(sb)
+    # 6a. autopilot (entropy target): the measured batch entropy sets the method's knob for this step
+    control_m = run.steer(sb)
     # 6. the method's rollout-level masks (ClipB, ClipV, high-entropy, grad-mask), from old-policy stats
     sb.keep = run.method.rollout_masks(sb.stats, sb.adv, sb.mask).keep
     t_fwd = time.perf_counter()
+    # 6b. probes that need the pre-update state: the parameters for the JVP, and the vanilla update from
+    #     this very state (taken, measured, and undone) for the counterfactual
+    before = run.params_snapshot() if due(cfg.probe.jvp_every, step) else None
+    dh_vanilla = run.vanilla_counterfactual(sb) if due(cfg.probe.counterfactual_every, step) else None
+    t_cf = time.perf_counter()
     # 7-8. policy_loss and optimizer updates (Clip-Cov / KL-Cov select per minibatch inside)
     loss_m = run.update(sb)
     t_bwd = time.perf_counter()
-    # 9. probe: actual vs predicted entropy change on the same tokens
+    # 9. probe: actual vs predicted entropy change on the same tokens (tabular; JVP and counterfactual
+    #    every k steps: this update is the method's, so its batch ΔH is dH_method)
     probe_m = run.probe(sb)
+    if before is not None:
+        probe_m.update(run.jvp_probe(sb, before))
+    if due(cfg.probe.counterfactual_every, step):
+        probe_m.update(counterfactual_metrics(masked_mean(sb.extra["actual"], sb.mask), dh_vanilla))
     t_probe = time.perf_counter()
     # 10. log
     # Batch-level control fractions (over the whole rollout batch) win over the per-minibatch averages.
     row: dict[str, Any] = {"step": step, **loss_m, **batch_metrics(sb, rewards > 0, run.tok.eos_token_id),
-                           **probe_m}
+                           **probe_m, **control_m}
     clipped = ppo_clipped_mask(torch.log(sb.extra["ratio"]).float() + sb.old_logp, sb.old_logp, sb.adv, sb.mask,
                                run.loss_kwargs.get("eps_low"), run.loss_kwargs.get("eps_high"))
     keep_all = and_masks(sb.mask, sb.keep, ~sb.extra["minibatch_dropped"])
@@ -552,7 +616,8 @@ def train_step(run: Run, logger: Logger) -> dict[str, Any]:
         row.update(run.evaluate())
         row["time/eval"] = time.perf_counter() - te
     n_tok = int(rb.response_mask.sum())
-    row.update({"time/generate": t_gen - t0, "time/forward": t_fwd - t_gen, "time/backward": t_bwd - t_fwd,
+    row.update({"time/generate": t_gen - t0, "time/forward": t_fwd - t_gen, "time/backward": t_bwd - t_cf,
+                "time/counterfactual": t_cf - t_fwd,
                 "time/probe": t_probe - t_bwd, "time/step": time.perf_counter() - t0,
                 "perf/tokens_per_s": n_tok / max(1e-9, t_probe - t0)})
     logger.log(row)

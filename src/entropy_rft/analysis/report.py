@@ -73,6 +73,10 @@ def expand_run_dirs(paths: Sequence[str | Path]) -> list[Path]:
 def _label(cfg: dict) -> tuple[str, str]:
     m = cfg.get("method") or {}
     name = str(m.get("name") or "none")
+    if m.get("label"):  # erft compare names its variants (clip_v:mu=1.5, clip_v@target=0.43)
+        return name, str(m["label"])
+    if m.get("entropy_target") is not None:
+        return name, f"{name}@target={m['entropy_target']}"
     params = {**((m.get("presets") or {}).get(name) or {}), **(m.get("params") or {})}
     if name == "grad_mask":
         a = ">" if params.get("sample_sign", "positive") == "positive" else "<"

@@ -1,9 +1,24 @@
-"""``erft compare``: train several methods from the same base and seeds, then summarise them side by side."""
+"""``erft compare``: train several methods from the same base and seeds, then summarise them side by side.
+
+Each entry of ``--methods`` is a method name, optionally with parameters and an entropy target::
+
+    none                      the vanilla baseline
+    clip_v:mu=1.5             ClipV with mu fixed at 1.5 (any method parameter: name:key=value[:key=value])
+    clip_v@target=0.43        ClipV steered by the autopilot to entropy 0.43 (also @0.6x, @linear:0.6:0.3)
+    clip_v:mu=3@target=0.6x   the same, starting the controller from mu = 3
+
+The entry is the variant's label in the run-directory name, the summary table and the report.
+"""
 
 from __future__ import annotations
 
 import argparse
+import re
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+import yaml
 
 from entropy_rft.errors import UserError
 
@@ -11,8 +26,61 @@ NAME = "compare"
 HELP = "Train each method on the same base and seeds; write a mean ± std summary table (markdown + JSON)."
 
 
+@dataclass
+class Variant:
+    label: str
+    name: str
+    params: dict[str, Any] = field(default_factory=dict)
+    target: Any = None
+
+    @property
+    def dirname(self) -> str:
+        return re.sub(r"[^A-Za-z0-9_.=@+-]", "_", self.label)
+
+    def method_extra(self) -> dict[str, Any]:
+        extra: dict[str, Any] = {"name": self.name}
+        if self.params:
+            extra["params"] = self.params
+        if self.target is not None:
+            extra["entropy_target"] = self.target
+        if self.params or self.target is not None:
+            extra["label"] = self.label
+        return extra
+
+
+def parse_variant(spec: str) -> Variant:
+    """``name[:key=value...][@[target=]TARGET]`` -> Variant; values are read as YAML (numbers, null)."""
+    spec = spec.strip()
+    head, at, target = spec.partition("@")
+    parts = [p.strip() for p in head.split(":")]
+    if not parts[0]:
+        raise UserError(f"--methods entry {spec!r} has no method name; e.g. clip_v, clip_v:mu=1.5, clip_v@target=0.43")
+    params: dict[str, Any] = {}
+    for kv in parts[1:]:
+        key, eq, raw = kv.partition("=")
+        if not eq or not key.strip():
+            raise UserError(f"--methods entry {spec!r}: {kv!r} must look like param=value (e.g. clip_v:mu=1.5)")
+        try:
+            params[key.strip()] = yaml.safe_load(raw) if raw.strip() else raw
+        except yaml.YAMLError:
+            params[key.strip()] = raw
+    value = None
+    if at:
+        target = target.strip()
+        if target.startswith("target="):
+            target = target[len("target="):]
+        if not target:
+            raise UserError(f"--methods entry {spec!r}: empty entropy target after '@' (e.g. clip_v@target=0.43)")
+        from entropy_rft.commands.train import target_value
+
+        value = target_value(target)
+    return Variant(spec, parts[0], params, value)
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--methods", required=True, help="Comma-separated method names, e.g. none,clip_b,clip_v.")
+    p.add_argument("--methods", required=True,
+                   help="Comma-separated variants: method names (none,clip_b,clip_v), fixed parameters "
+                        "(clip_v:mu=1.5) or an autopilot entropy target (clip_v@target=0.43, clip_v@0.6x).")
     p.add_argument("--seeds", type=int, default=1, help="Number of seeds, counting up from --seed.")
     p.add_argument("--seed", type=int, default=None, help="First seed (default: the config's).")
     p.add_argument("--max-steps", type=int, help="Steps per run.")
@@ -23,15 +91,27 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--overwrite", action="store_true", help="Restart runs that exist instead of resuming them.")
 
 
+def _knob_last(run_dir: Path) -> float | None:
+    from entropy_rft.rundir import read_jsonl
+
+    vals = [r["control/knob"] for r in read_jsonl(run_dir / "metrics.jsonl")
+            if isinstance(r.get("control/knob"), (int, float))]
+    return vals[-1] if vals else None
+
+
 def run(args: argparse.Namespace) -> int:
     from entropy_rft import launch
-    from entropy_rft.analysis.summary import SHORT_COLUMNS, aggregate, markdown_table, run_summary
+    from entropy_rft.analysis.summary import DEFAULT_COLUMNS, aggregate, markdown_table, run_summary
     from entropy_rft.config import load_config
     from entropy_rft.rundir import atomic_write_json, atomic_write_text
 
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    if not methods:
+    variants = [parse_variant(m) for m in args.methods.split(",") if m.strip()]
+    if not variants:
         raise UserError("--methods is empty; give e.g. --methods none,clip_v")
+    dirs = [v.dirname for v in variants]
+    dup = sorted({d for d in dirs if dirs.count(d) > 1})
+    if dup:
+        raise UserError(f"--methods names the same variant twice ({', '.join(dup)}); give each once")
     if args.seeds < 1:
         raise UserError(f"--seeds must be >= 1, got {args.seeds}")
     out = Path(args.out)
@@ -43,20 +123,28 @@ def run(args: argparse.Namespace) -> int:
     # Validate every config before training anything.
     plans = []
     first_seed = args.seed if args.seed is not None else load_config(args.config, args.set).train.seed
-    for method in methods:
+    for v in variants:
         for seed in range(first_seed, first_seed + args.seeds):
-            extra = {**base_extra, "method": {"name": method},
+            extra = {**base_extra, "method": v.method_extra(),
                      "train": {**base_extra.get("train", {}), "seed": seed}}
-            plans.append((method, seed, load_config(args.config, args.set, extra=extra)))
+            plans.append((v, seed, load_config(args.config, args.set, extra=extra)))
     out.mkdir(parents=True, exist_ok=True)
-    for i, (method, seed, cfg) in enumerate(plans, 1):
-        print(f"[{i}/{len(plans)}] {method} seed {seed}")
-        launch.start_or_resume(cfg, out / f"{method}-s{seed}", overwrite=args.overwrite)
-    summaries = [run_summary(out / f"{m}-s{s}") for m, s, _ in plans]
+    for i, (v, seed, cfg) in enumerate(plans, 1):
+        print(f"[{i}/{len(plans)}] {v.label} seed {seed}")
+        launch.start_or_resume(cfg, out / f"{v.dirname}-s{seed}", overwrite=args.overwrite)
+    summaries = []
+    for v, s, _ in plans:
+        summ = run_summary(out / f"{v.dirname}-s{s}")
+        summ["method"] = v.label
+        summ["control/knob_last"] = _knob_last(out / f"{v.dirname}-s{s}")
+        summaries.append(summ)
     agg = aggregate(summaries)
-    table = markdown_table(agg)
+    columns = DEFAULT_COLUMNS
+    if any(v.target is not None for v in variants):
+        columns = (*DEFAULT_COLUMNS, "control/knob_last")
+    table = markdown_table(agg, columns)
     atomic_write_json(out / "summary.json", {"runs": summaries, "methods": agg})
     atomic_write_text(out / "summary.md", table)
-    print(markdown_table(agg, SHORT_COLUMNS))
+    print(table)
     print(f"summary written to {out / 'summary.md'} and {out / 'summary.json'}")
     return 0

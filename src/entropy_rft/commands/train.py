@@ -10,12 +10,16 @@ NAME = "train"
 HELP = "Train a policy with GRPO/PPO and an entropy-control method (see `erft methods`)."
 
 # Flags that would change a recorded run; --resume refuses them.
-_FIXED_ON_RESUME = ("config", "method", "model", "seed", "set", "overwrite", "task", "engine")
+_FIXED_ON_RESUME = ("config", "method", "model", "seed", "set", "overwrite", "task", "engine", "entropy_target")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="YAML config (default: the built-in configs/default.yaml).")
     p.add_argument("--method", help="Entropy-control method, e.g. none, clip_b, clip_v, clip_cov, kl_cov.")
+    p.add_argument("--entropy-target", metavar="H",
+                   help="Entropy autopilot: steer the method's knob to hold the batch entropy at H: nats (0.43), a "
+                        "multiple of the first batch's entropy (0.6x), or a schedule linear:H0:H1[:STEPS] / "
+                        "cosine:H0:H1[:STEPS]. Methods with a knob only (`erft methods`).")
     p.add_argument("--model", help="'default', 'smollm2-135m', a local HF folder or a hub id.")
     p.add_argument("--task", help="Task name or 'module:Class'.")
     p.add_argument("--engine", choices=["native", "trl"], help="Training engine (default: native).")
@@ -34,6 +38,8 @@ def cli_extra(args: argparse.Namespace) -> dict:
     extra: dict = {}
     if args.method:
         extra.setdefault("method", {})["name"] = args.method
+    if getattr(args, "entropy_target", None):
+        extra.setdefault("method", {})["entropy_target"] = target_value(args.entropy_target)
     if args.model:
         extra.setdefault("model", {})["name"] = args.model
     if getattr(args, "task", None):
@@ -45,6 +51,14 @@ def cli_extra(args: argparse.Namespace) -> dict:
     if args.seed is not None:
         extra.setdefault("train", {})["seed"] = args.seed
     return extra
+
+
+def target_value(raw: str) -> float | str:
+    """A number stays a number; anything else (0.6x, linear:0.6:0.3) is a schedule string for the config."""
+    try:
+        return float(raw)
+    except ValueError:
+        return raw.strip()
 
 
 def run(args: argparse.Namespace) -> int:
