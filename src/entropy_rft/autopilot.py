@@ -275,3 +275,25 @@ class Autopilot:
         self.integral, self.u = float(st["integral"]), float(st["u"])
         self.smoothed, self.base = st["smoothed"], st["base"]
         self.method.set_knob(math.exp(self.u))
+
+
+# ----------------------------------------------------------------------------- how well a run tracked
+
+
+def tracking(steps: list[int], entropy: list[float], target: list[float], band: float = 0.15) -> dict[str, Any]:
+    """How a run followed its target: the first step at which the measured entropy reaches the target (crosses
+    it from where it started), then over the rest of the run the largest relative deviation, the fraction of
+    steps within ±band, and ``length_ratio`` = last step / reach step (the acceptance asks for >= 3)."""
+    out: dict[str, Any] = {"reach_step": None, "max_rel_dev_after": None, "in_band_frac_after": None,
+                           "length_ratio": None, "last_step": steps[-1] if steps else None}
+    if not steps:
+        return out
+    side = math.copysign(1.0, entropy[0] - target[0]) if entropy[0] != target[0] else 0.0
+    reach = next((i for i, (h, t) in enumerate(zip(entropy, target)) if side == 0.0 or (h - t) * side <= 0), None)
+    if reach is None:
+        return out
+    dev = [abs(h - t) / t for h, t in zip(entropy[reach:], target[reach:])]
+    out.update(reach_step=steps[reach], max_rel_dev_after=max(dev),
+               in_band_frac_after=sum(d <= band for d in dev) / len(dev),
+               length_ratio=steps[-1] / steps[reach])
+    return out

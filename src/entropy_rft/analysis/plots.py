@@ -390,3 +390,117 @@ def fig_law(fits: Sequence[dict], runs: Sequence[RunData]) -> bytes | None:
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=7)
     return _png(fig)
+
+
+# ----------------------------------------------------------------------------- deeper probes and the autopilot
+
+
+def _rolling(ys: Sequence[float], n: int) -> list[float]:
+    out, acc = [], []
+    for y in ys:
+        acc.append(y)
+        if len(acc) > n:
+            acc.pop(0)
+        out.append(float(np.mean(acc)))
+    return out
+
+
+def fig_probe_levels(runs: Sequence[RunData]) -> bytes | None:
+    """Probe levels over training: per-token sign agreement and Pearson r of the tabular prediction −A·S_c
+    (rolling mean of 10 steps) and of the network's JVP ∇θH·Δθ (every probe.jvp_every steps)."""
+    if not any(series(r.train_rows, "probe/jvp_sign_agreement")[0] for r in runs):
+        return None
+    colors = method_colors(runs)
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.2))
+    seen: set = set()
+    for r in runs:
+        col = colors[r.label]
+        for ax, key, jkey in ((ax1, "probe/sign_agreement", "probe/jvp_sign_agreement"),
+                              (ax2, "probe/corr", "probe/jvp_corr")):
+            xs, ys = series(r.train_rows, key)
+            if xs:
+                ax.plot(xs, _rolling(ys, 10), color=col, lw=1.0, alpha=0.7)
+            if ax is ax1:
+                wx, wy = series(r.train_rows, "probe/sign_agreement_weighted")
+                if wx:
+                    ax.plot(wx, _rolling(wy, 10), color=col, lw=1.0, ls=":", alpha=0.8)
+            jx, jy = series(r.train_rows, jkey)
+            if jx:
+                ax.plot(jx, jy, color=col, ls="--", marker="o", ms=4, lw=0.9,
+                        label=_legend_once(ax, seen, r.label) if ax is ax1 else None)
+    ax1.axhline(0.5, color="k", lw=0.6, ls="-.")
+    ax1.set_title("Per-token sign agreement with the actual ΔH")
+    ax1.set_ylabel("fraction of tokens")
+    ax2.axhline(0.0, color="k", lw=0.6)
+    ax2.set_title("Per-token Pearson r with the actual ΔH")
+    ax2.set_ylabel("r")
+    style = [plt.Line2D([], [], color="k", lw=1.0, label="tabular −A·S_c (10-step mean)"),
+             plt.Line2D([], [], color="k", lw=1.0, ls=":", label="tabular, |pred|-weighted"),
+             plt.Line2D([], [], color="k", ls="--", marker="o", ms=4, label="JVP ∇θH·Δθ")]
+    for ax in (ax1, ax2):
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+    ax1.legend(handles=style + [plt.Line2D([], [], color=colors[lab], lw=2, label=lab)
+                                for lab in methods_in_order(runs)], fontsize=7, loc="lower right")
+    return _png(fig)
+
+
+def fig_counterfactual(runs: Sequence[RunData]) -> bytes | None:
+    """Left: the method's own effect on batch entropy per probed step, ΔH(method update) − ΔH(vanilla update)
+    from the same state and batch. Right: the two batch-mean ΔH themselves (method solid, vanilla dashed)."""
+    if not any(series(r.train_rows, "probe/dH_method_effect")[0] for r in runs):
+        return None
+    colors = method_colors(runs)
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.2))
+    seen: set = set()
+    for r in runs:
+        col = colors[r.label]
+        xs, ys = series(r.train_rows, "probe/dH_method_effect")
+        ax1.plot(xs, ys, color=col, marker="o", ms=3, lw=1.0, label=_legend_once(ax1, seen, r.label))
+        mx, my = series(r.train_rows, "probe/dH_method")
+        vx, vy = series(r.train_rows, "probe/dH_vanilla")
+        ax2.plot(mx, my, color=col, marker="o", ms=3, lw=1.0)
+        ax2.plot(vx, vy, color=col, marker="x", ms=3, lw=0.8, ls="--", alpha=0.8)
+    for ax in (ax1, ax2):
+        ax.axhline(0, color="k", lw=0.6)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+        ax.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
+    ax1.set_title("The method's own effect: ΔH(method) − ΔH(vanilla)")
+    ax1.set_ylabel("batch-mean ΔH difference (nats)")
+    ax1.legend(fontsize=8)
+    ax2.set_title("Batch-mean ΔH after the step: method (o, solid), vanilla (x, dashed)")
+    ax2.set_ylabel("batch-mean ΔH (nats)")
+    return _png(fig)
+
+
+def fig_autopilot(runs: Sequence[RunData], band: float = 0.15) -> bytes | None:
+    """Runs with an entropy target: measured and smoothed batch entropy against the target (±band shaded),
+    and the knob the controller set."""
+    steered = [r for r in runs if series(r.train_rows, "control/entropy_target")[0]]
+    if not steered:
+        return None
+    colors = method_colors(runs)
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.2))
+    seen: set = set()
+    for r in steered:
+        col = colors[r.label]
+        tx, ty = series(r.train_rows, "control/entropy_target")
+        ax1.plot(tx, ty, color="k", ls="--", lw=1.0)
+        ax1.fill_between(tx, [(1 - band) * y for y in ty], [(1 + band) * y for y in ty], color=col, alpha=0.08)
+        ex, ey = series(r.train_rows, "entropy/mean")
+        ax1.plot(ex, ey, color=col, lw=0.7, alpha=0.45)
+        sx, sy = series(r.train_rows, "control/entropy_smoothed")
+        ax1.plot(sx, sy, color=col, lw=1.6, label=_legend_once(ax1, seen, r.label))
+        kx, ky = series(r.train_rows, "control/knob")
+        ax2.plot(kx, ky, color=col, lw=1.4, label=r.label)
+    ax1.set_title(f"Entropy vs target (dashed), ±{100 * band:.0f}% shaded; thin: per batch, thick: smoothed")
+    ax1.set_ylabel("entropy (nats / token)")
+    ax2.set_yscale("log")
+    ax2.set_title("The knob the autopilot set")
+    ax2.set_ylabel("knob (log scale)")
+    for ax in (ax1, ax2):
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    return _png(fig)

@@ -23,6 +23,7 @@ import yaml
 from entropy_rft.analysis import plots
 from entropy_rft.analysis.law import fit_law, law_points
 from entropy_rft.analysis.summary import aggregate, markdown_table, run_summary
+from entropy_rft.autopilot import tracking
 from entropy_rft.control.lens import QUADRANTS
 from entropy_rft.errors import UserError
 from entropy_rft.rundir import atomic_write_json, atomic_write_text, read_jsonl
@@ -238,6 +239,7 @@ def summary_paragraph(runs: Sequence[RunData], summaries: Sequence[dict], lens: 
         else:
             txt += ", a strong per-token signal."
         parts.append(txt)
+    parts += deeper_probe_sentences(runs)
     # Lens.
     bits = []
     for lab, d in lens.items():
@@ -268,6 +270,53 @@ def summary_paragraph(runs: Sequence[RunData], summaries: Sequence[dict], lens: 
     return " ".join(parts)
 
 
+def deeper_probe_sentences(runs: Sequence[RunData]) -> list[str]:
+    """Sentences on the JVP level, the counterfactual effect and the autopilot's tracking, from the rows."""
+    out = []
+    rows = [row for r in runs for row in r.train_rows]
+    jc = _mean([row.get("probe/jvp_corr") for row in rows])
+    js = _mean([row.get("probe/jvp_sign_agreement") for row in rows])
+    if jc is not None and js is not None:
+        probed = [row for row in rows if row.get("probe/jvp_corr") is not None]
+        tc = _mean([row.get("probe/corr") for row in probed])
+        ts = _mean([row.get("probe/sign_agreement") for row in probed])
+        txt = (f"The network's exact first-order prediction (the JVP of each token's entropy along the actual "
+               f"update, {len(probed)} probed steps) matched the actual change with Pearson r = {jc:.3f} and sign "
+               f"agreement {100 * js:.0f}%")
+        if tc is not None and ts is not None:
+            txt += f", against r = {tc:.3f} and {100 * ts:.0f}% for the tabular −A·S_c on the same steps"
+        out.append(txt + ".")
+    bits = []
+    for lab in plots.methods_in_order(runs):
+        eff = [row.get("probe/dH_method_effect") for r in runs if r.label == lab for row in r.train_rows]
+        eff = [v for v in eff if isinstance(v, (int, float)) and math.isfinite(v)]
+        if eff and any(v != 0 for v in eff):
+            pos, neg = sum(v > 0 for v in eff), sum(v < 0 for v in eff)
+            bits.append(f"{lab} {np.mean(eff):+.2e} nats per step (above vanilla in {pos}, below in {neg} of "
+                        f"{len(eff)} probed steps)")
+    if bits:
+        out.append("Counterfactual (the same step taken with vanilla GRPO from the same state): the method's own "
+                   "effect on batch entropy was " + _join(bits) + ".")
+    for r in runs:
+        xs, tg = plots.series(r.train_rows, "control/entropy_target")
+        if not xs:
+            continue
+        ent = dict(zip(*plots.series(r.train_rows, "entropy/mean")))
+        steps = [s for s in xs if s in ent]
+        tmap = dict(zip(xs, tg))
+        tr = tracking(steps, [ent[s] for s in steps], [tmap[s] for s in steps])
+        _, knobs = plots.series(r.train_rows, "control/knob")
+        if tr["reach_step"] is None:
+            out.append(f"Autopilot {r.name}: entropy never reached its target ({tg[-1]:.3f}); last knob "
+                       f"{knobs[-1]:.3g}.")
+        else:
+            out.append(f"Autopilot {r.name}: entropy reached its target at step {tr['reach_step']}, then stayed "
+                       f"within ±15% on {100 * tr['in_band_frac_after']:.0f}% of the remaining steps (largest "
+                       f"deviation {100 * tr['max_rel_dev_after']:.0f}%, run {tr['length_ratio']:.1f}× the time to "
+                       f"reach); last knob {knobs[-1]:.3g}.")
+    return out
+
+
 # ----------------------------------------------------------------------------- HTML
 
 CSS = """
@@ -287,12 +336,25 @@ FIGURES = [
     ("entropy", "Entropy over steps", plots.fig_entropy,
      "Mean token entropy of each training batch (solid) and of the validation samples at evaluation steps "
      "(dashed). Entropy collapse shows as a falling solid line."),
+    ("autopilot", "Entropy autopilot", plots.fig_autopilot,
+     "Runs with an entropy target (method.entropy_target): the measured batch entropy (thin), its smoothed value "
+     "that the PI controller reads (thick), the target (dashed) with a ±15% band, and the knob the controller "
+     "set each step (right, log scale)."),
     ("accuracy", "Accuracy and reward over steps", plots.fig_accuracy_reward,
      "Mean training reward per step, and validation pass@1 / pass@K at evaluation steps."),
     ("probe", "Predicted vs actual entropy change", plots.fig_probe_scatter,
      "Each point is a recorded token: the tabular first-order prediction −w·A·S_c (Theorem 3.3, without the "
      "learning-rate factor, so only sign and correlation matter) against the actual change of that token's "
      "entropy after the step. Legend: Pearson r and sign agreement over tokens where both are non-zero."),
+    ("probe_levels", "Probe levels over training", plots.fig_probe_levels,
+     "How well each level predicts the actual per-token entropy change after a step. Tabular: −A·S_c "
+     "(Theorem 3.3), every step (10-step rolling mean), raw and |prediction|-weighted sign agreement. JVP: the "
+     "network's exact first-order change ∇θH·Δθ along the step's actual parameter update, by forward-mode AD "
+     "every probe.jvp_every steps. The dash-dotted line is chance (0.5)."),
+    ("counterfactual", "What the method did to entropy (counterfactual)", plots.fig_counterfactual,
+     "Every probe.counterfactual_every steps, the vanilla update was also taken from the very same parameters, "
+     "optimizer state, RNGs and batch (then undone). Left: the method's own effect, batch-mean ΔH after the "
+     "method's update minus after the vanilla one (positive: the method kept entropy up). Right: both ΔH."),
     ("sc", "Distribution of S_c", plots.fig_sc_hist,
      "The centred discriminator S_c = S_k − E_p[S] over the recorded tokens. ClipV drops the tails."),
     ("lens", "Lens attribution", plots.fig_lens,
@@ -331,6 +393,10 @@ def _missing_reason(key: str, runs: Sequence[RunData]) -> str:
                 "group's rewards were uniform, so A = 0)")
     if key == "lens":
         return "no lens metrics logged"
+    if key == "probe_levels":
+        return "no JVP probe in these runs (probe.jvp_every = 0, or the runs are shorter than it)"
+    if key == "counterfactual":
+        return "no counterfactual probe in these runs (probe.counterfactual_every = 0, or the runs are shorter than it)"
     return "no training steps logged yet"
 
 
@@ -353,6 +419,8 @@ def build_report(paths: Sequence[str | Path], out: str | Path) -> dict[str, Any]
     figures_present = []
     for key, title, fn, caption in FIGURES:
         png = fn(runs)
+        if png is None and key == "autopilot":
+            continue  # no run had an entropy target: nothing to say
         if png is None:
             sections.append(f'<h2>{html.escape(title)}</h2><p class="missing">Not shown: '
                             f'{html.escape(_missing_reason(key, runs))}.</p>')
