@@ -66,3 +66,25 @@ def micro_overrides(model_dir: Path, **extra) -> list[str]:
     }
     sets.update(extra)
     return [f"{k}={v}" for k, v in sets.items()]
+
+
+class ChatDigitTask(DigitTask):
+    """DigitTask with chat prompts; the verifier insists on receiving plain text."""
+
+    name = "chat_digit"
+
+    def split(self, seed: int):
+        from entropy_rft.prompts import ChatPrompt
+
+        train, val = super().split(seed)
+        return ([Example(ChatPrompt(e.prompt), e.answer) for e in train],
+                [Example(ChatPrompt(e.prompt), e.answer) for e in val])
+
+    def reward(self, response, example):
+        if not isinstance(response, str):
+            raise TypeError(f"reward got {type(response).__name__}, expected the response text")
+        return super().reward(response, example)
+
+
+# Renders only the user's text, so every character stays in the micro tokenizer's vocabulary.
+CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }}{% endfor %}"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -253,3 +254,37 @@ def test_engine_trl_refuses_overwrite_and_resumes(policy_dir, tmp_path):
     rows = read_rows(out)
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert json.loads((out / "run.json").read_text())["step"] == 3
+
+
+def test_engine_trl_applies_chat_template_and_scores_text(policy_dir, tmp_path):
+    """Chat prompts reach TRL as conversations (TRL templates them) and the verifier gets the text."""
+    from transformers import AutoTokenizer
+
+    from micro import CHAT_TEMPLATE
+
+    chat_dir = tmp_path / "chat_policy"
+    shutil.copytree(policy_dir, chat_dir)
+    tok = AutoTokenizer.from_pretrained(chat_dir)
+    tok.chat_template = CHAT_TEMPLATE
+    tok.save_pretrained(chat_dir)
+    out = tmp_path / "run"
+    launch.start(trl_config(chat_dir, "none", **{"task.name": "micro:ChatDigitTask"}), out)
+    rows = read_rows(out)
+    assert [r["step"] for r in rows] == [1, 2]
+    assert all(r["reward/mean"] is not None for r in rows)
+
+
+def test_prompt_dataset_uses_conversations_only_with_a_chat_template(policy_dir):
+    from transformers import AutoTokenizer
+
+    from micro import CHAT_TEMPLATE, ChatDigitTask, DigitTask
+
+    tok = AutoTokenizer.from_pretrained(policy_dir)
+    chat_train, _ = ChatDigitTask().split(0)
+    plain_train, _ = DigitTask().split(0)
+    assert erft_trl.prompt_dataset(chat_train, tok)[0]["prompt"] == str(chat_train[0].prompt)  # no template
+    tok.chat_template = CHAT_TEMPLATE
+    ds = erft_trl.prompt_dataset(chat_train, tok)
+    assert ds[3]["prompt"] == [{"role": "user", "content": str(chat_train[3].prompt)}]
+    assert ds[3]["erft_index"] == 3
+    assert erft_trl.prompt_dataset(plain_train, tok)[0]["prompt"] == plain_train[0].prompt

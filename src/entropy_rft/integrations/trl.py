@@ -622,6 +622,21 @@ def _latest_trl_checkpoint(out: Path) -> Path | None:
     return Path(last) if last else None
 
 
+def prompt_dataset(examples, tokenizer):
+    """The ``datasets.Dataset`` TRL trains on: a ``prompt`` column and ``erft_index`` back into ``examples``.
+
+    Chat prompts (math tasks) become conversations when the tokenizer has a chat template, so TRL applies
+    the template itself; anything else stays plain text.
+    """
+    from datasets import Dataset
+
+    from entropy_rft.prompts import ChatPrompt, as_conversation, has_chat_template
+
+    chat = has_chat_template(tokenizer) and all(isinstance(ex.prompt, ChatPrompt) for ex in examples)
+    prompts = [as_conversation(ex.prompt) if chat else str(ex.prompt) for ex in examples]
+    return Dataset.from_dict({"prompt": prompts, "erft_index": list(range(len(examples)))})
+
+
 def train_trl(cfg, out: str | Path, resume: bool = False) -> dict[str, Any]:
     """``erft train --engine trl``: train ``cfg`` into run directory ``out`` with EntropyControlGRPOTrainer.
 
@@ -634,7 +649,6 @@ def train_trl(cfg, out: str | Path, resume: bool = False) -> dict[str, Any]:
 
     import yaml
     from accelerate import PartialState
-    from datasets import Dataset
 
     from entropy_rft import rundir
     from entropy_rft.config import config_to_dict
@@ -665,10 +679,11 @@ def train_trl(cfg, out: str | Path, resume: bool = False) -> dict[str, Any]:
     model, tok = load_policy(cfg.model.name, device="cpu", dtype=getattr(torch, cfg.model.dtype))
     if cfg.model.gradient_checkpointing:
         model.gradient_checkpointing_enable()
-    dataset = Dataset.from_dict({"prompt": [ex.prompt for ex in train_set], "erft_index": list(range(len(train_set)))})
+    dataset = prompt_dataset(train_set, tok)
 
     def task_reward(prompts, completions, erft_index, **_kw):
-        return [float(task.reward(c, train_set[i])) for c, i in zip(completions, erft_index)]
+        texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+        return [float(task.reward(c, train_set[i])) for c, i in zip(texts, erft_index)]
 
     task_reward.__name__ = "task"
     trainer = EntropyControlGRPOTrainer(
