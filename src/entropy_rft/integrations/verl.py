@@ -165,7 +165,8 @@ def _cfg(config: Any, key: str, default: Any = None) -> Any:
 def loss_kwargs_from_config(config: Any, method: Method, agg: str) -> dict[str, Any]:
     """``policy_loss`` keyword arguments from verl's actor config: the ratio clip (``clip_ratio`` with
     ``clip_ratio_low``/``clip_ratio_high``), the dual clip ``clip_ratio_c`` (verl applies it always, default
-    3.0) and the aggregation; the method's own overrides (clip-higher, KL-Cov, entropy bonus) win."""
+    3.0) and the aggregation; the method's own overrides (clip-higher, KL-Cov, entropy bonus) win, and a
+    method without ratio clip (KL-Cov) has no dual clip either."""
     if agg not in AGG_MODES:
         raise ValueError(f"entropy-rft losses support loss_agg_mode in {list(AGG_MODES)}, got {agg!r}")
     eps = _cfg(config, "clip_ratio", 0.2)
@@ -173,6 +174,8 @@ def loss_kwargs_from_config(config: Any, method: Method, agg: str) -> dict[str, 
     kw: dict[str, Any] = {"eps_low": float(eps if lo is None else lo), "eps_high": float(eps if hi is None else hi),
                           "dual_clip": float(_cfg(config, "clip_ratio_c", 3.0)), "agg": agg}
     kw.update(method.loss_kwargs())
+    if kw["eps_low"] is None and kw["eps_high"] is None:
+        kw["dual_clip"] = None  # no ratio clip at all (KL-Cov: plain -A·r, as verl's kl_cov)
     return kw
 
 
@@ -302,7 +305,8 @@ def _response_layout(x: Tensor, data: Any) -> Tensor:
 
     if not x.is_nested:
         return x
-    if "responses" in data.keys() and x.offsets().diff().sum() != data["responses"].offsets().diff().sum():
+    in_data = "responses" in data.keys()  # noqa: SIM118  (TensorDict: membership through keys())
+    if in_data and x.offsets().diff().sum() != data["responses"].offsets().diff().sum():
         return no_padding_2_padding(x, data)
     return x.to_padded_tensor(0)
 
@@ -311,7 +315,7 @@ def erft_ppo_loss(config: Any, model_output: dict, data: Any, dp_group: Any = No
     """verl's ``ppo_loss`` with entropy-rft's micro-batch extras visible to the registered loss."""
     from verl.workers.utils.losses import ppo_loss
 
-    keep = data["erft_keep"] if "erft_keep" in data.keys() else None
+    keep = data["erft_keep"] if "erft_keep" in data.keys() else None  # noqa: SIM118
     entropy = model_output.get("entropy")
     extras = MicroBatchExtras(
         keep=None if keep is None else _response_layout(keep, data).bool(),
@@ -441,7 +445,8 @@ def add_rollout_keep(method: Method, data: Any) -> None:
     stats = {f: _response_layout(data[PREFIX + f], data) for f in STATS_FIELDS}
     keep = rollout_keep(method, stats, adv, mask)
     data["erft_keep"] = keep
-    if "loss_mask" in data.keys() and not data["loss_mask"].is_nested and data["loss_mask"].shape == keep.shape:
+    lm = data["loss_mask"] if "loss_mask" in data.keys() else None  # noqa: SIM118
+    if lm is not None and not lm.is_nested and lm.shape == keep.shape:
         data["loss_mask"] = data["loss_mask"].bool() & keep
 
 
