@@ -5,7 +5,7 @@ PIP     := $(PY) -m pip --disable-pip-version-check
 STAMP   := .venv/.erft-installed
 JOBS    ?= auto
 
-.PHONY: run test lint bench setup clean browser
+.PHONY: run test test-verl lint bench setup clean browser
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || python3 -m venv .venv
@@ -29,6 +29,21 @@ test: $(STAMP) browser
 	.venv/bin/ruff check src tests benchmarks
 	.venv/bin/python -m pytest
 
+# verl extra: a separate venv (verl pins transformers<5.11), torch first from the local wheel.
+# Not part of `make test` (the install alone takes minutes).
+VPY    := .venv-verl/bin/python
+VSTAMP := .venv-verl/.erft-installed
+
+$(VSTAMP): pyproject.toml constraints-verl.txt
+	test -x $(VPY) || python3 -m venv .venv-verl
+	$(VPY) -m pip install -q torch==2.13.0
+	$(VPY) -m pip install -q -c constraints-verl.txt verl==0.9.1 TransferQueue uvicorn fastapi cachetools pyzmq msgspec pytest
+	$(VPY) -m pip install -q --no-deps -e .
+	touch $(VSTAMP)
+
+test-verl: $(VSTAMP)
+	$(VPY) -m pytest tests_verl
+
 lint: $(STAMP)
 	.venv/bin/ruff check src tests benchmarks
 
@@ -36,4 +51,4 @@ bench: $(STAMP)
 	.venv/bin/python benchmarks/token_stats.py
 
 clean:
-	rm -rf .venv runs
+	rm -rf .venv .venv-verl runs
