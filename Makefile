@@ -26,7 +26,7 @@ browser:
 	@command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null)
 
 test: $(STAMP) browser
-	.venv/bin/ruff check src tests benchmarks
+	.venv/bin/ruff check src tests benchmarks tests_verl
 	.venv/bin/python -m pytest
 
 # verl extra: a separate venv (verl pins transformers<5.11), torch first from the local wheel.
@@ -45,7 +45,7 @@ test-verl: $(VSTAMP)
 	$(VPY) -m pytest tests_verl
 
 lint: $(STAMP)
-	.venv/bin/ruff check src tests benchmarks
+	.venv/bin/ruff check src tests benchmarks tests_verl
 
 bench: $(STAMP)
 	.venv/bin/python benchmarks/token_stats.py
