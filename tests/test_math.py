@@ -130,3 +130,13 @@ def test_bad_params_are_user_errors(tmp_path):
     with pytest.raises(UserError, match="dataset"):
         MathTask("nope")
     assert "entropy_rft.tasks.math" in sys.modules
+
+
+def test_batched_rewards_equal_hand_scores(tmp_path):
+    src = _jsonl(tmp_path / "d.jsonl", [{"prompt": f"q{i}", "answer": a} for i, a in enumerate(["1/2", "x^2+2x+1"])])
+    t = build_task("math", source=src, val_size=0, format_penalty=0.5)
+    a, b = t.split(0)[0]
+    half, square = (a, b) if a.answer == "1/2" else (b, a)
+    responses = [r"so \boxed{0.5}", r"\boxed{(x+1)^2}", r"\boxed{3}", "no box", r"\boxed{\frac{1}{2}}"]
+    exs = [half, square, half, square, half]
+    assert t.rewards(responses, exs) == [1.0, 1.0, 0.0, -0.5, 1.0]

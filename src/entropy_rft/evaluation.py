@@ -122,9 +122,10 @@ def evaluate_policy(model, tokenizer, task, examples: Sequence, *, n_samples: in
         st = policy_forward(model, rb, temperature if temperature > 0 else 1.0).stats
         ent_sum += float((st.entropy.double() * rb.response_mask).sum())
         n_tok += int(rb.response_mask.sum())
+        scores = task.rewards(rb.responses, [ex for ex in part for _ in range(n_samples)])
         for j, ex in enumerate(part):
             resp = rb.responses[j * n_samples : (j + 1) * n_samples]
-            correct.append([task.reward(r, ex) for r in resp])
+            correct.append(scores[j * n_samples : (j + 1) * n_samples])
             answers.append([task.canonical(r, ex) for r in resp])
             if len(shown) < 8:
                 shown.append({"prompt": ex.prompt, "response": resp[0], "reward": correct[-1][0]})

@@ -47,6 +47,10 @@ class Task(ABC):
     def canonical(self, response: str, example: Example) -> str | None:
         """A normalised form of a response for counting distinct answers, ``None`` if invalid."""
 
+    def rewards(self, responses: list[str], examples: list[Example]) -> list[float]:
+        """Score many responses at once (override to batch or parallelise, as math tasks do)."""
+        return [self.reward(r, ex) for r, ex in zip(responses, examples)]
+
     def correct(self, response: str, example: Example) -> bool:
         """Whether ``response`` earns the full reward."""
         return self.reward(response, example) >= 1.0

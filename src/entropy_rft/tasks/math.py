@@ -470,6 +470,13 @@ class MathTask(Task):
                     self._cache.popitem(last=False)
         return [self._cache[k] for k in keys]
 
+    def rewards(self, responses: list[str], examples: list[Example]) -> list[float]:
+        """Batched rewards: one round over the worker pool for the whole list."""
+        try:
+            return [r for r, _ in self.check_many(list(responses), list(examples))]
+        except Exception:  # noqa: BLE001 - the verifier never raises
+            return [self.reward(r, ex) for r, ex in zip(responses, examples)]
+
     def reward(self, response: str, example: Example) -> float:
         """1.0 when the last ``\\boxed{}`` equals the gold answer; 0.0 (or ``-format_penalty`` without a box)."""
         try:
