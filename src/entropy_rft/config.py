@@ -127,7 +127,8 @@ class ProbeConfig:
                                    "and batch, also take the vanilla update (method 'none'), then restore "
                                    "everything: probe/dH_method, probe/dH_vanilla and probe/dH_method_effect "
                                    "(their difference: what the method itself did to the batch entropy). "
-                                   "Training is unaffected. Native engine.")
+                                   "Training is unaffected; costs one extra update and a copy of the model and "
+                                   "optimizer state on those steps. Native engine.")
 
 
 @dataclass

@@ -469,7 +469,7 @@ def fig_counterfactual(runs: Sequence[RunData]) -> bytes | None:
     ax1.set_title("The method's own effect: ΔH(method) − ΔH(vanilla)")
     ax1.set_ylabel("batch-mean ΔH difference (nats)")
     ax1.legend(fontsize=8)
-    ax2.set_title("Batch-mean ΔH after the step: method (o, solid), vanilla (x, dashed)")
+    ax2.set_title("Batch-mean ΔH: method (o), vanilla (x, dashed)")
     ax2.set_ylabel("batch-mean ΔH (nats)")
     return _png(fig)
 
@@ -494,7 +494,7 @@ def fig_autopilot(runs: Sequence[RunData], band: float = 0.15) -> bytes | None:
         ax1.plot(sx, sy, color=col, lw=1.6, label=_legend_once(ax1, seen, r.label))
         kx, ky = series(r.train_rows, "control/knob")
         ax2.plot(kx, ky, color=col, lw=1.4, label=r.label)
-    ax1.set_title(f"Entropy vs target (dashed), ±{100 * band:.0f}% shaded; thin: per batch, thick: smoothed")
+    ax1.set_title(f"Entropy (thin: batch, thick: smoothed) vs target ±{100 * band:.0f}%")
     ax1.set_ylabel("entropy (nats / token)")
     ax2.set_yscale("log")
     ax2.set_title("The knob the autopilot set")
