@@ -497,11 +497,13 @@ class EntropyControlGRPOTrainer(GRPOTrainer):
     # ------------------------------------------------------------------ metrics and state
 
     def _record(self, metrics: dict[str, float | None], mode: str | None = "train") -> None:
-        """Append to TRL's log buffer (None as NaN, which TRL's ``log`` turns into None) and to ours."""
+        """Append to TRL's log buffer (undefined values are left out, so TRL's loggers never see a None)
+        and to ours (None kept as NaN until ``pop_step_metrics`` turns it back into None)."""
         mode = mode or ("train" if self.model.training else "eval")
         for k, v in metrics.items():
             val = float("nan") if v is None else float(v)
-            self._metrics[mode][k].append(val)
+            if v is not None:
+                self._metrics[mode][k].append(val)
             if mode == "train":
                 self._erft_acc[k].append(val)
 
