@@ -332,3 +332,22 @@ def test_report_shows_autopilot_probe_levels_and_counterfactual(tmp_path):
     assert "clip_v@target=0.5 +3.00e-03 nats per step (above vanilla in 4, below in 0 of 4 probed steps)" in text
     assert ("reached its target at step 4, then stayed within ±15% on 100% of the remaining steps (largest "
             "deviation 0%, run 5.0× the time to reach); last knob 4") in text
+
+
+def test_train_flag_entropy_target(micro_model, tmp_path, capsys):
+    from entropy_rft.commands.train import target_value
+
+    assert target_value("0.43") == 0.43 and target_value(" 0.6x ") == "0.6x"
+    assert target_value("linear:0.6:0.3") == "linear:0.6:0.3"
+    out = tmp_path / "run"
+    sets = [a for s in micro_overrides(micro_model, **{"eval.every": 0, "train.max_steps": 2}) for a in ("--set", s)]
+    assert main(["train", "--out", str(out), "--method", "clip_b", "--entropy-target", "linear:1.0x:0.8x",
+                 *sets]) == 0
+    cfg = load_config(out / "config.yaml")
+    assert cfg.method.entropy_target == "linear:1.0x:0.8x"
+    rows = read_jsonl(out / "metrics.jsonl")
+    # linear over the run's 2 steps: 1.0x the first batch's entropy at step 1, 0.8x at step 2.
+    base = rows[0]["control/entropy_smoothed"]
+    assert [r["control/entropy_target"] for r in rows] == pytest.approx([base, 0.8 * base])
+    assert main(["train", "--resume", str(out), "--entropy-target", "0.5"]) == 2
+    assert "--entropy-target" in capsys.readouterr().err
