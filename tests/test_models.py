@@ -58,7 +58,8 @@ def test_default_policy_dir_names(cache):
     assert sft.default_policy_dir().name == f"countdown-llama-{sft.RECIPE_VERSION}-seed0"
     assert sft.default_policy_dir(seed=3, steps=sft.DEFAULT_BUILD["steps"]).name.endswith("-seed3")
     micro = sft.default_policy_dir(**MICRO).name
-    assert micro.startswith("countdown-llama-v1-seed0-") and micro != sft.default_policy_dir(steps=31).name
+    assert micro.startswith(f"countdown-llama-{sft.RECIPE_VERSION}-seed0-")
+    assert micro != sft.default_policy_dir(steps=31).name
     with pytest.raises(TypeError, match="unknown build parameters"):
         sft.default_policy_dir(bogus=1)
 

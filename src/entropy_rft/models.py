@@ -13,8 +13,8 @@ loaded through ``transformers``' ``from_pretrained``, exactly as a hub model wou
 Cache layout (``cache_root()``: ``$ERFT_CACHE``, else ``$XDG_CACHE_HOME/entropy-rft``, else
 ``~/.cache/entropy-rft``)::
 
-    <cache>/models/countdown-llama-v1-seed0/          default base policy (v1 = recipe version)
-    <cache>/models/countdown-llama-v1-seed0-<hash>/   same recipe with non-default build parameters
+    <cache>/models/countdown-llama-v2-seed0/          default base policy (v2 = recipe version)
+    <cache>/models/countdown-llama-v2-seed0-<hash>/   same recipe with non-default build parameters
     <cache>/models/smollm2-135m-instruct-q4_1-v1/     converted SmolLM2
     <cache>/models/.<folder>.lock                     the build lock
 
