@@ -101,7 +101,7 @@ def _knob_last(run_dir: Path) -> float | None:
 
 def run(args: argparse.Namespace) -> int:
     from entropy_rft import launch
-    from entropy_rft.analysis.summary import DEFAULT_COLUMNS, aggregate, markdown_table, run_summary
+    from entropy_rft.analysis.summary import DEFAULT_COLUMNS, SHORT_COLUMNS, aggregate, markdown_table, run_summary
     from entropy_rft.config import load_config
     from entropy_rft.rundir import atomic_write_json, atomic_write_text
 
@@ -139,12 +139,12 @@ def run(args: argparse.Namespace) -> int:
         summ["control/knob_last"] = _knob_last(out / f"{v.dirname}-s{s}")
         summaries.append(summ)
     agg = aggregate(summaries)
-    columns = DEFAULT_COLUMNS
+    columns, short = DEFAULT_COLUMNS, SHORT_COLUMNS
     if any(v.target is not None for v in variants):
-        columns = (*DEFAULT_COLUMNS, "control/knob_last")
+        columns, short = (*DEFAULT_COLUMNS, "control/knob_last"), (*SHORT_COLUMNS, "control/knob_last")
     table = markdown_table(agg, columns)
     atomic_write_json(out / "summary.json", {"runs": summaries, "methods": agg})
     atomic_write_text(out / "summary.md", table)
-    print(table)
+    print(markdown_table(agg, short))  # the full table is in summary.md
     print(f"summary written to {out / 'summary.md'} and {out / 'summary.json'}")
     return 0
