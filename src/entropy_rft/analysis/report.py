@@ -378,7 +378,8 @@ def _table_html(md: str) -> str:
     if not lines:
         return ""
     cells = [[c.strip() for c in ln.strip().strip("|").split("|")] for ln in lines]
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in cells[0])
+    # Allow line breaks after '/' and '_' so long metric names wrap inside their column.
+    head = "".join(f"<th>{html.escape(c).replace('/', '/<wbr>').replace('_', '_<wbr>')}</th>" for c in cells[0])
     body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in cells[1:])
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
