@@ -573,7 +573,7 @@ def train_step(run: Run, logger: Logger) -> dict[str, Any]:
     rb = run.rollout([ex.prompt for ex in group])
     t_gen = time.perf_counter()
     # 3. score
-    rewards = torch.tensor([run.task.reward(r, ex) for r, ex in zip(rb.responses, group)], device=run.device)
+    rewards = torch.tensor(run.task.rewards(rb.responses, group), dtype=torch.float32, device=run.device)
     mask = rb.response_mask.clone()
     if cfg.algo.drop_uniform_groups and cfg.algo.algorithm != "ppo":
         mask &= ~uniform_groups(rewards, cfg.rollout.group_size)[:, None]
