@@ -43,6 +43,7 @@ from entropy_rft import control, dynamics
 from entropy_rft.control import Masks, Method
 from entropy_rft.dynamics import TokenStats
 from entropy_rft.forward import supports_fused
+from entropy_rft.integrations._compat import in_range
 from entropy_rft.integrations.dist import all_gather_rows, all_reduce_sum, rank_and_world
 from entropy_rft.loss import agg_weights, policy_loss, ppo_clipped_mask
 from entropy_rft.metrics import stats_metrics
@@ -62,18 +63,9 @@ __all__ = [
 ]
 
 
-def _version_tuple(version: str) -> tuple[int, ...]:
-    parts = []
-    for p in version.split("+")[0].split(".")[:3]:
-        digits = "".join(ch for ch in p if ch.isdigit())
-        parts.append(int(digits) if digits else 0)
-    return tuple(parts + [0] * (3 - len(parts)))
-
-
 def check_trl_version(version: str) -> None:
     """Raise ImportError unless TRL ``version`` lies in the tested range [TRL_MIN, TRL_MAX_EXCLUSIVE)."""
-    v = _version_tuple(version)
-    if not TRL_MIN <= v < TRL_MAX_EXCLUSIVE:
+    if not in_range(version, TRL_MIN, TRL_MAX_EXCLUSIVE):
         lo, hi = ".".join(map(str, TRL_MIN)), ".".join(map(str, TRL_MAX_EXCLUSIVE))
         raise ImportError(
             f"entropy_rft.integrations.trl supports trl>={lo},<{hi} (it overrides GRPOTrainer internals); "

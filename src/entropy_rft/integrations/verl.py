@@ -47,6 +47,7 @@ from torch import Tensor
 
 from entropy_rft import control, dynamics
 from entropy_rft.control import Masks, Method
+from entropy_rft.integrations._compat import in_range
 from entropy_rft.integrations.dist import all_gather_rows, rank_and_world
 from entropy_rft.loss import AGG_MODES, policy_loss, ppo_clipped_mask
 
@@ -70,17 +71,9 @@ __all__ = [
 ]
 
 
-def _version_tuple(version: str) -> tuple[int, ...]:
-    parts = []
-    for p in version.split("+")[0].split(".")[:3]:
-        digits = "".join(ch for ch in p if ch.isdigit())
-        parts.append(int(digits) if digits else 0)
-    return tuple(parts + [0] * (3 - len(parts)))
-
-
 def check_verl_version(version: str) -> None:
     """Raise ImportError unless verl ``version`` lies in [VERL_MIN, VERL_MAX_EXCLUSIVE)."""
-    if not VERL_MIN <= _version_tuple(version) < VERL_MAX_EXCLUSIVE:
+    if not in_range(version, VERL_MIN, VERL_MAX_EXCLUSIVE):
         lo, hi = ".".join(map(str, VERL_MIN)), ".".join(map(str, VERL_MAX_EXCLUSIVE))
         raise ImportError(f"entropy_rft.integrations.verl supports verl>={lo},<{hi}; found verl {version}. "
                           f"Install a tested version: pip install 'verl>={lo},<{hi}' (see constraints-verl.txt)")

@@ -1,0 +1,19 @@
+"""Version checks shared by the engine integrations (each overrides a tested range of an engine's internals)."""
+
+from __future__ import annotations
+
+from packaging.version import InvalidVersion, Version
+
+
+def release_tuple(version: str) -> tuple[int, int, int]:
+    """(major, minor, micro) of ``version``; local and pre-release parts are ignored ('1.16.0+cpu' -> (1, 16, 0))."""
+    try:
+        rel = Version(version).release
+    except InvalidVersion:
+        return (0, 0, 0)
+    return tuple((list(rel) + [0, 0, 0])[:3])  # type: ignore[return-value]
+
+
+def in_range(version: str, lo: tuple[int, ...], hi_exclusive: tuple[int, ...]) -> bool:
+    """Whether ``version`` lies in [lo, hi_exclusive)."""
+    return lo <= release_tuple(version) < hi_exclusive
