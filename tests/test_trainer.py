@@ -313,3 +313,17 @@ def test_gradient_accumulation_equals_one_big_minibatch(micro_model, tmp_path, a
         params[accum] = [p.detach().clone() for p in run.model.parameters()]
     for p1, p3 in zip(params[1], params[3]):
         torch.testing.assert_close(p1, p3, rtol=1e-5, atol=1e-7)
+
+
+def test_reference_kl_is_zero_until_the_policy_moves(micro_model, tmp_path):
+    """algo.ref_kl_coef > 0 loads a frozen copy of the base policy: the KL to it (measured before each step's
+    update) is 0 until the first non-zero update, then positive, and its loss term is coef * KL."""
+    start(cfg_for(micro_model, **{"algo.ref_kl_coef": 0.1, "train.max_steps": 8, "eval.every": 0,
+                                  "algo.minibatches": 1}), tmp_path / "ref")
+    rows = strict_rows(tmp_path / "ref" / "metrics.jsonl")
+    first = next(i for i, r in enumerate(rows) if r["optim/grad_norm"] > 0)
+    assert first < len(rows) - 1, "the policy never moved: no signal in this run"
+    assert all(abs(r["kl/ref"]) < 1e-7 for r in rows[: first + 1])
+    assert all(r["kl/ref"] > 1e-7 for r in rows[first + 1 :])
+    last = rows[-1]
+    assert last["loss/kl_ref"] == pytest.approx(0.1 * last["kl/ref"], rel=1e-4)
