@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -158,3 +159,18 @@ def test_counterfactual_vanilla_equals_a_real_vanilla_step(micro_model, tmp_path
     assert none[0]["probe/dH_actual"] != 0.0
     assert clip[0]["probe/dH_vanilla"] == none[0]["probe/dH_actual"]
     assert all(r["probe/dH_method_effect"] == 0.0 for r in none)
+
+
+def test_tabular_probe_metrics_by_hand():
+    from entropy_rft.probe import probe_metrics
+
+    pred = torch.tensor([[0.2, -0.1, 0.0, 0.3, 9.0]])
+    actual = torch.tensor([[0.1, 0.1, 0.5, -0.2, 9.0]])
+    mask = torch.tensor([[True, True, True, True, False]])  # the fifth token is padding
+    m = probe_metrics(pred, actual, mask)
+    # Tokens where both are non-zero: 0 (+,+ agree), 1 (-,+), 3 (+,-).
+    assert m["probe/sign_agreement"] == pytest.approx(1 / 3)
+    assert m["probe/sign_agreement_weighted"] == pytest.approx(0.2 / 0.6)
+    assert m["probe/corr"] == pytest.approx(float(np.corrcoef([0.2, -0.1, 0.3], [0.1, 0.1, -0.2])[0, 1]))
+    assert m["probe/dH_pred"] == pytest.approx(0.1) and m["probe/dH_actual"] == pytest.approx(0.125)
+    assert m["probe/batch_sign_agree"] == 1.0 and "probe/rel_err" not in m

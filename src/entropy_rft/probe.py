@@ -47,25 +47,17 @@ def tabular_prediction(s_centered: Tensor, advantages: Tensor, weights: Tensor) 
 
 
 def probe_metrics(pred: Tensor, actual: Tensor, mask: Tensor) -> dict[str, float | None]:
-    """Agreement figures between predicted and actual per-token ΔH over valid tokens."""
+    """Agreement between the tabular prediction and the actual per-token ΔH over valid tokens, plus the
+    batch means and whether their signs agree. (No relative error: the prediction has no lr scale.)"""
     valid = mask.bool()
     p, a = pred[valid].double(), actual[valid].double()
-    both = (p != 0) & (a != 0)
-    agree = (torch.sign(p) == torch.sign(a)) & both
-    n_both = int(both.sum())
-    wsum = float(p[both].abs().sum())
     mp, ma = (float(p.mean()), float(a.mean())) if p.numel() else (None, None)
     batch_agree = None
     if mp is not None and mp != 0 and ma != 0:
         batch_agree = float((mp > 0) == (ma > 0))
-    return {
-        "probe/dH_actual": ma,
-        "probe/dH_pred": mp,
-        "probe/sign_agreement": float(agree.sum()) / n_both if n_both else None,
-        "probe/sign_agreement_weighted": float(p[agree].abs().sum()) / wsum if wsum > 0 else None,
-        "probe/corr": pearson(p[both], a[both]) if n_both >= 2 else None,
-        "probe/batch_sign_agree": batch_agree,
-    }
+    out = agreement_metrics(pred, actual, mask, "probe/")
+    del out["probe/rel_err"]
+    return {"probe/dH_actual": ma, "probe/dH_pred": mp, **out, "probe/batch_sign_agree": batch_agree}
 
 
 def agreement_metrics(pred: Tensor, actual: Tensor, mask: Tensor, prefix: str) -> dict[str, float | None]:
