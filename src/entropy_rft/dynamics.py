@@ -150,6 +150,19 @@ def _row_blocks(x: Tensor) -> list[Tensor]:
         return [b for sub in x.unbind(0) for b in _row_blocks(sub)]
 
 
+def _stats_from_moments(y_k: Tensor, s0: Tensor, s1: Tensor, s2: Tensor, s3: Tensor) -> tuple[Tensor, ...]:
+    """(logp_k, H, S_k, E_p[S], log S0) from the row moments of y = z/T - max (see ``_rows_stats``):
+    S0 = sum e, S1 = sum e y, S2 = sum e^2, S3 = sum e^2 y, with e = exp(y); y_k is the sampled entry."""
+    log_s0 = torch.log(s0)
+    ybar = s1 / s0
+    entropy = (log_s0 - ybar).clamp(min=0.0)
+    logp = y_k - log_s0
+    p_k = torch.exp(logp)
+    s_star = torch.where(p_k > 0, p_k * (y_k - ybar), torch.zeros_like(p_k))  # S_k = p_k (H + log p_k)
+    s_expected = (s3 - ybar * s2) / (s0 * s0)  # E_p[S] (Thm 3.3)
+    return logp, entropy, s_star, s_expected, log_s0
+
+
 def _rows_stats(y: Tensor, ids: Tensor) -> tuple[Tensor, ...]:
     """Statistics of rows of scaled logits ``y`` [r, V] (a scratch buffer; it is modified in place).
 
@@ -175,15 +188,8 @@ def _rows_stats(y: Tensor, ids: Tensor) -> tuple[Tensor, ...]:
         ey = torch.mul(e, y, out=ey)
         s1 = ey.sum(-1)
         s3 = (ey * e).sum(-1)
-    log_s0 = torch.log(s0)
-    ybar = s1 / s0
-    entropy = (log_s0 - ybar).clamp_(min=0.0)
-    logp = y_k - log_s0
-    p_k = torch.exp(logp)
-    s_star = torch.where(p_k > 0, p_k * (y_k - ybar), torch.zeros_like(p_k))
-    s_expected = (s3 - ybar * s2) / (s0 * s0)
-    lse = m.squeeze(-1) + log_s0
-    return logp, entropy, s_star, s_expected, lse
+    logp, entropy, s_star, s_expected, log_s0 = _stats_from_moments(y_k, s0, s1, s2, s3)
+    return logp, entropy, s_star, s_expected, m.squeeze(-1) + log_s0
 
 
 def _stats_kernel(y: Tensor, ids: Tensor) -> tuple[Tensor, ...]:
@@ -197,13 +203,7 @@ def _stats_kernel(y: Tensor, ids: Tensor) -> tuple[Tensor, ...]:
     s1 = (e * y).sum(-1)
     s2 = (e * e).sum(-1)
     s3 = (e * e * y).sum(-1)
-    log_s0 = torch.log(s0)
-    ybar = s1 / s0
-    entropy = (log_s0 - ybar).clamp(min=0.0)
-    logp = y_k - log_s0
-    p_k = torch.exp(logp)
-    s_star = torch.where(p_k > 0, p_k * (y_k - ybar), torch.zeros_like(p_k))
-    s_expected = (s3 - ybar * s2) / (s0 * s0)
+    logp, entropy, s_star, s_expected, _ = _stats_from_moments(y_k, s0, s1, s2, s3)
     return logp, entropy, s_star, s_expected, m.squeeze(-1)
 
 
