@@ -6,9 +6,11 @@
    TokenStats) vs TRL's fused head with ``("log_probs", "entropy")``, each in a fresh subprocess (peak RSS
    above the process's baseline), on a wider model (vocab 32k) so that logits would dominate.
 3. Our native trainer's steps/s vs stock ``GRPOTrainer`` (issue C's ">= 2x TRL" target), 16 prompts x 8
-   samples, max 12 new tokens, one optimizer update per rollout batch for both.
+   samples, max 12 new tokens, one optimizer update per rollout batch for both, lr 2e-4: on the micro test
+   policy (overhead-bound) and on the built-in default policy with Countdown (the feasibility study's
+   settings; built on first use).
 
-Usage: ``.venv/bin/python benchmarks/trl_overhead.py [--steps 6]``. Prints a ratio table.
+Usage: ``.venv/bin/python benchmarks/trl_overhead.py [--steps 6] [--rounds 2] [--skip-default]``. Prints a ratio table.
 """
 
 from __future__ import annotations
@@ -28,23 +30,30 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 import torch  # noqa: E402
 
-PROMPTS, GROUP, NEW_TOKENS = 16, 8, 12
+PROMPTS, GROUP, NEW_TOKENS, LR = 16, 8, 12, 2e-4
 
 
-def _dataset():
-    from datasets import Dataset
+class Setup:
+    """A policy, its task and the reward TRL sees, for one comparison."""
 
-    from micro import DigitTask
+    def __init__(self, name: str, policy: str, task: str):
+        from entropy_rft.tasks import build_task
 
-    train, _ = DigitTask().split(0)
-    return Dataset.from_dict({"prompt": [ex.prompt for ex in train], "answer": [ex.answer for ex in train]})
+        self.name, self.policy, self.task_name = name, policy, task
+        self.task = build_task(task)
+        self.train, _ = self.task.split(0)
+
+    def dataset(self):
+        from datasets import Dataset
+
+        return Dataset.from_dict({"prompt": [str(ex.prompt) for ex in self.train],
+                                  "idx": list(range(len(self.train)))})
+
+    def reward(self, prompts, completions, idx, **_kw):
+        return [float(self.task.reward(c, self.train[i])) for c, i in zip(completions, idx)]
 
 
-def _reward(prompts, completions, answer, **_kw):
-    return [1.0 if c[:1] == a else 0.0 for c, a in zip(completions, answer)]
-
-
-def trl_step_times(policy: Path, out: Path, steps: int, method: str | None) -> list[float]:
+def trl_step_times(setup: Setup, out: Path, steps: int, method: str | None) -> list[float]:
     """Per-optimizer-step wall times of stock GRPOTrainer (method None) or ours, first step excluded."""
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
@@ -52,11 +61,15 @@ def trl_step_times(policy: Path, out: Path, steps: int, method: str | None) -> l
     from entropy_rft.integrations.trl import EntropyControlGRPOTrainer
     from entropy_rft.models import load_policy
 
-    model, tok = load_policy(str(policy))
+    model, tok = load_policy(setup.policy)
+    if setup.policy == "default":  # TRL rebuilds its reference from config._name_or_path: give it the folder
+        from entropy_rft.models import resolve_policy
+
+        model.config._name_or_path = str(resolve_policy("default"))
     args = GRPOConfig(output_dir=str(out), use_cpu=True, bf16=False, per_device_train_batch_size=PROMPTS * GROUP,
                       num_generations=GROUP, max_completion_length=NEW_TOKENS, max_steps=steps, report_to=[],
-                      save_strategy="no", disable_tqdm=True, logging_steps=10_000, seed=0, learning_rate=1e-3)
-    kw = dict(model=model, reward_funcs=_reward, args=args, train_dataset=_dataset(), processing_class=tok)
+                      save_strategy="no", disable_tqdm=True, logging_steps=10_000, seed=0, learning_rate=LR)
+    kw = dict(model=model, reward_funcs=setup.reward, args=args, train_dataset=setup.dataset(), processing_class=tok)
     if method is None:
         trainer = GRPOTrainer(**kw)
     else:
@@ -76,18 +89,20 @@ def trl_step_times(policy: Path, out: Path, steps: int, method: str | None) -> l
     return [b - a for a, b in zip(stamps[1:-1], stamps[2:])]
 
 
-def native_step_times(policy: Path, out: Path, steps: int) -> list[float]:
+def native_step_times(setup: Setup, out: Path, steps: int) -> list[float]:
+    """Per-step wall times of ``erft``'s own trainer (method none, its per-step probe on) on the same settings,
+    first step excluded. The JVP and counterfactual probes run every 10th step by default; they are off here
+    and cost extra on those steps (see step_time.py)."""
     from entropy_rft.config import load_config
     from entropy_rft.trainer import train
-    from micro import micro_overrides
 
-    sets = micro_overrides(policy, **{"rollout.prompts_per_step": PROMPTS, "rollout.group_size": GROUP,
-                                      "rollout.max_new_tokens": NEW_TOKENS, "algo.minibatches": 1,
-                                      "eval.every": 0, "train.max_steps": steps, "train.checkpoint_every": steps,
-                                      "train.tensorboard": "false", "optim.lr": 1e-3})
-    cfg = load_config(None, sets)
-    stamps: list[float] = []
-    stamps.append(time.perf_counter())
+    sets = {"model.name": setup.policy, "task.name": setup.task_name, "method.name": "none",
+            "rollout.prompts_per_step": PROMPTS, "rollout.group_size": GROUP, "rollout.max_new_tokens": NEW_TOKENS,
+            "algo.minibatches": 1, "eval.every": 0, "train.max_steps": steps, "train.checkpoint_every": steps,
+            "train.tensorboard": "false", "train.progress": "false", "train.threads": 1, "optim.lr": LR,
+            "probe.jvp_every": 0, "probe.counterfactual_every": 0}
+    cfg = load_config(None, [f"{k}={v}" for k, v in sets.items()])
+    stamps: list[float] = [time.perf_counter()]
     train(cfg, out, on_step=lambda run, row: stamps.append(time.perf_counter()))
     return [b - a for a, b in zip(stamps[1:-1], stamps[2:])]
 
@@ -132,11 +147,24 @@ def _median(xs: list[float]) -> float:
     return s[len(s) // 2] if len(s) % 2 else 0.5 * (s[len(s) // 2 - 1] + s[len(s) // 2])
 
 
+def _interleaved(engines: dict, rounds: int, tmp: Path) -> dict[str, float]:
+    """Median step time per engine, the engines run in turn ``rounds`` times (machine noise spread over all)."""
+    times: dict[str, list[float]] = {}
+    for _ in range(rounds):
+        for name, fn in engines.items():
+            out = Path(tempfile.mkdtemp(dir=tmp))
+            times.setdefault(name, []).extend(fn(out / "run"))
+    return {k: _median(v) for k, v in times.items()}
+
+
 def main() -> None:
     from micro import make_micro_policy
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--steps", type=int, default=6, help="steps per engine (the first is excluded)")
+    p.add_argument("--steps", type=int, default=6, help="steps per engine and round (the first is excluded)")
+    p.add_argument("--rounds", type=int, default=2, help="times each engine runs, interleaved")
+    p.add_argument("--skip-default", action="store_true",
+                   help="skip the comparison on the built-in default policy (built on first use, ~2 min)")
     a = p.parse_args()
     torch.set_num_threads(1)
     from transformers.utils import logging as hf_logging
@@ -144,25 +172,32 @@ def main() -> None:
     hf_logging.set_verbosity_error()
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        policy = make_micro_policy(tmp / "policy")
-        times = {}
-        for _ in range(2):  # interleave the engines twice to spread machine noise over all of them
-            for name, fn in (("trl", lambda o: trl_step_times(policy, o, a.steps, None)),
-                             ("erft_none", lambda o: trl_step_times(policy, o, a.steps, "none")),
-                             ("erft_clip_v", lambda o: trl_step_times(policy, o, a.steps, "clip_v")),
-                             ("native", lambda o: native_step_times(policy, o, a.steps))):
-                out = Path(tempfile.mkdtemp(dir=tmp))
-                times.setdefault(name, []).extend(fn(out / "run"))
+        micro = Setup("micro", str(make_micro_policy(tmp / "policy")), "micro:DigitTask")
+        med = _interleaved({
+            "trl": lambda o: trl_step_times(micro, o, a.steps, None),
+            "erft_none": lambda o: trl_step_times(micro, o, a.steps, "none"),
+            "erft_clip_v": lambda o: trl_step_times(micro, o, a.steps, "clip_v"),
+            "native": lambda o: native_step_times(micro, o, a.steps)}, a.rounds, tmp)
+        study = None
+        if not a.skip_default:
+            default = Setup("default", "default", "countdown")
+            study = _interleaved({"trl": lambda o: trl_step_times(default, o, a.steps, None),
+                                  "native": lambda o: native_step_times(default, o, a.steps)}, a.rounds, tmp)
         mem = {w: peak_memory(w) for w in ("trl", "erft")}
-    med = {k: _median(v) for k, v in times.items()}
-    print(f"\nstep time, median of {len(times['trl'])} steps each (16 prompts x 8 samples, <=12 new tokens, "
-          "1 process, 1 thread)")
+    n = (a.steps - 1) * a.rounds
+    print(f"\nmicro policy (d 32, 1 layer): step time, median of {n} steps each (16 prompts x 8 samples, "
+          "<=12 new tokens, one update per batch, 1 process, 1 thread)")
     print(f"{'engine':<34}{'s/step':>10}{'steps/s':>10}{'ratio vs TRL':>14}")
     for k, label in (("trl", "TRL GRPOTrainer (stock)"), ("erft_none", "EntropyControlGRPOTrainer none"),
                      ("erft_clip_v", "EntropyControlGRPOTrainer clip_v"), ("native", "erft native trainer")):
         print(f"{label:<34}{med[k]:>10.3f}{1 / med[k]:>10.2f}{med[k] / med['trl']:>14.3f}")
     print(f"\nClipV overhead (time ratio clip_v / stock TRL): {med['erft_clip_v'] / med['trl']:.3f}  (target <= 1.05)")
-    print(f"native speed-up (steps/s native / stock TRL): {med['trl'] / med['native']:.2f}x  (issue C target >= 2x)")
+    print(f"native speed-up, micro policy (steps/s native / stock TRL): {med['trl'] / med['native']:.2f}x  "
+          "(issue C target >= 2x)")
+    if study is not None:
+        print(f"\nbuilt-in default policy (1.33M params, Countdown; the feasibility study's settings), median of {n}")
+        print(f"  TRL GRPOTrainer (stock) {study['trl']:.3f} s/step, erft native {study['native']:.3f} s/step: "
+              f"speed-up {study['trl'] / study['native']:.2f}x  (issue C target >= 2x)")
     print("\npeak RSS above baseline, one old-policy pass, 64 x 64 tokens, vocab 32000 (logits would be 500 MiB)")
     print(f"  TRL fused head (log p, entropy): {mem['trl']:8.1f} MiB")
     ratio = mem["erft"] / max(mem["trl"], 1e-9)

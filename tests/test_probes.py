@@ -110,7 +110,7 @@ def _run(model: Path, out: Path, **extra) -> list[dict]:
 
 
 def test_jvp_probe_in_training_is_near_exact_at_a_small_step(micro_model, tmp_path):
-    rows = _run(micro_model, tmp_path / "r", **{"optim.lr": 1e-4, "probe.jvp_every": 1, "train.max_steps": 5,
+    rows = _run(micro_model, tmp_path / "r", **{"optim.lr": 3e-5, "probe.jvp_every": 1, "train.max_steps": 5,
                                                 "probe.counterfactual_every": 0})
     live = [r for r in rows if r["probe/jvp_corr"] is not None]
     assert len(live) >= 2

@@ -327,3 +327,39 @@ def test_reference_kl_is_zero_until_the_policy_moves(micro_model, tmp_path):
     assert all(r["kl/ref"] > 1e-7 for r in rows[first + 1 :])
     last = rows[-1]
     assert last["loss/kl_ref"] == pytest.approx(0.1 * last["kl/ref"], rel=1e-4)
+
+
+@pytest.mark.parametrize("method", ["none", "clip_v", "entropy_bonus"])
+def test_single_update_reuses_the_old_policy_forward_exactly(micro_model, tmp_path, method):
+    """With one update per batch the old-policy forward doubles as the update's forward (graph kept): the
+    old log-probs, TokenStats and the parameters after the update equal those of a separate recompute."""
+    cfg = cfg_for(micro_model, **{"algo.minibatches": 1, "method.name": method, "optim.lr": 1e-2})
+    results = []
+    for live in (True, False):
+        torch.manual_seed(0)
+        run = Run(cfg, tmp_path / str(live))
+        assert run.single_update
+        rb = run.rollout([e.prompt for e in run.sample_prompts() for _ in range(cfg.rollout.group_size)])
+        rewards = torch.tensor([float(i % 3 == 0) for i in range(len(rb.responses))])
+        sb = StepBatch(rb, rb.response_mask.clone(), rewards)
+        run.old_policy_pass(sb, live=live)
+        assert ("live_forward" in sb.extra) == live
+        sb.keep = run.method.rollout_masks(sb.stats, sb.adv, sb.mask).keep
+        run.update(sb)
+        assert "live_forward" not in sb.extra  # consumed by the update
+        results.append((sb.old_logp, sb.stats.s_centered, [p.detach().clone() for p in run.model.parameters()]))
+    (lp1, sc1, p1), (lp2, sc2, p2) = results
+    torch.testing.assert_close(lp1, lp2, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(sc1, sc2, atol=1e-6, rtol=1e-6)
+    start_params = list(Run(cfg, tmp_path / "x").model.parameters())
+    moved = sum(float((a - b).abs().sum()) for a, b in zip(p1, start_params))
+    assert moved > 1e-3  # the update did change the policy
+    for a, b in zip(p1, p2):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+
+
+def test_single_update_config_is_detected(micro_model, tmp_path):
+    two = Run(cfg_for(micro_model, **{"algo.minibatches": 2}), tmp_path / "a")
+    accum = Run(cfg_for(micro_model, **{"algo.minibatches": 1, "algo.grad_accum": 2}), tmp_path / "b")
+    ppo = Run(cfg_for(micro_model, **{"algo.minibatches": 1, "algo.algorithm": "ppo"}), tmp_path / "c")
+    assert not (two.single_update or accum.single_update or ppo.single_update)

@@ -51,8 +51,10 @@ class RolloutConfig:
     temperature: float = _f(1.0, "Sampling temperature; statistics use the same temperature (papers: 1.0).")
     top_p: float = _f(1.0, "Nucleus sampling; 1.0 samples from the full softmax, as the theory assumes.")
     max_new_tokens: int = _f(12, "Maximum response length in tokens.")
-    backend: str = _f("kv", "Sampler: 'kv' (our KV-cache loop, no per-token Python overhead beyond one "
-                      "forward) or 'hf' (transformers' generate).")
+    backend: str = _f("auto", "Sampler: 'static' (our Llama-family decode loop on the model's weights with a "
+                      "static KV cache; no transformers call per token), 'kv' (the same loop over HF forwards: "
+                      "any causal LM), 'auto' (static when the model supports it, else kv) or 'hf' "
+                      "(transformers' generate, global RNG).")
 
 
 @dataclass
@@ -343,13 +345,15 @@ def _check(cond: bool, field_name: str, msg: str) -> None:
 
 def validate(cfg: Config) -> None:
     """Reject invalid values and combinations with a one-line message naming the field."""
+    from entropy_rft.rollout import BACKENDS
+
     r, a, o, t, e = cfg.rollout, cfg.algo, cfg.optim, cfg.train, cfg.eval
     _check(r.prompts_per_step >= 1, "rollout.prompts_per_step", f"must be >= 1, got {r.prompts_per_step}")
     _check(r.group_size >= 1, "rollout.group_size", f"must be >= 1, got {r.group_size}")
     _check(r.temperature > 0, "rollout.temperature", f"must be > 0, got {r.temperature}")
     _check(0 < r.top_p <= 1, "rollout.top_p", f"must be in (0, 1], got {r.top_p}")
     _check(r.max_new_tokens >= 1, "rollout.max_new_tokens", f"must be >= 1, got {r.max_new_tokens}")
-    _check(r.backend in ("kv", "hf"), "rollout.backend", f"must be 'kv' or 'hf', got {r.backend!r}")
+    _check(r.backend in BACKENDS, "rollout.backend", f"must be one of {', '.join(BACKENDS)}, got {r.backend!r}")
     _check(a.algorithm in ("grpo", "dr_grpo", "ppo"), "algo.algorithm",
            f"must be one of grpo, dr_grpo, ppo; got {a.algorithm!r}")
     if a.algorithm in ("grpo", "dr_grpo"):

@@ -1,6 +1,7 @@
 """The policy forward: response-token log-probs (with grad) and TokenStats (without) for a rollout batch.
 
-Two paths give the same numbers:
+Two paths give the same numbers (and for Llama-family decoders the hidden states come from
+:mod:`entropy_rft.fast_llama`, the same maths without transformers' per-call overhead):
 
 - fused (default): decoder hidden states and the LM-head weight go to ``dynamics.fused_logp``, which
   works in token chunks and never materialises the [tokens, V] logits;
@@ -10,12 +11,14 @@ Two paths give the same numbers:
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from entropy_rft.dynamics import TokenStats, fused_logp, token_stats
+from entropy_rft.fast_llama import decoder_hidden, unsupported_reason
 from entropy_rft.rollout import RolloutBatch, position_ids
 
 # Config attributes that make logits differ from hidden @ W.T; such models use the materialised path.
@@ -29,6 +32,11 @@ class PolicyOut:
     stats: TokenStats  # [B, R] float32, no grad
     hidden: Tensor  # [B, R, D] hidden state that predicts each response token (for a value head)
 
+    def rows(self, idx: Tensor) -> PolicyOut:
+        """The same outputs for the rows ``idx`` (graphs kept)."""
+        st = TokenStats(*(getattr(self.stats, f.name)[idx] for f in dataclasses.fields(TokenStats)))
+        return PolicyOut(self.logp[idx], None if self.entropy is None else self.entropy[idx], st, self.hidden[idx])
+
 
 def supports_fused(model) -> bool:
     cfg = getattr(model, "config", None)
@@ -38,18 +46,37 @@ def supports_fused(model) -> bool:
     return head is not None and isinstance(head, torch.nn.Linear)
 
 
-def _decoder_hidden(model, batch: RolloutBatch) -> Tensor:
+def fast_path_ok(model) -> bool:
+    """Whether the raw-weights Llama forward (:func:`entropy_rft.fast_llama.decoder_hidden`) computes what the
+    model's own modules would: a supported architecture, no gradient checkpointing, no active dropout."""
+    if unsupported_reason(model) is not None:
+        return False
+    for attr in ("is_activation_checkpointing", "is_gradient_checkpointing"):  # transformers 5 renamed it
+        if hasattr(type(model), attr):
+            if getattr(model, attr):
+                return False
+            break
+    return not (model.training and float(getattr(model.config, "attention_dropout", 0.0) or 0.0) > 0)
+
+
+def _decoder_hidden(model, batch: RolloutBatch, fast: bool = True) -> Tensor:
     ids, am = batch.input_ids, batch.attention_mask.long()
-    out = model.get_decoder()(input_ids=ids, attention_mask=am, position_ids=position_ids(am))
+    if fast and fast_path_ok(model):
+        hidden = decoder_hidden(model, ids, am)
+    else:
+        hidden = model.get_decoder()(input_ids=ids, attention_mask=am, position_ids=position_ids(am)).last_hidden_state
     p, r = batch.prompt_ids.shape[1], batch.response_ids.shape[1]
-    return out.last_hidden_state[:, p - 1 : p + r - 1]
+    return hidden[:, p - 1 : p + r - 1]
 
 
 def policy_forward(model, batch: RolloutBatch, temperature: float, *, with_entropy: bool = False,
-                   fused: bool = True) -> PolicyOut:
-    """Log-probs of the sampled response tokens under ``model`` at ``temperature``, plus TokenStats."""
+                   fused: bool = True, fast: bool = True) -> PolicyOut:
+    """Log-probs of the sampled response tokens under ``model`` at ``temperature``, plus TokenStats.
+
+    ``fast`` runs Llama-family decoders on their raw weights (:mod:`entropy_rft.fast_llama`) when
+    :func:`fast_path_ok`; the result equals the HF modules' to float rounding."""
     if fused and supports_fused(model):
-        hidden = _decoder_hidden(model, batch)
+        hidden = _decoder_hidden(model, batch, fast)
         head = model.get_output_embeddings()
         out = fused_logp(hidden, head.weight, batch.response_ids, temperature, bias=head.bias,
                          with_entropy=with_entropy)

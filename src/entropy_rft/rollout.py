@@ -5,8 +5,11 @@ right-padded responses with their mask (the EOS token counts as a response token
 
 Backends:
 
-- ``"kv"``: our loop over a KV cache. One model call per generated token, sampling from
-  softmax(z / T) with an explicit ``torch.Generator`` (seeded, checkpointable), no logits processors.
+- ``"static"``: the Llama-family decode loop of :mod:`entropy_rft.fast_llama` (the model's weights, a static
+  KV cache, no transformers call per token), sampling from softmax(z / T) with an explicit
+  ``torch.Generator`` (seeded, checkpointable), no logits processors.
+- ``"kv"``: the same loop over the HF model's own KV cache, one HF forward per token: any causal LM.
+- ``"auto"``: ``"static"`` when the model supports it, else ``"kv"``.
 - ``"hf"``: ``transformers``' ``generate`` (uses the global torch RNG).
 """
 
@@ -16,6 +19,10 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+
+from entropy_rft.fast_llama import StaticDecoder, unsupported_reason
+
+BACKENDS = ("auto", "static", "kv", "hf")
 
 
 @dataclass
@@ -53,15 +60,17 @@ def tokenize_prompts(tokenizer, prompts: list[str], device: torch.device | str =
         raise ValueError("prompts: expected at least one prompt")
     from entropy_rft.prompts import encode_prompt  # chat prompts get the tokenizer's chat template
 
-    enc = [encode_prompt(tokenizer, p) for p in prompts]
+    memo: dict[tuple, list[int]] = {}  # a group repeats each prompt G times: encode it once
+    enc = []
+    for p in prompts:
+        key = (type(p), str(p), getattr(p, "system", None))
+        if key not in memo:
+            memo[key] = encode_prompt(tokenizer, p)
+        enc.append(memo[key])
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     width = max(len(e) for e in enc)
-    ids = torch.full((len(enc), width), pad, dtype=torch.long)
-    mask = torch.zeros((len(enc), width), dtype=torch.bool)
-    for i, e in enumerate(enc):
-        if e:
-            ids[i, width - len(e):] = torch.tensor(e, dtype=torch.long)
-            mask[i, width - len(e):] = True
+    ids = torch.tensor([[pad] * (width - len(e)) + e for e in enc], dtype=torch.long)
+    mask = torch.tensor([[False] * (width - len(e)) + [True] * len(e) for e in enc], dtype=torch.bool)
     return ids.to(device), mask.to(device)
 
 
@@ -74,43 +83,70 @@ def _top_p_filter(probs: Tensor, top_p: float) -> Tensor:
     return torch.zeros_like(probs).scatter(-1, order, sorted_p)
 
 
+def next_token(logits: Tensor, temperature: float, top_p: float, generator: torch.Generator | None) -> Tensor:
+    """One token per row from softmax(z / T) (nucleus-filtered when top_p < 1); greedy at T = 0."""
+    if temperature == 0:
+        return logits.float().argmax(-1)
+    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    if top_p < 1.0:
+        probs = _top_p_filter(probs, top_p)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+def _decode(first_logits: Tensor, extend, *, max_new_tokens: int, temperature: float, top_p: float, eos_id: int,
+            pad_id: int, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
+    """The sampling loop shared by the KV backends: ``extend(tokens)`` returns the next position's logits.
+
+    Rows that emitted EOS keep receiving ``pad_id`` (masked out); the loop stops when every row is done."""
+    logits = first_logits
+    done = torch.zeros(logits.shape[0], dtype=torch.bool, device=logits.device)
+    toks, valid = [], []
+    for t in range(max_new_tokens):
+        tok = next_token(logits, temperature, top_p, generator)
+        tok = torch.where(done, torch.full_like(tok, pad_id), tok)
+        toks.append(tok)
+        valid.append(~done)
+        done = done | (tok == eos_id)
+        if t == max_new_tokens - 1 or bool(done.all()):
+            break
+        logits = extend(tok)
+    return torch.stack(toks, dim=1), torch.stack(valid, dim=1)
+
+
 @torch.no_grad()
 def sample_kv(model, prompt_ids: Tensor, prompt_mask: Tensor, *, max_new_tokens: int, temperature: float,
               top_p: float, eos_id: int, pad_id: int, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
-    """Sample responses with a KV cache: one forward per new token. Returns (ids [B, R], mask [B, R]).
+    """Sample responses with the model's own KV cache: one HF forward per new token.
 
-    ``temperature == 0`` decodes greedily.
+    Returns (ids [B, R], mask [B, R]); ``temperature == 0`` decodes greedily. Works for any causal LM.
     """
     b = prompt_ids.shape[0]
     attn = prompt_mask.long()
     pos = position_ids(attn)
     out = model(input_ids=prompt_ids, attention_mask=attn, position_ids=pos, use_cache=True, logits_to_keep=1)
-    past = out.past_key_values
-    logits = out.logits[:, -1, :]
-    next_pos = pos[:, -1:] + 1
-    done = torch.zeros(b, dtype=torch.bool, device=prompt_ids.device)
-    toks, valid = [], []
-    for t in range(max_new_tokens):
-        if temperature == 0:  # greedy
-            tok = logits.float().argmax(-1)
-        else:
-            probs = torch.softmax(logits.float() / temperature, dim=-1)
-            if top_p < 1.0:
-                probs = _top_p_filter(probs, top_p)
-            tok = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
-        tok = torch.where(done, torch.full_like(tok, pad_id), tok)
-        toks.append(tok)
-        valid.append(~done)
-        done = done | (tok == eos_id)
-        if bool(done.all()) or t == max_new_tokens - 1:
-            break
-        attn = torch.cat([attn, torch.ones((b, 1), dtype=attn.dtype, device=attn.device)], dim=1)
-        out = model(input_ids=tok[:, None], attention_mask=attn, position_ids=next_pos, past_key_values=past,
-                    use_cache=True)
-        past = out.past_key_values
-        logits = out.logits[:, -1, :]
-        next_pos = next_pos + 1
-    return torch.stack(toks, dim=1), torch.stack(valid, dim=1)
+    state = {"past": out.past_key_values, "attn": attn, "pos": pos[:, -1:]}
+
+    def extend(tok: Tensor) -> Tensor:
+        state["attn"] = torch.cat([state["attn"], state["attn"].new_ones((b, 1))], dim=1)
+        state["pos"] = state["pos"] + 1
+        o = model(input_ids=tok[:, None], attention_mask=state["attn"], position_ids=state["pos"],
+                  past_key_values=state["past"], use_cache=True)
+        state["past"] = o.past_key_values
+        return o.logits[:, -1, :]
+
+    return _decode(out.logits[:, -1, :], extend, max_new_tokens=max_new_tokens, temperature=temperature,
+                   top_p=top_p, eos_id=eos_id, pad_id=pad_id, generator=generator)
+
+
+@torch.no_grad()
+def sample_static(model, prompt_ids: Tensor, prompt_mask: Tensor, *, max_new_tokens: int, temperature: float,
+                  top_p: float, eos_id: int, pad_id: int,
+                  generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
+    """Sample with :class:`entropy_rft.fast_llama.StaticDecoder` (Llama family): same loop and RNG use as
+    :func:`sample_kv`, without transformers' per-call overhead."""
+    dec = StaticDecoder(model, prompt_ids, prompt_mask, max_new_tokens)
+    return _decode(dec.prefill(), dec.step, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                   eos_id=eos_id, pad_id=pad_id, generator=generator)
 
 
 @torch.no_grad()
@@ -127,14 +163,12 @@ def sample_hf(model, prompt_ids: Tensor, prompt_mask: Tensor, *, max_new_tokens:
 
 
 def decode_responses(tokenizer, response_ids: Tensor, response_mask: Tensor) -> list[str]:
-    return [
-        tokenizer.decode(ids[m].tolist(), skip_special_tokens=True)
-        for ids, m in zip(response_ids.cpu(), response_mask.cpu())
-    ]
+    rows = [[t for t, keep in zip(ids, m) if keep] for ids, m in zip(response_ids.tolist(), response_mask.tolist())]
+    return tokenizer.batch_decode(rows, skip_special_tokens=True)
 
 
 def sample(model, tokenizer, prompts: list[str], *, max_new_tokens: int, temperature: float = 1.0,
-           top_p: float = 1.0, backend: str = "kv", generator: torch.Generator | None = None) -> RolloutBatch:
+           top_p: float = 1.0, backend: str = "auto", generator: torch.Generator | None = None) -> RolloutBatch:
     """Sample one response per prompt (repeat prompts for groups)."""
     device = next(model.parameters()).device
     ids, mask = tokenize_prompts(tokenizer, prompts, device)
@@ -145,14 +179,17 @@ def sample(model, tokenizer, prompts: list[str], *, max_new_tokens: int, tempera
     was_training = model.training
     model.eval()
     try:
-        if backend == "kv":
-            r_ids, r_mask = sample_kv(model, ids, mask, max_new_tokens=max_new_tokens, temperature=temperature,
-                                      top_p=top_p, eos_id=eos, pad_id=pad, generator=generator)
+        if backend == "auto":
+            backend = "static" if unsupported_reason(model, ids.shape[1] + max_new_tokens) is None else "kv"
+        if backend in ("kv", "static"):
+            fn = sample_static if backend == "static" else sample_kv
+            r_ids, r_mask = fn(model, ids, mask, max_new_tokens=max_new_tokens, temperature=temperature,
+                               top_p=top_p, eos_id=eos, pad_id=pad, generator=generator)
         elif backend == "hf":
             r_ids, r_mask = sample_hf(model, ids, mask, max_new_tokens=max_new_tokens, temperature=temperature,
                                       top_p=top_p, eos_id=eos, pad_id=pad)
         else:
-            raise ValueError(f"backend: unknown sampler {backend!r}; valid: 'kv', 'hf'")
+            raise ValueError(f"backend: unknown sampler {backend!r}; valid: {', '.join(map(repr, BACKENDS))}")
     finally:
         model.train(was_training)
     return RolloutBatch(ids, mask, r_ids, r_mask, decode_responses(tokenizer, r_ids, r_mask))

@@ -71,6 +71,11 @@ def atomic_write_json(path: str | Path, obj: Any) -> None:
 
 def json_safe(obj: Any) -> Any:
     """Replace NaN/inf by None and tensors/numpy scalars by Python numbers (JSON has no NaN)."""
+    kind = type(obj)
+    if kind is float:  # the common cases first: a metrics row is mostly plain floats
+        return obj if math.isfinite(obj) else None
+    if obj is None or kind in (int, str, bool):
+        return obj
     if isinstance(obj, dict):
         return {str(k): json_safe(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
@@ -88,7 +93,8 @@ def json_safe(obj: Any) -> Any:
 
 
 class JsonlWriter:
-    """Append-only JSON-lines file; each record is one line, flushed (and fsynced) when written."""
+    """Append-only JSON-lines file; each record is one line, flushed when written (so a killed process loses
+    nothing) and fsynced then too when ``fsync`` (else at :meth:`sync` and :meth:`close`)."""
 
     def __init__(self, path: str | Path, fsync: bool = True):
         self.path = Path(path)
@@ -108,7 +114,14 @@ class JsonlWriter:
         if self.fsync:
             os.fsync(self._f.fileno())
 
+    def sync(self) -> None:
+        """Force what was written to disk (a kill loses nothing flushed; this covers power loss too)."""
+        self._f.flush()
+        os.fsync(self._f.fileno())
+
     def close(self) -> None:
+        if not self._f.closed:
+            self.sync()
         self._f.close()
 
 

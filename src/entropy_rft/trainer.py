@@ -257,11 +257,24 @@ class Run:
             return sample(self.model, self.tok, prompts, max_new_tokens=r.max_new_tokens, temperature=r.temperature,
                           top_p=r.top_p, backend=r.backend, generator=self.gens["sample"])
 
+    @property
+    def single_update(self) -> bool:
+        """One optimizer update per rollout batch (one minibatch, one epoch, no accumulation, no critic)."""
+        a = self.cfg.algo
+        return a.minibatches == 1 and a.ppo_epochs == 1 and a.grad_accum == 1 and self.value_head is None
+
     @torch.no_grad()
-    def old_policy_pass(self, sb: StepBatch) -> None:
-        """Old-policy log-probs and TokenStats for the whole batch (and reference log-probs, values)."""
-        out = self.forward(sb.rollout)
+    def old_policy_pass(self, sb: StepBatch, live: bool = False) -> None:
+        """Old-policy log-probs and TokenStats for the whole batch (and reference log-probs, values).
+
+        ``live`` (only with :attr:`single_update`): the old policy *is* the policy that the single update
+        differentiates, so this forward keeps its graph and the update reuses it instead of recomputing the
+        same numbers (PPO's ratio is then exactly 1, as it is after a recompute)."""
+        with torch.enable_grad() if live else contextlib.nullcontext():
+            out = self.forward(sb.rollout, with_entropy=live and self.method.needs_entropy_grad())
         sb.old_logp, sb.stats = out.logp.detach(), out.stats
+        if live:
+            sb.extra["live_forward"] = out
         values = self.value_head(out.hidden) if self.value_head is not None else None
         if self.ref is not None:
             with self.autocast():
@@ -303,8 +316,9 @@ class Run:
         micro = [c for c in idx.chunk(a.grad_accum) if c.numel()]
         mb_mask = sb.mask[idx]
         first = None
+        live = sb.extra.pop("live_forward", None)  # the old-policy forward, when it is this update's own
         if len(micro) == 1:  # one forward with grad; the selection uses its detached log-probs
-            first = self.forward(sb.rollout.select(idx), with_entropy=need_ent)
+            first = live.rows(idx) if live is not None else self.forward(sb.rollout.select(idx), with_entropy=need_ent)
             cur = first.logp.detach()
         elif self.uses_minibatch_masks:  # accumulation: select over the whole minibatch first
             with torch.no_grad():
@@ -435,9 +449,11 @@ class Logger:
     """metrics.jsonl (+ TensorBoard, + W&B), samples.jsonl and token_records.jsonl, append-only."""
 
     def __init__(self, out: Path, cfg: Config, purge_step: int | None):
-        self.metrics = rundir.JsonlWriter(out / "metrics.jsonl")
-        self.samples = rundir.JsonlWriter(out / "samples.jsonl")
-        self.records = rundir.JsonlWriter(out / "token_records.jsonl")
+        # Lines are flushed as written (a kill loses none); fsync happens with each checkpoint (resume truncates
+        # the logs to the checkpoint's step anyway), not once per line.
+        self.metrics = rundir.JsonlWriter(out / "metrics.jsonl", fsync=False)
+        self.samples = rundir.JsonlWriter(out / "samples.jsonl", fsync=False)
+        self.records = rundir.JsonlWriter(out / "token_records.jsonl", fsync=False)
         self.tb = self.wandb = None
         if cfg.train.tensorboard:
             from torch.utils.tensorboard import SummaryWriter
@@ -461,6 +477,10 @@ class Logger:
             self.tb.flush()
         if self.wandb is not None:
             self.wandb.log(scalars, step=step)
+
+    def sync(self) -> None:
+        for w in (self.metrics, self.samples, self.records):
+            w.sync()
 
     def close(self) -> None:
         for w in (self.metrics, self.samples, self.records):
@@ -550,6 +570,7 @@ def train(cfg: Config, out: str | Path, *, resume: bool = False, on_step=None) -
                 if on_step is not None:
                     on_step(run, last)
                 if step % cfg.train.checkpoint_every == 0 or step == cfg.train.max_steps or run.stop_signal:
+                    logger.sync()
                     run.save()
                 if run.stop_signal:
                     raise SystemExit(128 + run.stop_signal)
@@ -578,8 +599,9 @@ def train_step(run: Run, logger: Logger) -> dict[str, Any]:
     if cfg.algo.drop_uniform_groups and cfg.algo.algorithm != "ppo":
         mask &= ~uniform_groups(rewards, cfg.rollout.group_size)[:, None]
     sb = StepBatch(rb, mask, rewards)
-    # 4-5. old-policy forward (TokenStats) and advantages
-    run.old_policy_pass(sb)
+    # 4-5. old-policy forward (TokenStats) and advantages; with one update per batch it is that update's
+    #      forward too (not when the counterfactual probe first takes a vanilla update from this state)
+    run.old_policy_pass(sb, live=run.single_update and not due(cfg.probe.counterfactual_every, step))
     # 6a. autopilot (entropy target): the measured batch entropy sets the method's knob for this step
     control_m = run.steer(sb)
     # 6. the method's rollout-level masks (ClipB, ClipV, high-entropy, grad-mask), from old-policy stats

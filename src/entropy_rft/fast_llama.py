@@ -1,0 +1,258 @@
+"""Llama-family maths on the model's own weights, without transformers' per-call overhead.
+
+``transformers``' forward costs a few milliseconds of Python per call (mask building, cache objects, output
+capturing, kwargs plumbing). For small policies that dominates sampling (one call per generated token)
+and is a large share of each training forward. This module runs the same maths with
+``torch.nn.functional`` ops directly on the parameters:
+
+    x = embed(ids)
+    for each layer:  x += o_proj(attn(rope(q), rope(k), v))   q, k, v from rms_norm(x)
+                     x += down(silu(gate(h)) * up(h))          h = rms_norm(x)
+    hidden = rms_norm(x)
+
+- :class:`StaticDecoder`: prefill, then one token at a time with every layer's K/V preallocated for
+  prompt + max_new_tokens positions (the sampler's ``"static"`` backend);
+- :func:`decoder_hidden`: the full-sequence forward with autograd (the policy forward's fast path).
+
+Position ids skip left padding as ``generate`` does; the rotary tables come from the model's own
+``rotary_emb`` module. Values match the HF forward to float32 rounding and gradients match too (tested).
+
+Supported: ``llama``, ``mistral`` and ``qwen2`` configs with SiLU MLPs and plain ``nn.Linear`` projections
+(no adapters, no quantised layers), within the sliding window if any, with a length-independent RoPE.
+:func:`unsupported_reason` says why a model is not, and callers fall back to the HF modules.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+SUPPORTED_TYPES = ("llama", "mistral", "qwen2")
+STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")  # tables that do not depend on the length
+
+
+def unsupported_reason(model, total_len: int | None = None) -> str | None:
+    """None when :func:`decode` can run ``model``; otherwise a short reason (for logs and errors)."""
+    cfg = getattr(model, "config", None)
+    mtype = getattr(cfg, "model_type", None)
+    if mtype not in SUPPORTED_TYPES:
+        return f"model_type {mtype!r} is not one of {SUPPORTED_TYPES}"
+    if getattr(cfg, "hidden_act", None) != "silu":
+        return f"hidden_act {getattr(cfg, 'hidden_act', None)!r} is not 'silu'"
+    window = getattr(cfg, "sliding_window", None)
+    if window is not None and getattr(cfg, "use_sliding_window", True) and total_len is not None and total_len > window:
+        return f"sequence of {total_len} tokens exceeds the sliding window {window}"
+    try:
+        inner, head = model.model, model.lm_head
+        layers = list(inner.layers)
+        linears = [head] + [m for lay in layers for m in (lay.self_attn.q_proj, lay.self_attn.k_proj,
+                                                         lay.self_attn.v_proj, lay.self_attn.o_proj,
+                                                         lay.mlp.gate_proj, lay.mlp.up_proj, lay.mlp.down_proj)]
+        norms = [inner.norm] + [n for lay in layers for n in (lay.input_layernorm, lay.post_attention_layernorm)]
+        extra = [n for lay in layers for n in ("q_norm", "k_norm") if hasattr(lay.self_attn, n)]
+    except AttributeError as e:
+        return f"unexpected module layout ({e})"
+    if any(type(m) is not nn.Linear for m in linears):
+        return "a projection is not a plain nn.Linear (adapter or quantised layer)"
+    if any(not hasattr(n, "variance_epsilon") for n in norms) or extra:
+        return "unexpected normalisation layers"
+    rope = str(getattr(getattr(inner, "rotary_emb", None), "rope_type", "default"))
+    if rope not in STATIC_ROPE_TYPES:
+        return f"rope_type {rope!r} depends on the sequence length (supported: {STATIC_ROPE_TYPES})"
+    if type(inner.embed_tokens) is not nn.Embedding:
+        return "the input embedding is not a plain nn.Embedding"
+    return None
+
+
+class _Weights(NamedTuple):
+    """One decoder layer's parameters, with q/k/v and gate/up concatenated (one matmul each)."""
+
+    norm1: Tensor
+    eps1: float
+    qkv_w: Tensor
+    qkv_b: Tensor | None
+    splits: tuple[int, int, int]
+    o_w: Tensor
+    o_b: Tensor | None
+    norm2: Tensor
+    eps2: float
+    gu_w: Tensor
+    gu_b: Tensor | None
+    down_w: Tensor
+    down_b: Tensor | None
+    scale: float
+
+
+def _cat_bias(*lins: nn.Linear) -> Tensor | None:
+    if all(lin.bias is None for lin in lins):
+        return None
+    return torch.cat([lin.bias if lin.bias is not None else lin.weight.new_zeros(lin.out_features) for lin in lins])
+
+
+def _layer_weights(layer: nn.Module) -> _Weights:
+    a, m = layer.self_attn, layer.mlp
+    return _Weights(
+        layer.input_layernorm.weight, layer.input_layernorm.variance_epsilon,
+        torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]), _cat_bias(a.q_proj, a.k_proj, a.v_proj),
+        (a.q_proj.out_features, a.k_proj.out_features, a.v_proj.out_features),
+        a.o_proj.weight, a.o_proj.bias,
+        layer.post_attention_layernorm.weight, layer.post_attention_layernorm.variance_epsilon,
+        torch.cat([m.gate_proj.weight, m.up_proj.weight]), _cat_bias(m.gate_proj, m.up_proj),
+        m.down_proj.weight, m.down_proj.bias, float(a.scaling))
+
+
+def _rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """RMSNorm as Llama computes it: statistics in float32, weight applied in the input dtype."""
+    return weight * F.rms_norm(x.float(), (x.shape[-1],), eps=eps).to(x.dtype)
+
+
+def _rotate_half(x: Tensor) -> Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def _attend_one(q: Tensor, kc: Tensor, vc: Tensor, bias: Tensor, scale: float) -> Tensor:
+    """Attention of one query position per row over the whole cache: softmax(q·kᵀ·scale + bias)·v.
+
+    q [B, H, 1, D]; kc/vc [B, Hkv, L, D]; bias [B, 1, 1, L] (0 or -inf). Grouped-query heads share
+    their K/V by viewing q as [B, Hkv, H/Hkv, D]. Four small ops: cheaper than SDPA's dispatch at this size."""
+    b, h, _, d = q.shape
+    hkv = kc.shape[1]
+    qg = q.reshape(b, hkv, h // hkv, d)
+    w = torch.softmax(torch.matmul(qg, kc.transpose(-1, -2)) * scale + bias, dim=-1)
+    return torch.matmul(w, vc).reshape(b, h, 1, d)
+
+
+def _layer(w: _Weights, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor,
+           cache: tuple[Tensor, Tensor] | None = None, start: int = 0) -> Tensor:
+    """One decoder layer on T positions.
+
+    With ``cache`` (static K/V buffers [B, Hkv, L, D]) the new K/V are written at ``start`` and attention
+    runs over the whole buffer; without it, over the T positions themselves. ``mask`` is boolean
+    [B, 1, T, L] (prefill, full sequence) or, for a single cached position, an additive bias [B, 1, 1, L]."""
+    b, t, _ = x.shape
+    hd = cos.shape[-1]
+    h = _rms_norm(x, w.norm1, w.eps1)
+    q, k, v = F.linear(h, w.qkv_w, w.qkv_b).split(w.splits, dim=-1)
+    q = q.view(b, t, -1, hd).transpose(1, 2)
+    k = k.view(b, t, -1, hd).transpose(1, 2)
+    v = v.view(b, t, -1, hd).transpose(1, 2)
+    q = q * cos + _rotate_half(q) * sin
+    k = k * cos + _rotate_half(k) * sin
+    if cache is not None:
+        cache[0][:, :, start:start + t] = k
+        cache[1][:, :, start:start + t] = v
+        k, v = cache
+    if t == 1 and cache is not None:
+        o = _attend_one(q, k, v, mask, w.scale)
+    else:
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=w.scale, enable_gqa=k.shape[1] != q.shape[1])
+    x = x + F.linear(o.transpose(1, 2).reshape(b, t, -1), w.o_w, w.o_b)
+    h = _rms_norm(x, w.norm2, w.eps2)
+    gate, up = F.linear(h, w.gu_w, w.gu_b).chunk(2, dim=-1)
+    return x + F.linear(F.silu(gate) * up, w.down_w, w.down_b)
+
+
+def _padded_causal_mask(key_ok: Tensor, n_query: int) -> Tensor:
+    """Boolean [B, 1, T, L]: query i (the first T positions) sees keys j <= i that are real tokens.
+
+    A left-padding query sees no real key; it may see itself, so its (unused) row stays finite."""
+    dev = key_ok.device
+    q_idx = torch.arange(n_query, device=dev)[:, None]
+    k_idx = torch.arange(key_ok.shape[1], device=dev)[None, :]
+    mask = ((k_idx <= q_idx)[None] & key_ok[:, None, :]) | (k_idx == q_idx)[None]
+    return mask[:, None]
+
+
+def _autocast_dtype(model, device: torch.device) -> torch.dtype:
+    if torch.is_autocast_enabled(device.type):
+        return torch.get_autocast_dtype(device.type)
+    return model.model.embed_tokens.weight.dtype
+
+
+def _embed(model, ids: Tensor, dtype: torch.dtype) -> Tensor:
+    emb = model.model.embed_tokens  # padding_idx: that row gets no gradient from lookups, as nn.Embedding does
+    return F.embedding(ids, emb.weight, padding_idx=emb.padding_idx).to(dtype)
+
+
+def _rope_tables(model, n: int, dtype: torch.dtype, device: torch.device) -> tuple[Tensor, Tensor]:
+    """cos, sin [n, D] for positions 0..n-1, from the model's own rotary module."""
+    probe = torch.zeros(1, 1, 1, dtype=dtype, device=device)
+    cos, sin = model.model.rotary_emb(probe, torch.arange(n, device=device)[None])
+    return cos[0], sin[0]
+
+
+def decoder_hidden(model, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+    """The decoder's final hidden states [B, S, D] (after the last norm), differentiable in the parameters.
+
+    Same result as ``model.get_decoder()(input_ids, attention_mask, position_ids)`` for left-padded rows
+    (position ids skip the padding). Raises ValueError for an unsupported model."""
+    reason = unsupported_reason(model)
+    if reason is not None:
+        raise ValueError(f"fast llama: {reason}")
+    key_ok = attention_mask.bool()
+    pos = (key_ok.long().cumsum(-1) - 1).clamp(min=0)
+    dtype = _autocast_dtype(model, input_ids.device)
+    x = _embed(model, input_ids, dtype)
+    cos, sin = _rope_tables(model, input_ids.shape[1], dtype, input_ids.device)
+    cos, sin = cos[pos].unsqueeze(1), sin[pos].unsqueeze(1)
+    mask = _padded_causal_mask(key_ok, input_ids.shape[1])
+    for layer in model.model.layers:
+        x = _layer(_layer_weights(layer), x, cos, sin, mask)
+    norm = model.model.norm
+    return _rms_norm(x, norm.weight, norm.variance_epsilon)
+
+
+class StaticDecoder:
+    """Prefill a left-padded prompt batch, then extend it one token at a time, returning next-token logits.
+
+    ``prefill()`` and each ``step(tokens)`` return logits ``[B, V]`` for the next position.
+    """
+
+    def __init__(self, model, prompt_ids: Tensor, prompt_mask: Tensor, max_new_tokens: int):
+        reason = unsupported_reason(model, prompt_ids.shape[1] + max_new_tokens)
+        if reason is not None:
+            raise ValueError(f"fast decode: {reason}; use the 'kv' sampler backend")
+        self.model = model
+        layers = list(model.model.layers)
+        self.weights = [_layer_weights(lay) for lay in layers]
+        b, p = prompt_ids.shape
+        total = p + max_new_tokens
+        dev = prompt_ids.device
+        attn = layers[0].self_attn
+        n_kv = attn.k_proj.out_features // attn.head_dim
+        self.dtype = _autocast_dtype(model, dev)
+        self.cache = [(torch.zeros(b, n_kv, total, attn.head_dim, dtype=self.dtype, device=dev),
+                       torch.zeros(b, n_kv, total, attn.head_dim, dtype=self.dtype, device=dev)) for _ in layers]
+        # Keys a query may see: the prompt's real tokens, every response position (causality hides the future).
+        self.key_ok = torch.ones(b, total, dtype=torch.bool, device=dev)
+        self.key_ok[:, :p] = prompt_mask
+        self.ids, self.p, self.total = prompt_ids, p, total
+        self.pos = (prompt_mask.long().cumsum(-1) - 1).clamp(min=0)
+        self.cos, self.sin = _rope_tables(model, total, self.dtype, dev)
+        self.t = 0
+
+    def _run(self, ids: Tensor, pos: Tensor, mask: Tensor, start: int) -> Tensor:
+        x = _embed(self.model, ids, self.dtype)
+        cos, sin = self.cos[pos].unsqueeze(1), self.sin[pos].unsqueeze(1)
+        for w, cache in zip(self.weights, self.cache):
+            x = _layer(w, x, cos, sin, mask, cache, start)
+        norm, head = self.model.model.norm, self.model.lm_head
+        return F.linear(_rms_norm(x[:, -1], norm.weight, norm.variance_epsilon), head.weight, head.bias)
+
+    def prefill(self) -> Tensor:
+        return self._run(self.ids, self.pos, _padded_causal_mask(self.key_ok, self.p), 0)
+
+    def step(self, tokens: Tensor) -> Tensor:
+        at = self.p + self.t
+        if at >= self.total:
+            raise ValueError(f"fast decode: cache holds {self.total} positions; cannot extend past it")
+        self.t += 1
+        pos = self.pos[:, -1:] + self.t
+        visible = torch.arange(self.total, device=tokens.device) <= at
+        bias = torch.zeros(self.key_ok.shape, dtype=self.dtype, device=tokens.device)
+        bias = bias.masked_fill(~(self.key_ok & visible), float("-inf"))[:, None, None, :]
+        return self._run(tokens[:, None], pos, bias, at)
