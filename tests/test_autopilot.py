@@ -118,22 +118,6 @@ def test_smoothing_and_noise_still_track():
     assert all(abs(x - 0.4) <= 0.15 * 0.4 for x in hs[reach:])
 
 
-def test_derivative_term_by_hand():
-    """kd acts on the smoothed entropy's smoothed per-step change, in relative-error units: entropy falling
-    0.05 nats/step toward a 0.5 target gives de = 0.1, so with kd = 10 and ClipV (knob raises entropy: -1)
-    log(mu) moves by -1 from mu0 = 2 (kp = ki = 0, no smoothing, no rate limit)."""
-    m = control.build_method("clip_v", mu=2.0, max_frac=None)
-    ap = Autopilot(m, parse_target(0.5), Gains(kp=0.0, ki=0.0, kd=10.0, ema=1.0, max_step=10.0), 10)
-    ap.update(1, 0.60)
-    assert m.get_knob() == pytest.approx(2.0)  # no slope yet
-    ap.update(2, 0.55)
-    assert m.get_knob() == pytest.approx(2.0 * math.exp(-1.0))
-    ap.update(3, 0.55)  # flat now: the slope decays with the smoothing factor (ema = 1: gone)
-    assert m.get_knob() == pytest.approx(2.0)
-    st = ap.state_dict()
-    assert st["slope"] == 0.0 and "slope" in st
-
-
 def test_a_wrong_declared_direction_fails_to_track():
     """The same plant with the opposite true direction: the controller pushes the wrong way (test can fail)."""
     m = control.build_method("clip_v", mu=2.0, max_frac=None)

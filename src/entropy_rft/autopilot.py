@@ -163,9 +163,8 @@ def parse_target(spec: Any, field: str = "method.entropy_target") -> TargetSched
 class Gains:
     """Controller settings (``autopilot.*`` in the config; see ``config.AutopilotConfig`` for help texts)."""
 
-    kp: float = 4.0
+    kp: float = 12.0
     ki: float = 0.3
-    kd: float = 0.0
     ema: float = 0.3
     max_step: float = 0.25
     i_zone: float = 0.25
@@ -236,7 +235,6 @@ class Autopilot:
         self.integral = 0.0
         self.u = math.log(self.k0)
         self.smoothed: float | None = None
-        self.slope = 0.0  # smoothed per-step change of the smoothed entropy (the D term's input)
         self.base: float | None = None
 
     def target_at(self, step: int) -> float:
@@ -252,20 +250,16 @@ class Autopilot:
                     "control/integral": self.integral}
         if self.base is None:
             self.base = float(measured)
-        prev = self.smoothed
-        self.smoothed = measured if prev is None else g.ema * measured + (1 - g.ema) * prev
-        if prev is not None:
-            self.slope = g.ema * (self.smoothed - prev) + (1 - g.ema) * self.slope
+        self.smoothed = measured if self.smoothed is None else g.ema * measured + (1 - g.ema) * self.smoothed
         target = self.target_at(step)
         e = (target - self.smoothed) / target
-        de = -self.slope / target  # the error's rate of change (D on the measurement: no kick on target moves)
         u0, lo, hi = math.log(self.k0), math.log(self.lo), math.log(self.hi)
         integral = self.integral + e if abs(e) <= g.i_zone else self.integral
-        u_want = u0 + self.direction * (g.kp * e + g.ki * integral + g.kd * de)
+        u_want = u0 + self.direction * (g.kp * e + g.ki * integral)
         pushing_out = (u_want > hi and self.direction * e > 0) or (u_want < lo and self.direction * e < 0)
         if pushing_out:  # anti-windup: the clamp holds, the integral does not grow behind it
             integral = self.integral
-            u_want = u0 + self.direction * (g.kp * e + g.ki * integral + g.kd * de)
+            u_want = u0 + self.direction * (g.kp * e + g.ki * integral)
         self.integral = integral
         u = min(max(u_want, self.u - g.max_step), self.u + g.max_step)
         self.u = min(max(u, lo), hi)
@@ -275,13 +269,11 @@ class Autopilot:
                 "control/integral": self.integral}
 
     def state_dict(self) -> dict[str, Any]:
-        return {"integral": self.integral, "u": self.u, "smoothed": self.smoothed, "slope": self.slope,
-                "base": self.base}
+        return {"integral": self.integral, "u": self.u, "smoothed": self.smoothed, "base": self.base}
 
     def load_state_dict(self, st: dict[str, Any]) -> None:
         self.integral, self.u = float(st["integral"]), float(st["u"])
         self.smoothed, self.base = st["smoothed"], st["base"]
-        self.slope = float(st.get("slope", 0.0))  # checkpoints written before the D term had none
         self.method.set_knob(math.exp(self.u))
 
 
