@@ -158,3 +158,18 @@ def test_training_forward_values_and_gradients_equal_hf(make):
         torch.testing.assert_close(grads[0][n], grads[1][n], atol=5e-5, rtol=1e-4, msg=n)
     if model.model.embed_tokens.padding_idx is not None:
         assert grads[0]["model.embed_tokens.weight"][0].abs().sum() == 0
+
+
+def test_policy_forward_uses_hf_modules_under_gradient_checkpointing_and_dropout():
+    """The raw-weights path would silently skip activation checkpointing and attention dropout, so
+    fast_path_ok refuses it there; the HF path then runs and gives the same values."""
+    from entropy_rft.forward import fast_path_ok
+
+    model = _llama(kv=2).train()
+    assert fast_path_ok(model)
+    model.gradient_checkpointing_enable()
+    assert not fast_path_ok(model)
+    model.gradient_checkpointing_disable()
+    model.config.attention_dropout = 0.1
+    assert not fast_path_ok(model) and fast_path_ok(model.eval())
+    assert not fast_path_ok(GPT2LMHeadModel(GPT2Config(vocab_size=V, n_embd=16, n_layer=1, n_head=2)))
