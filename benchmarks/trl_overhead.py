@@ -1,4 +1,4 @@
-"""TRL integration overhead, measured side by side in one run (CPU, one process, threads=1).
+"""TRL integration overhead, measured side by side in one run (CPU, one process, ``--threads`` threads, default 1).
 
 1. Step time: stock ``trl.GRPOTrainer`` vs ``EntropyControlGRPOTrainer`` with ``none`` and with ClipV, on the
    same tiny model and settings (target: ClipV / stock <= 1.05).
@@ -99,7 +99,8 @@ def native_step_times(setup: Setup, out: Path, steps: int) -> list[float]:
     sets = {"model.name": setup.policy, "task.name": setup.task_name, "method.name": "none",
             "rollout.prompts_per_step": PROMPTS, "rollout.group_size": GROUP, "rollout.max_new_tokens": NEW_TOKENS,
             "algo.minibatches": 1, "eval.every": 0, "train.max_steps": steps, "train.checkpoint_every": steps,
-            "train.tensorboard": "false", "train.progress": "false", "train.threads": 1, "optim.lr": LR,
+            "train.tensorboard": "false", "train.progress": "false", "train.threads": torch.get_num_threads(),
+            "optim.lr": LR,
             "probe.jvp_every": 0, "probe.counterfactual_every": 0}
     cfg = load_config(None, [f"{k}={v}" for k, v in sets.items()])
     stamps: list[float] = [time.perf_counter()]
@@ -163,10 +164,11 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=6, help="steps per engine and round (the first is excluded)")
     p.add_argument("--rounds", type=int, default=2, help="times each engine runs, interleaved")
+    p.add_argument("--threads", type=int, default=1, help="torch threads for every engine")
     p.add_argument("--skip-default", action="store_true",
                    help="skip the comparison on the built-in default policy (built on first use, ~2 min)")
     a = p.parse_args()
-    torch.set_num_threads(1)
+    torch.set_num_threads(a.threads)
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
@@ -186,7 +188,7 @@ def main() -> None:
         mem = {w: peak_memory(w) for w in ("trl", "erft")}
     n = (a.steps - 1) * a.rounds
     print(f"\nmicro policy (d 32, 1 layer): step time, median of {n} steps each (16 prompts x 8 samples, "
-          "<=12 new tokens, one update per batch, 1 process, 1 thread)")
+          f"<=12 new tokens, one update per batch, 1 process, {a.threads} thread(s))")
     print(f"{'engine':<34}{'s/step':>10}{'steps/s':>10}{'ratio vs TRL':>14}")
     for k, label in (("trl", "TRL GRPOTrainer (stock)"), ("erft_none", "EntropyControlGRPOTrainer none"),
                      ("erft_clip_v", "EntropyControlGRPOTrainer clip_v"), ("native", "erft native trainer")):
