@@ -363,3 +363,22 @@ def test_single_update_config_is_detected(micro_model, tmp_path):
     accum = Run(cfg_for(micro_model, **{"algo.minibatches": 1, "algo.grad_accum": 2}), tmp_path / "b")
     ppo = Run(cfg_for(micro_model, **{"algo.minibatches": 1, "algo.algorithm": "ppo"}), tmp_path / "c")
     assert not (two.single_update or accum.single_update or ppo.single_update)
+
+
+@pytest.mark.parametrize("sets", [{"model.autocast_bf16": "true"}, {"model.dtype": "bfloat16"}],
+                         ids=["autocast-bf16", "bf16-weights"])
+def test_bf16_training_runs_with_finite_float32_statistics(micro_model, tmp_path, sets):
+    """The bf16 flags meant for a GPU also run on CPU: every step's metrics are finite (or null), the
+    statistics (and the probe built on them) stay float32."""
+    cfg = cfg_for(micro_model, **{"train.max_steps": 2, "eval.every": 0, "method.name": "clip_v", **sets})
+    start(cfg, tmp_path / "run")
+    rows = strict_rows(tmp_path / "run" / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2]
+    for r in rows:
+        for k in ("entropy/mean", "dynamics/s_centered_std", "probe/dH_actual", "optim/grad_norm"):
+            assert r[k] is not None and math.isfinite(r[k]), (k, r[k])
+    run = Run(cfg, tmp_path / "probe")
+    rb = run.rollout([e.prompt for e in run.sample_prompts()])
+    with run.autocast():
+        out = run.forward(rb)
+    assert out.stats.entropy.dtype == torch.float32 and torch.isfinite(out.stats.entropy).all()
