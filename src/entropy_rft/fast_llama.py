@@ -185,12 +185,13 @@ def _rope_tables(model, n: int, dtype: torch.dtype, device: torch.device) -> tup
     return cos[0], sin[0]
 
 
-def decoder_hidden(model, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+def decoder_hidden(model, input_ids: Tensor, attention_mask: Tensor, *, check: bool = True) -> Tensor:
     """The decoder's final hidden states [B, S, D] (after the last norm), differentiable in the parameters.
 
     Same result as ``model.get_decoder()(input_ids, attention_mask, position_ids)`` for left-padded rows
-    (position ids skip the padding). Raises ValueError for an unsupported model."""
-    reason = unsupported_reason(model)
+    (position ids skip the padding). Raises ValueError for an unsupported model; ``check=False`` skips that
+    module walk for callers that have just made it (the policy forward, once per call)."""
+    reason = unsupported_reason(model) if check else None
     if reason is not None:
         raise ValueError(f"fast llama: {reason}")
     key_ok = attention_mask.bool()

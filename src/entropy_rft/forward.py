@@ -62,7 +62,7 @@ def fast_path_ok(model) -> bool:
 def _decoder_hidden(model, batch: RolloutBatch, fast: bool = True) -> Tensor:
     ids, am = batch.input_ids, batch.attention_mask.long()
     if fast and fast_path_ok(model):
-        hidden = decoder_hidden(model, ids, am)
+        hidden = decoder_hidden(model, ids, am, check=False)  # fast_path_ok has just checked the model
     else:
         hidden = model.get_decoder()(input_ids=ids, attention_mask=am, position_ids=position_ids(am)).last_hidden_state
     p, r = batch.prompt_ids.shape[1], batch.response_ids.shape[1]
