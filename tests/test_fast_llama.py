@@ -173,3 +173,70 @@ def test_policy_forward_uses_hf_modules_under_gradient_checkpointing_and_dropout
     model.config.attention_dropout = 0.1
     assert not fast_path_ok(model) and fast_path_ok(model.eval())
     assert not fast_path_ok(GPT2LMHeadModel(GPT2Config(vocab_size=V, n_embd=16, n_layer=1, n_head=2)))
+
+
+def _grouped_rollout():
+    """Six rows over three distinct prompts of different lengths, interleaved (A B A C B A), with responses of
+    lengths 5, 1, 3, 5, 2, 4 (right-padded with the pad id 0; one response samples the pad id as a real token)."""
+    from entropy_rft.rollout import RolloutBatch
+
+    g = torch.Generator().manual_seed(4)
+    prompts = {"A": [7, 3, 9, 1], "B": [5, 2], "C": [8, 8, 6, 4, 11]}
+    order, lens = "ABACBA", [5, 1, 3, 5, 2, 4]
+    p, r = 5, 5
+    p_ids = torch.zeros(6, p, dtype=torch.long)
+    p_mask = torch.zeros(6, p, dtype=torch.bool)
+    for i, name in enumerate(order):
+        toks = prompts[name]
+        p_ids[i, p - len(toks):] = torch.tensor(toks)
+        p_mask[i, p - len(toks):] = True
+    r_ids = torch.randint(1, V, (6, r), generator=g)
+    r_mask = torch.arange(r)[None] < torch.tensor(lens)[:, None]
+    r_ids[~r_mask] = 0
+    r_ids[3, 2] = 0  # the pad id as a real token: its embedding row gets no lookup gradient, as in nn.Embedding
+    return RolloutBatch(p_ids, p_mask, r_ids, r_mask, [""] * 6)
+
+
+@pytest.mark.parametrize("make", [lambda: _llama(kv=2, pad_token_id=0), _qwen2], ids=["llama-gqa-padidx", "qwen2"])
+def test_packed_policy_forward_equals_the_hf_decoder(make):
+    """The packed training forward (each distinct prompt once, no padding computed) against transformers' own
+    decoder on the full padded rows: log p, entropy, every TokenStats field, and every parameter's gradient."""
+    from entropy_rft.forward import policy_forward
+
+    model = make().train()
+    rb = _grouped_rollout()
+    m = rb.response_mask
+    wts = torch.randn(2, *m.shape, generator=torch.Generator().manual_seed(2))
+    outs, grads = [], []
+    for fast in (True, False):
+        model.zero_grad()
+        out = policy_forward(model, rb, 0.7, with_entropy=True, fast=fast)
+        ((out.logp * wts[0] + out.entropy * wts[1]) * m).sum().backward()
+        outs.append(out)
+        grads.append({n: q.grad.clone() for n, q in model.named_parameters() if q.grad is not None})
+    fast, ref = outs
+    for name in ("logp", "entropy"):
+        torch.testing.assert_close(getattr(fast, name)[m], getattr(ref, name)[m], atol=2e-5, rtol=1e-5)
+    for f in ("entropy", "logp", "s_star", "s_expected", "s_centered"):
+        torch.testing.assert_close(getattr(fast.stats, f)[m], getattr(ref.stats, f)[m], atol=2e-5, rtol=1e-5)
+    torch.testing.assert_close(fast.hidden[m], ref.hidden[m].float(), atol=2e-5, rtol=1e-5)
+    assert (fast.logp[~m] == 0).all() and (fast.stats.entropy[~m] == 0).all()  # nothing computed there
+    assert grads[0].keys() == grads[1].keys() and len(grads[0]) > 10
+    for n in grads[1]:
+        torch.testing.assert_close(grads[0][n], grads[1][n], atol=5e-5, rtol=1e-4, msg=n)
+
+
+def test_packed_forward_shares_each_prompt_and_skips_padding():
+    """response_hidden returns exactly the valid tokens, row-major; the fallback covers non-prefix masks."""
+    from entropy_rft.fast_llama import is_prefix_mask, response_hidden
+
+    rb = _grouped_rollout()
+    ph = response_hidden(_llama(), rb.prompt_ids, rb.prompt_mask, rb.response_ids, rb.response_mask)
+    assert ph.hidden.shape == (5 + 1 + 3 + 5 + 2 + 4, 32)
+    assert ph.rows.tolist() == [0] * 5 + [1] + [2] * 3 + [3] * 5 + [4] * 2 + [5] * 4
+    assert ph.cols.tolist()[:7] == [0, 1, 2, 3, 4, 0, 0]
+    assert is_prefix_mask(torch.tensor([[True, True, False], [True, False, False], [False, False, False]]))
+    gap = torch.tensor([[True, False, True]])
+    assert not is_prefix_mask(gap)
+    with pytest.raises(ValueError, match="response_mask must be True for a prefix"):
+        response_hidden(_llama(), rb.prompt_ids[:1], rb.prompt_mask[:1], rb.response_ids[:1, :3], gap)

@@ -126,6 +126,31 @@ def _attend_one(q: Tensor, kc: Tensor, vc: Tensor, bias: Tensor, scale: float) -
     return torch.matmul(w, vc).reshape(b, h, 1, d)
 
 
+def _heads(t: Tensor, hd: int) -> Tensor:
+    """[B, T, H*D] -> [B, H, T, D]."""
+    return t.view(t.shape[0], t.shape[1], -1, hd).transpose(1, 2)
+
+
+def _rope(t: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    return t * cos + _rotate_half(t) * sin
+
+
+def _qkv(w: _Weights, x: Tensor) -> Tensor:
+    """The fused q/k/v projection of rms_norm(x), on any leading shape."""
+    return F.linear(_rms_norm(x, w.norm1, w.eps1), w.qkv_w, w.qkv_b)
+
+
+def _attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float) -> Tensor:
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=k.shape[1] != q.shape[1])
+
+
+def _finish(w: _Weights, x: Tensor, o: Tensor) -> Tensor:
+    """The rest of a layer after attention: x + o_proj(o), then the SiLU MLP's residual (any leading shape)."""
+    x = x + F.linear(o, w.o_w, w.o_b)
+    gate, up = F.linear(_rms_norm(x, w.norm2, w.eps2), w.gu_w, w.gu_b).chunk(2, dim=-1)
+    return x + F.linear(F.silu(gate) * up, w.down_w, w.down_b)
+
+
 def _layer(w: _Weights, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor,
            cache: tuple[Tensor, Tensor] | None = None, start: int = 0) -> Tensor:
     """One decoder layer on T positions.
@@ -135,25 +160,15 @@ def _layer(w: _Weights, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor,
     [B, 1, T, L] (prefill, full sequence) or, for a single cached position, an additive bias [B, 1, 1, L]."""
     b, t, _ = x.shape
     hd = cos.shape[-1]
-    h = _rms_norm(x, w.norm1, w.eps1)
-    q, k, v = F.linear(h, w.qkv_w, w.qkv_b).split(w.splits, dim=-1)
-    q = q.view(b, t, -1, hd).transpose(1, 2)
-    k = k.view(b, t, -1, hd).transpose(1, 2)
-    v = v.view(b, t, -1, hd).transpose(1, 2)
-    q = q * cos + _rotate_half(q) * sin
-    k = k * cos + _rotate_half(k) * sin
+    q, k, v = (_heads(z, hd) for z in _qkv(w, x).split(w.splits, dim=-1))
+    q, k = _rope(q, cos, sin), _rope(k, cos, sin)
     if cache is not None:
         cache[0][:, :, start:start + t] = k
         cache[1][:, :, start:start + t] = v
         k, v = cache
-    if t == 1 and cache is not None:
-        o = _attend_one(q, k, v, mask, w.scale)
-    else:
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=w.scale, enable_gqa=k.shape[1] != q.shape[1])
-    x = x + F.linear(o.transpose(1, 2).reshape(b, t, -1), w.o_w, w.o_b)
-    h = _rms_norm(x, w.norm2, w.eps2)
-    gate, up = F.linear(h, w.gu_w, w.gu_b).chunk(2, dim=-1)
-    return x + F.linear(F.silu(gate) * up, w.down_w, w.down_b)
+    one = t == 1 and cache is not None
+    o = _attend_one(q, k, v, mask, w.scale) if one else _attend(q, k, v, mask, w.scale)
+    return _finish(w, x, o.transpose(1, 2).reshape(b, t, -1))
 
 
 def _padded_causal_mask(key_ok: Tensor, n_query: int) -> Tensor:
@@ -205,6 +220,96 @@ def decoder_hidden(model, input_ids: Tensor, attention_mask: Tensor, *, check: b
         x = _layer(_layer_weights(layer), x, cos, sin, mask)
     norm = model.model.norm
     return _rms_norm(x, norm.weight, norm.variance_epsilon)
+
+
+def is_prefix_mask(mask: Tensor) -> bool:
+    """Whether each row of a [B, R] boolean mask is True for a prefix and False after it (tokens up to EOS)."""
+    n = mask.sum(-1, keepdim=True)
+    return bool(torch.equal(mask.bool(), torch.arange(mask.shape[-1], device=mask.device) < n))
+
+
+class PackedHidden(NamedTuple):
+    """Final hidden states for the valid response tokens only, in row-major order."""
+
+    hidden: Tensor  # [N, D]: the state that predicts response token (rows[i], cols[i])
+    rows: Tensor  # [N] long
+    cols: Tensor  # [N] long
+
+
+def _group_prompts(prompt_ids: Tensor, prompt_mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """The distinct prompts of a batch (a GRPO group repeats one G times): (ids [U, P], mask [U, P], inverse [B])."""
+    key = prompt_ids.masked_fill(~prompt_mask, -1)
+    _, inv = torch.unique(key, dim=0, return_inverse=True)
+    n_u = int(inv.max()) + 1
+    first = torch.full((n_u,), prompt_ids.shape[0], dtype=torch.long, device=inv.device)
+    first = first.scatter_reduce(0, inv, torch.arange(inv.shape[0], device=inv.device), "amin")
+    return prompt_ids[first], prompt_mask[first], inv
+
+
+def response_hidden(model, prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor, response_mask: Tensor,
+                    *, check: bool = True) -> PackedHidden:
+    """The hidden states that predict each valid response token, computing no position twice and no padding.
+
+    The same numbers as :func:`decoder_hidden` on the concatenated rows (to float rounding; gradients too), but:
+
+    - each distinct prompt runs once, however many rows repeat it (a GRPO group of G rows shares its
+      prompt's K/V, and the prompt's gradient is the sum over the group, as autograd gives it);
+    - the position-wise work (norms, projections, MLP) runs on the real response positions only, packed as
+      [N, D]; only attention sees them padded, as [B, R', ...], next to their prompt's K/V;
+    - positions after a row's last needed one (EOS and the padding behind it) are never computed.
+
+    ``response_mask`` must be a prefix mask per row (:func:`is_prefix_mask`); left-padded prompts. Raises
+    ValueError otherwise, or for an unsupported model (``check=False`` skips that walk)."""
+    reason = unsupported_reason(model) if check else None
+    if reason is not None:
+        raise ValueError(f"fast llama: {reason}")
+    if not is_prefix_mask(response_mask):
+        raise ValueError("fast llama: response_mask must be True for a prefix of each row (tokens up to EOS)")
+    p_ids, p_mask, inv = _group_prompts(prompt_ids, prompt_mask.bool())
+    n_u, p = p_ids.shape
+    b = response_ids.shape[0]
+    dev = prompt_ids.device
+    dtype = _autocast_dtype(model, dev)
+    # Response position j feeds the prediction of token j+1: needed while j+1 is a valid token.
+    n_need = (response_mask.sum(-1) - 1).clamp(min=0)
+    r = int(n_need.max()) if b else 0
+    need = torch.arange(r, device=dev) < n_need[:, None]  # [B, R']
+    flat = need.reshape(-1).nonzero().squeeze(-1)  # row-major, as the packed residual stream
+    resp_in = response_ids[:, :r].reshape(-1)[flat]
+    x = torch.cat([_embed(model, p_ids, dtype).reshape(n_u * p, -1), _embed(model, resp_in, dtype)])
+
+    plen = p_mask.long().sum(-1)
+    cos, sin = _rope_tables(model, p + r, dtype, dev)
+    pos_p = (p_mask.long().cumsum(-1) - 1).clamp(min=0)
+    pos_r = plen[inv][:, None] + torch.arange(r, device=dev)
+    cos_p, sin_p = cos[pos_p].unsqueeze(1), sin[pos_p].unsqueeze(1)
+    cos_r, sin_r = cos[pos_r].unsqueeze(1), sin[pos_r].unsqueeze(1)
+    mask_p = _padded_causal_mask(p_mask, p)
+    causal = torch.ones(r, r, dtype=torch.bool, device=dev).tril()
+    mask_r = torch.cat([p_mask[inv][:, None, :].expand(b, r, p), causal.expand(b, r, r)], -1)[:, None]
+    hd = cos.shape[-1]
+    n_p = n_u * p
+    for layer in model.model.layers:
+        w = _layer_weights(layer)
+        qkv = _qkv(w, x)
+        qp, kp, vp = (_heads(z, hd) for z in qkv[:n_p].view(n_u, p, -1).split(w.splits, dim=-1))
+        qp, kp = _rope(qp, cos_p, sin_p), _rope(kp, cos_p, sin_p)
+        o = [_attend(qp, kp, vp, mask_p, w.scale).transpose(1, 2).reshape(n_p, -1)]
+        if r:
+            padded = qkv.new_zeros(b * r, qkv.shape[-1]).index_copy(0, flat, qkv[n_p:]).view(b, r, -1)
+            qr, kr, vr = (_heads(z, hd) for z in padded.split(w.splits, dim=-1))
+            k = torch.cat([kp[inv], _rope(kr, cos_r, sin_r)], dim=2)
+            v = torch.cat([vp[inv], vr], dim=2)
+            o_r = _attend(_rope(qr, cos_r, sin_r), k, v, mask_r, w.scale)
+            o.append(o_r.transpose(1, 2).reshape(b * r, -1).index_select(0, flat))
+        x = _finish(w, x, torch.cat(o))
+    norm = model.model.norm
+    x = _rms_norm(x, norm.weight, norm.variance_epsilon)
+    rows, cols = response_mask.nonzero(as_tuple=True)
+    src = inv[rows] * p + (p - 1)  # token 0 is predicted by its prompt's last position
+    later = cols > 0
+    src[later] = n_p + torch.arange(int(later.sum()), device=dev)  # token j > 0 by response position j - 1
+    return PackedHidden(x.index_select(0, src), rows, cols)
 
 
 class StaticDecoder:

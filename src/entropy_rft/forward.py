@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from entropy_rft.dynamics import TokenStats, fused_logp, token_stats
-from entropy_rft.fast_llama import decoder_hidden, unsupported_reason
+from entropy_rft.fast_llama import decoder_hidden, is_prefix_mask, response_hidden, unsupported_reason
 from entropy_rft.rollout import RolloutBatch, position_ids
 
 # Config attributes that make logits differ from hidden @ W.T; such models use the materialised path.
@@ -59,14 +59,33 @@ def fast_path_ok(model) -> bool:
     return not (model.training and float(getattr(model.config, "attention_dropout", 0.0) or 0.0) > 0)
 
 
-def _decoder_hidden(model, batch: RolloutBatch, fast: bool = True) -> Tensor:
+def _decoder_hidden(model, batch: RolloutBatch, fast: bool) -> Tensor:
+    """Hidden states [B, R, D] predicting each response position; ``fast``: the caller checked fast_path_ok."""
     ids, am = batch.input_ids, batch.attention_mask.long()
-    if fast and fast_path_ok(model):
-        hidden = decoder_hidden(model, ids, am, check=False)  # fast_path_ok has just checked the model
+    if fast:
+        hidden = decoder_hidden(model, ids, am, check=False)
     else:
         hidden = model.get_decoder()(input_ids=ids, attention_mask=am, position_ids=position_ids(am)).last_hidden_state
     p, r = batch.prompt_ids.shape[1], batch.response_ids.shape[1]
     return hidden[:, p - 1 : p + r - 1]
+
+
+def _place(x: Tensor, rows: Tensor, cols: Tensor, shape: tuple[int, int]) -> Tensor:
+    """Packed per-token values [N, ...] back to [B, R, ...], zero where no token is (differentiable)."""
+    return x.new_zeros(shape + tuple(x.shape[1:])).index_put((rows, cols), x)
+
+
+def _packed_forward(model, batch: RolloutBatch, temperature: float, with_entropy: bool) -> PolicyOut:
+    """The fused path on :func:`entropy_rft.fast_llama.response_hidden`: valid tokens only, one pass per prompt."""
+    ph = response_hidden(model, batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask,
+                         check=False)
+    head = model.get_output_embeddings()
+    out = fused_logp(ph.hidden, head.weight, batch.response_ids[ph.rows, ph.cols], temperature, bias=head.bias,
+                     with_entropy=with_entropy)
+    shape = tuple(batch.response_ids.shape)
+    place = lambda x: _place(x, ph.rows, ph.cols, shape)  # noqa: E731
+    stats = TokenStats(*(place(getattr(out.stats, f.name)) for f in dataclasses.fields(TokenStats)))
+    return PolicyOut(place(out.logp), None if out.entropy is None else place(out.entropy), stats, place(ph.hidden))
 
 
 def policy_forward(model, batch: RolloutBatch, temperature: float, *, with_entropy: bool = False,
@@ -74,8 +93,13 @@ def policy_forward(model, batch: RolloutBatch, temperature: float, *, with_entro
     """Log-probs of the sampled response tokens under ``model`` at ``temperature``, plus TokenStats.
 
     ``fast`` runs Llama-family decoders on their raw weights (:mod:`entropy_rft.fast_llama`) when
-    :func:`fast_path_ok`; the result equals the HF modules' to float rounding."""
+    :func:`fast_path_ok`; the result equals the HF modules' to float rounding. There, for responses masked up
+    to EOS, each distinct prompt runs once and padding is never computed (:func:`response_hidden`); outputs at
+    positions outside ``response_mask`` are then 0 (every consumer masks them)."""
     if fused and supports_fused(model):
+        fast = fast and fast_path_ok(model)
+        if fast and is_prefix_mask(batch.response_mask):
+            return _packed_forward(model, batch, temperature, with_entropy)
         hidden = _decoder_hidden(model, batch, fast)
         head = model.get_output_embeddings()
         out = fused_logp(hidden, head.weight, batch.response_ids, temperature, bias=head.bias,
