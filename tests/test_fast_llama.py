@@ -240,3 +240,27 @@ def test_packed_forward_shares_each_prompt_and_skips_padding():
     assert not is_prefix_mask(gap)
     with pytest.raises(ValueError, match="response_mask must be True for a prefix"):
         response_hidden(_llama(), rb.prompt_ids[:1], rb.prompt_mask[:1], rb.response_ids[:1, :3], gap)
+
+
+def test_decoder_shares_prompts_and_drops_finished_rows_without_changing_the_others():
+    """Repeated prompts are prefilled once; rows marked done leave the cache (once at most 3/4 still go), and
+    the rows still going get the logits of the full forward."""
+    model = _llama(kv=2)
+    ids, mask, cont = _batch()
+    ids, mask, cont = ids.repeat(2, 1), mask.repeat(2, 1), cont.repeat(2, 1)  # 6 rows, 3 distinct prompts
+    full_ids = torch.cat([ids, cont], 1)
+    full_mask = torch.cat([mask, torch.ones_like(cont, dtype=torch.bool)], 1)
+    with torch.no_grad():
+        ref = model(input_ids=full_ids, attention_mask=full_mask.long(), position_ids=position_ids(full_mask)).logits
+    dec = StaticDecoder(model, ids, mask, max_new_tokens=cont.shape[1])
+    torch.testing.assert_close(dec.prefill(), ref[:, ids.shape[1] - 1], atol=2e-5, rtol=1e-5)
+    assert dec.cache[0][0].shape[0] == 6
+    done = torch.zeros(6, dtype=torch.bool)
+    held = []
+    for t, finished in enumerate([[], [4], [1, 5], [0]]):  # 1 of 6 done: kept; 3 of 6: 3/5 going -> compact
+        done[finished] = True
+        logits = dec.step(cont[:, t], done)
+        held.append(dec.rows.tolist())
+        torch.testing.assert_close(logits[~done], ref[~done, ids.shape[1] + t], atol=2e-5, rtol=1e-5)
+    assert held == [[0, 1, 2, 3, 4, 5], [0, 1, 2, 3, 4, 5], [0, 2, 3], [2, 3]]
+    assert (logits[done] == 0).all()

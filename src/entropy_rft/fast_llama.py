@@ -316,29 +316,33 @@ class StaticDecoder:
     """Prefill a left-padded prompt batch, then extend it one token at a time, returning next-token logits.
 
     ``prefill()`` and each ``step(tokens)`` return logits ``[B, V]`` for the next position.
+
+    Work is only spent where it changes a result: the prefill runs each distinct prompt once (a GRPO group
+    repeats one G times) and copies its K/V to the group's rows; ``step(tokens, done)`` drops the rows that
+    have finished from the cache once at most ``compact_below`` of the rows it holds are still going (their
+    logits are then returned as 0, i.e. uniform: the sampler overwrites those rows' tokens anyway).
     """
 
-    def __init__(self, model, prompt_ids: Tensor, prompt_mask: Tensor, max_new_tokens: int):
+    def __init__(self, model, prompt_ids: Tensor, prompt_mask: Tensor, max_new_tokens: int,
+                 compact_below: float = 0.75):
         reason = unsupported_reason(model, prompt_ids.shape[1] + max_new_tokens)
         if reason is not None:
             raise ValueError(f"fast decode: {reason}; use the 'kv' sampler backend")
         self.model = model
-        layers = list(model.model.layers)
-        self.weights = [_layer_weights(lay) for lay in layers]
+        self.weights = [_layer_weights(lay) for lay in model.model.layers]
         b, p = prompt_ids.shape
-        total = p + max_new_tokens
+        self.total = total = p + max_new_tokens
         dev = prompt_ids.device
-        attn = layers[0].self_attn
-        n_kv = attn.k_proj.out_features // attn.head_dim
         self.dtype = _autocast_dtype(model, dev)
-        self.cache = [(torch.zeros(b, n_kv, total, attn.head_dim, dtype=self.dtype, device=dev),
-                       torch.zeros(b, n_kv, total, attn.head_dim, dtype=self.dtype, device=dev)) for _ in layers]
         # Keys a query may see: the prompt's real tokens, every response position (causality hides the future).
         self.key_ok = torch.ones(b, total, dtype=torch.bool, device=dev)
         self.key_ok[:, :p] = prompt_mask
-        self.ids, self.p, self.total = prompt_ids, p, total
+        self.ids, self.mask, self.p = prompt_ids, prompt_mask.bool(), p
         self.pos = (prompt_mask.long().cumsum(-1) - 1).clamp(min=0)
         self.cos, self.sin = _rope_tables(model, total, self.dtype, dev)
+        self.rows = torch.arange(b, device=dev)  # the original rows the cache holds, in cache order
+        self.compact_below = compact_below
+        self.cache: list[tuple[Tensor, Tensor]] = []
         self.t = 0
 
     def _run(self, ids: Tensor, pos: Tensor, mask: Tensor, start: int) -> Tensor:
@@ -350,15 +354,40 @@ class StaticDecoder:
         return F.linear(_rms_norm(x[:, -1], norm.weight, norm.variance_epsilon), head.weight, head.bias)
 
     def prefill(self) -> Tensor:
-        return self._run(self.ids, self.pos, _padded_causal_mask(self.key_ok, self.p), 0)
+        u_ids, u_mask, inv = _group_prompts(self.ids, self.mask)
+        attn = self.model.model.layers[0].self_attn
+        shape = (u_ids.shape[0], attn.k_proj.out_features // attn.head_dim, self.total, attn.head_dim)
+        self.cache = [(torch.zeros(shape, dtype=self.dtype, device=u_ids.device),
+                       torch.zeros(shape, dtype=self.dtype, device=u_ids.device)) for _ in self.weights]
+        u_pos = (u_mask.long().cumsum(-1) - 1).clamp(min=0)
+        u_keys = torch.ones(u_ids.shape[0], self.total, dtype=torch.bool, device=u_ids.device)
+        u_keys[:, :self.p] = u_mask
+        logits = self._run(u_ids, u_pos, _padded_causal_mask(u_keys, self.p), 0)
+        self.cache = [(k[inv], v[inv]) for k, v in self.cache]
+        return logits[inv]
 
-    def step(self, tokens: Tensor) -> Tensor:
+    def _compact(self, done: Tensor) -> None:
+        going = ~done[self.rows]
+        n = int(going.sum())
+        if 0 < n <= self.compact_below * self.rows.shape[0]:
+            keep = going.nonzero().squeeze(-1)
+            self.cache = [(k[keep], v[keep]) for k, v in self.cache]
+            self.key_ok, self.pos, self.rows = self.key_ok[keep], self.pos[keep], self.rows[keep]
+
+    def step(self, tokens: Tensor, done: Tensor | None = None) -> Tensor:
+        """Logits [B, V] after appending ``tokens`` [B]; ``done`` [B] marks rows whose logits are not needed."""
         at = self.p + self.t
         if at >= self.total:
             raise ValueError(f"fast decode: cache holds {self.total} positions; cannot extend past it")
+        if done is not None:
+            self._compact(done)
         self.t += 1
         pos = self.pos[:, -1:] + self.t
         visible = torch.arange(self.total, device=tokens.device) <= at
         bias = torch.zeros(self.key_ok.shape, dtype=self.dtype, device=tokens.device)
         bias = bias.masked_fill(~(self.key_ok & visible), float("-inf"))[:, None, None, :]
-        return self._run(tokens[:, None], pos, bias, at)
+        full = self.rows.shape[0] == tokens.shape[0]
+        logits = self._run((tokens if full else tokens[self.rows])[:, None], pos, bias, at)
+        if full:
+            return logits
+        return logits.new_zeros(tokens.shape[0], logits.shape[-1]).index_copy(0, self.rows, logits)

@@ -95,9 +95,11 @@ def next_token(logits: Tensor, temperature: float, top_p: float, generator: torc
 
 def _decode(first_logits: Tensor, extend, *, max_new_tokens: int, temperature: float, top_p: float, eos_id: int,
             pad_id: int, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
-    """The sampling loop shared by the KV backends: ``extend(tokens)`` returns the next position's logits.
+    """The sampling loop shared by the KV backends: ``extend(tokens, done)`` returns the next position's logits
+    (a backend may skip the rows in ``done``: whatever it returns there is overwritten).
 
-    Rows that emitted EOS keep receiving ``pad_id`` (masked out); the loop stops when every row is done."""
+    Rows that emitted EOS keep receiving ``pad_id`` (masked out); the loop stops when every row is done. Each
+    draw takes the same random numbers for every row whatever its logits, so skipping rows changes no token."""
     logits = first_logits
     done = torch.zeros(logits.shape[0], dtype=torch.bool, device=logits.device)
     toks, valid = [], []
@@ -109,7 +111,7 @@ def _decode(first_logits: Tensor, extend, *, max_new_tokens: int, temperature: f
         done = done | (tok == eos_id)
         if t == max_new_tokens - 1 or bool(done.all()):
             break
-        logits = extend(tok)
+        logits = extend(tok, done)
     return torch.stack(toks, dim=1), torch.stack(valid, dim=1)
 
 
@@ -126,7 +128,7 @@ def sample_kv(model, prompt_ids: Tensor, prompt_mask: Tensor, *, max_new_tokens:
     out = model(input_ids=prompt_ids, attention_mask=attn, position_ids=pos, use_cache=True, logits_to_keep=1)
     state = {"past": out.past_key_values, "attn": attn, "pos": pos[:, -1:]}
 
-    def extend(tok: Tensor) -> Tensor:
+    def extend(tok: Tensor, _done: Tensor) -> Tensor:
         state["attn"] = torch.cat([state["attn"], state["attn"].new_ones((b, 1))], dim=1)
         state["pos"] = state["pos"] + 1
         o = model(input_ids=tok[:, None], attention_mask=state["attn"], position_ids=state["pos"],
