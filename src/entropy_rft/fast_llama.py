@@ -11,8 +11,16 @@ and is a large share of each training forward. This module runs the same maths w
     hidden = rms_norm(x)
 
 - :class:`StaticDecoder`: prefill, then one token at a time with every layer's K/V preallocated for
-  prompt + max_new_tokens positions (the sampler's ``"static"`` backend);
-- :func:`decoder_hidden`: the full-sequence forward with autograd (the policy forward's fast path).
+  prompt + max_new_tokens positions (the sampler's ``"static"`` backend). Each distinct prompt is prefilled
+  once, and finished rows leave the cache;
+- :func:`response_hidden`: the training forward with autograd (the policy forward's fast path). It computes
+  only what a policy-gradient step reads: each distinct prompt once (a GRPO group shares it), then the real
+  response positions, packed, with no padding after EOS;
+- :func:`decoder_hidden`: the plain full-sequence forward with autograd (the fallback for masks that are not
+  a prefix per row).
+
+Skipping work never changes a number that is used: the tests compare values and every parameter's gradient
+with transformers' own decoder on the full padded rows.
 
 Position ids skip left padding as ``generate`` does; the rotary tables come from the model's own
 ``rotary_emb`` module. Values match the HF forward to float32 rounding and gradients match too (tested).
