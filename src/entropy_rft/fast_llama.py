@@ -122,16 +122,22 @@ def _rotate_half(x: Tensor) -> Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-def _attend_one(q: Tensor, kc: Tensor, vc: Tensor, bias: Tensor, scale: float) -> Tensor:
-    """Attention of one query position per row over the whole cache: softmax(q·kᵀ·scale + bias)·v.
+def _attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float) -> Tensor:
+    """softmax(q·kᵀ·scale, masked)·v as plain matmuls and a float32 softmax (differentiable).
 
-    q [B, H, 1, D]; kc/vc [B, Hkv, L, D]; bias [B, 1, 1, L] (0 or -inf). Grouped-query heads share
-    their K/V by viewing q as [B, Hkv, H/Hkv, D]. Four small ops: cheaper than SDPA's dispatch at this size."""
-    b, h, _, d = q.shape
-    hkv = kc.shape[1]
-    qg = q.reshape(b, hkv, h // hkv, d)
-    w = torch.softmax(torch.matmul(qg, kc.transpose(-1, -2)) * scale + bias, dim=-1)
-    return torch.matmul(w, vc).reshape(b, h, 1, d)
+    q [B, H, T, D]; k/v [B, Hkv, L, D]; mask [B, 1, T, L], boolean (True = visible) or additive (0 / -inf).
+    Grouped-query heads share their K/V by viewing q as [B, Hkv, H/Hkv * T, D]. For the short sequences of a
+    rollout batch this beats SDPA's CPU kernel (without gradients by 1.4-2.6x, with them by up to 1.1x:
+    its per-call cost dominates there); one implementation for every path keeps the sampler, the
+    no-grad old-policy pass and the differentiated forward bit-identical."""
+    b, h, t, d = q.shape
+    hkv = k.shape[1]
+    s = torch.matmul(q.reshape(b, hkv, (h // hkv) * t, d), k.transpose(-1, -2)).mul_(scale)
+    s = s.view(b, hkv, h // hkv, t, -1)
+    m = mask[:, :, None]
+    s = s.masked_fill_(~m, float("-inf")) if m.dtype == torch.bool else s.add_(m)
+    w = torch.softmax(s, dim=-1, dtype=torch.float32).to(v.dtype).view(b, hkv, (h // hkv) * t, -1)
+    return torch.matmul(w, v).view(b, h, t, d)
 
 
 def _heads(t: Tensor, hd: int) -> Tensor:
@@ -146,10 +152,6 @@ def _rope(t: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 def _qkv(w: _Weights, x: Tensor) -> Tensor:
     """The fused q/k/v projection of rms_norm(x), on any leading shape."""
     return F.linear(_rms_norm(x, w.norm1, w.eps1), w.qkv_w, w.qkv_b)
-
-
-def _attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float) -> Tensor:
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=k.shape[1] != q.shape[1])
 
 
 def _finish(w: _Weights, x: Tensor, o: Tensor) -> Tensor:
@@ -174,8 +176,7 @@ def _layer(w: _Weights, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor,
         cache[0][:, :, start:start + t] = k
         cache[1][:, :, start:start + t] = v
         k, v = cache
-    one = t == 1 and cache is not None
-    o = _attend_one(q, k, v, mask, w.scale) if one else _attend(q, k, v, mask, w.scale)
+    o = _attend(q, k, v, mask, w.scale)
     return _finish(w, x, o.transpose(1, 2).reshape(b, t, -1))
 
 
@@ -290,25 +291,27 @@ def response_hidden(model, prompt_ids: Tensor, prompt_mask: Tensor, response_ids
     cos, sin = _rope_tables(model, p + r, dtype, dev)
     pos_p = (p_mask.long().cumsum(-1) - 1).clamp(min=0)
     pos_r = plen[inv][:, None] + torch.arange(r, device=dev)
-    cos_p, sin_p = cos[pos_p].unsqueeze(1), sin[pos_p].unsqueeze(1)
-    cos_r, sin_r = cos[pos_r].unsqueeze(1), sin[pos_r].unsqueeze(1)
+    pos = torch.cat([pos_p.reshape(-1), pos_r.reshape(-1)[flat]])  # every packed row's position
+    cos, sin = cos[pos].unsqueeze(1), sin[pos].unsqueeze(1)  # [M, 1, D]
     mask_p = _padded_causal_mask(p_mask, p)
     causal = torch.ones(r, r, dtype=torch.bool, device=dev).tril()
     mask_r = torch.cat([p_mask[inv][:, None, :].expand(b, r, p), causal.expand(b, r, r)], -1)[:, None]
     hd = cos.shape[-1]
-    n_p = n_u * p
+    n_p, m = n_u * p, x.shape[0]
     for layer in model.model.layers:
         w = _layer_weights(layer)
+        nq, nk, _ = w.splits
         qkv = _qkv(w, x)
-        qp, kp, vp = (_heads(z, hd) for z in qkv[:n_p].view(n_u, p, -1).split(w.splits, dim=-1))
-        qp, kp = _rope(qp, cos_p, sin_p), _rope(kp, cos_p, sin_p)
+        qk = _rope(qkv[:, :nq + nk].view(m, -1, hd), cos, sin).view(m, nq + nk)  # q and k of every row at once
+        v = qkv[:, nq + nk:]
+        qp, kp = (_heads(z, hd) for z in qk[:n_p].view(n_u, p, -1).split((nq, nk), dim=-1))
+        vp = _heads(v[:n_p].view(n_u, p, -1), hd)
         o = [_attend(qp, kp, vp, mask_p, w.scale).transpose(1, 2).reshape(n_p, -1)]
-        if r:
-            padded = qkv.new_zeros(b * r, qkv.shape[-1]).index_copy(0, flat, qkv[n_p:]).view(b, r, -1)
-            qr, kr, vr = (_heads(z, hd) for z in padded.split(w.splits, dim=-1))
-            k = torch.cat([kp[inv], _rope(kr, cos_r, sin_r)], dim=2)
-            v = torch.cat([vp[inv], vr], dim=2)
-            o_r = _attend(_rope(qr, cos_r, sin_r), k, v, mask_r, w.scale)
+        if r:  # response rows, padded to [B, R'] for attention over their prompt's K/V and their own
+            pad = lambda z: z.new_zeros(b * r, z.shape[-1]).index_copy(0, flat, z[n_p:]).view(b, r, -1)  # noqa: E731
+            qr, kr = (_heads(z, hd) for z in pad(qk).split((nq, nk), dim=-1))
+            vr = _heads(pad(v), hd)
+            o_r = _attend(qr, torch.cat([kp[inv], kr], dim=2), torch.cat([vp[inv], vr], dim=2), mask_r, w.scale)
             o.append(o_r.transpose(1, 2).reshape(b * r, -1).index_select(0, flat))
         x = _finish(w, x, torch.cat(o))
     norm = model.model.norm
