@@ -197,12 +197,17 @@ def _grouped_rollout():
     return RolloutBatch(p_ids, p_mask, r_ids, r_mask, [""] * 6)
 
 
+@pytest.mark.parametrize("small_attention", [True, False], ids=["matmul-attention", "sdpa"])
 @pytest.mark.parametrize("make", [lambda: _llama(kv=2, pad_token_id=0), _qwen2], ids=["llama-gqa-padidx", "qwen2"])
-def test_packed_policy_forward_equals_the_hf_decoder(make):
+def test_packed_policy_forward_equals_the_hf_decoder(make, small_attention, monkeypatch):
     """The packed training forward (each distinct prompt once, no padding computed) against transformers' own
-    decoder on the full padded rows: log p, entropy, every TokenStats field, and every parameter's gradient."""
+    decoder on the full padded rows: log p, entropy, every TokenStats field, and every parameter's gradient;
+    with short-sequence attention as plain matmuls (the CPU default) and through SDPA (long sequences, GPUs)."""
+    from entropy_rft import fast_llama
     from entropy_rft.forward import policy_forward
 
+    if not small_attention:
+        monkeypatch.setattr(fast_llama, "SMALL_ATTENTION", 0)
     model = make().train()
     rb = _grouped_rollout()
     m = rb.response_mask

@@ -122,16 +122,24 @@ def _rotate_half(x: Tensor) -> Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
+#: Query x key positions up to which attention runs as plain matmuls on CPU (above it, and on GPUs, SDPA's
+#: fused kernels, which never hold the [T, L] scores of every head at once).
+SMALL_ATTENTION = 64 * 64
+
+
 def _attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float) -> Tensor:
-    """softmax(q·kᵀ·scale, masked)·v as plain matmuls and a float32 softmax (differentiable).
+    """softmax(q·kᵀ·scale, masked)·v (differentiable).
 
     q [B, H, T, D]; k/v [B, Hkv, L, D]; mask [B, 1, T, L], boolean (True = visible) or additive (0 / -inf).
-    Grouped-query heads share their K/V by viewing q as [B, Hkv, H/Hkv * T, D]. For the short sequences of a
-    rollout batch this beats SDPA's CPU kernel (without gradients by 1.4-2.6x, with them by up to 1.1x:
-    its per-call cost dominates there). One implementation whether or not gradients flow keeps the no-grad
-    old-policy pass and the differentiated forward of the same batch bit-identical."""
+    For one query position, or short sequences on CPU (T·L <= :data:`SMALL_ATTENTION`, a rollout batch's
+    usual case), plain matmuls and a float32 softmax: there they beat SDPA's CPU kernel (without gradients by
+    1.4-2.6x, with them by up to 1.1x: its per-call cost dominates). Otherwise SDPA. The choice depends on
+    shapes and device only, never on whether gradients flow, so the no-grad old-policy pass and the
+    differentiated forward of the same batch stay bit-identical."""
     b, h, t, d = q.shape
-    hkv = k.shape[1]
+    hkv, n_k = k.shape[1], k.shape[2]
+    if t > 1 and (q.device.type != "cpu" or t * n_k > SMALL_ATTENTION):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=hkv != h)
     s = torch.matmul(q.reshape(b, hkv, (h // hkv) * t, d), k.transpose(-1, -2)).mul_(scale)
     s = s.view(b, hkv, h // hkv, t, -1)
     m = mask[:, :, None]
