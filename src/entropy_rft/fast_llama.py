@@ -188,6 +188,19 @@ def _layer(w: _Weights, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor,
     return _finish(w, x, o.transpose(1, 2).reshape(b, t, -1))
 
 
+def position_ids(attention_mask: Tensor) -> Tensor:
+    """Positions that skip left padding, as ``generate`` computes them."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def _cache_keys(prompt_mask: Tensor, total: int) -> Tensor:
+    """Keys a query may see in a cache of ``total`` positions: the prompt's real tokens and every response
+    position (causality hides the future)."""
+    keys = torch.ones(prompt_mask.shape[0], total, dtype=torch.bool, device=prompt_mask.device)
+    keys[:, :prompt_mask.shape[1]] = prompt_mask
+    return keys
+
+
 def _padded_causal_mask(key_ok: Tensor, n_query: int) -> Tensor:
     """Boolean [B, 1, T, L]: query i (the first T positions) sees keys j <= i that are real tokens.
 
@@ -227,7 +240,7 @@ def decoder_hidden(model, input_ids: Tensor, attention_mask: Tensor, *, check: b
     if reason is not None:
         raise ValueError(f"fast llama: {reason}")
     key_ok = attention_mask.bool()
-    pos = (key_ok.long().cumsum(-1) - 1).clamp(min=0)
+    pos = position_ids(key_ok)
     dtype = _autocast_dtype(model, input_ids.device)
     x = _embed(model, input_ids, dtype)
     cos, sin = _rope_tables(model, input_ids.shape[1], dtype, input_ids.device)
@@ -289,7 +302,7 @@ def response_hidden(model, prompt_ids: Tensor, prompt_mask: Tensor, response_ids
     dtype = _autocast_dtype(model, dev)
     # Response position j feeds the prediction of token j+1: needed while j+1 is a valid token.
     n_need = (response_mask.sum(-1) - 1).clamp(min=0)
-    r = int(n_need.max()) if b else 0
+    r = int(n_need.max())
     need = torch.arange(r, device=dev) < n_need[:, None]  # [B, R']
     flat = need.reshape(-1).nonzero().squeeze(-1)  # row-major, as the packed residual stream
     resp_in = response_ids[:, :r].reshape(-1)[flat]
@@ -297,7 +310,7 @@ def response_hidden(model, prompt_ids: Tensor, prompt_mask: Tensor, response_ids
 
     plen = p_mask.long().sum(-1)
     cos, sin = _rope_tables(model, p + r, dtype, dev)
-    pos_p = (p_mask.long().cumsum(-1) - 1).clamp(min=0)
+    pos_p = position_ids(p_mask)
     pos_r = plen[inv][:, None] + torch.arange(r, device=dev)
     pos = torch.cat([pos_p.reshape(-1), pos_r.reshape(-1)[flat]])  # every packed row's position
     cos, sin = cos[pos].unsqueeze(1), sin[pos].unsqueeze(1)  # [M, 1, D]
@@ -353,11 +366,9 @@ class StaticDecoder:
         self.total = total = p + max_new_tokens
         dev = prompt_ids.device
         self.dtype = _autocast_dtype(model, dev)
-        # Keys a query may see: the prompt's real tokens, every response position (causality hides the future).
-        self.key_ok = torch.ones(b, total, dtype=torch.bool, device=dev)
-        self.key_ok[:, :p] = prompt_mask
         self.ids, self.mask, self.p = prompt_ids, prompt_mask.bool(), p
-        self.pos = (prompt_mask.long().cumsum(-1) - 1).clamp(min=0)
+        self.key_ok = _cache_keys(self.mask, total)
+        self.pos = position_ids(self.mask)
         self.cos, self.sin = _rope_tables(model, total, self.dtype, dev)
         self.rows = torch.arange(b, device=dev)  # the original rows the cache holds, in cache order
         self.compact_below = compact_below
@@ -378,10 +389,7 @@ class StaticDecoder:
         shape = (u_ids.shape[0], attn.k_proj.out_features // attn.head_dim, self.total, attn.head_dim)
         self.cache = [(torch.zeros(shape, dtype=self.dtype, device=u_ids.device),
                        torch.zeros(shape, dtype=self.dtype, device=u_ids.device)) for _ in self.weights]
-        u_pos = (u_mask.long().cumsum(-1) - 1).clamp(min=0)
-        u_keys = torch.ones(u_ids.shape[0], self.total, dtype=torch.bool, device=u_ids.device)
-        u_keys[:, :self.p] = u_mask
-        logits = self._run(u_ids, u_pos, _padded_causal_mask(u_keys, self.p), 0)
+        logits = self._run(u_ids, position_ids(u_mask), _padded_causal_mask(_cache_keys(u_mask, self.total), self.p), 0)
         self.cache = [(k[inv], v[inv]) for k, v in self.cache]
         return logits[inv]
 

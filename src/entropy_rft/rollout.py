@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from entropy_rft.fast_llama import StaticDecoder, unsupported_reason
+from entropy_rft.fast_llama import StaticDecoder, position_ids, unsupported_reason
 
 BACKENDS = ("auto", "static", "kv", "hf")
 
@@ -45,11 +45,6 @@ class RolloutBatch:
         idx_t = torch.as_tensor(idx, dtype=torch.long)
         return RolloutBatch(self.prompt_ids[idx_t], self.prompt_mask[idx_t], self.response_ids[idx_t],
                             self.response_mask[idx_t], [self.responses[i] for i in idx_t.tolist()])
-
-
-def position_ids(attention_mask: Tensor) -> Tensor:
-    """Positions that skip left padding, as ``generate`` computes them."""
-    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
 def tokenize_prompts(tokenizer, prompts: list[str], device: torch.device | str = "cpu") -> tuple[Tensor, Tensor]:
