@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -32,42 +31,68 @@ def _train(cfg: Config, out: Path, *, resume: bool) -> dict[str, Any]:
 
 
 def run_status(out: str | Path) -> dict[str, Any]:
-    p = Path(out) / "run.json"
-    if not p.is_file():
-        return {}
+    return rundir.read_status(out)
+
+
+def _preflight(cfg: Config, out: str | Path | None) -> None:
+    """Check the whole request (task, model, device, output path) before anything is written."""
     try:
-        return json.loads(p.read_text())
-    except json.JSONDecodeError:
-        return {}
+        from entropy_rft import preflight
+    except ImportError:  # pragma: no cover - the module lands with the pre-flight checks
+        return
+    preflight.check_train(cfg, out)
 
 
 def start(cfg: Config, out: str | Path, *, overwrite: bool = False) -> dict[str, Any]:
-    """Train ``cfg`` into a new run directory ``out`` (refused if it exists, unless ``overwrite``)."""
-    out = rundir.prepare_new(out, overwrite) if _is_main_process() else Path(out)
-    return _train(cfg, out, resume=False)
+    """Train ``cfg`` into a new run directory ``out`` (refused if it exists, unless ``overwrite`` and it is
+    an erft run directory). The request is checked first, so a refused start writes nothing."""
+    if not _is_main_process():
+        return _train(cfg, Path(out), resume=False)
+    _preflight(cfg, out)
+    with rundir.RunLock(out):
+        out = rundir.prepare_new(out, overwrite)
+        return _train(cfg, out, resume=False)
+
+
+def held_steps(out: Path) -> int:
+    """The steps a run directory already holds: its newest checkpoint's, or the finished run's."""
+    ckpt = rundir.latest_checkpoint(out)
+    held = rundir.checkpoint_step(ckpt) if ckpt is not None else 0
+    status = run_status(out)
+    if status.get("status") == "finished" and isinstance(status.get("step"), int):
+        held = max(held, status["step"])
+    return held
 
 
 def resume(out: str | Path, *, max_steps: int | None = None) -> dict[str, Any]:
-    """Continue the run in ``out`` from its last checkpoint with its recorded config.
+    """Continue the run in ``out`` from its newest intact checkpoint with its recorded config.
 
-    ``max_steps`` may raise or lower the run's total; nothing else can change. A finished run that is
-    not extended returns at once.
+    ``max_steps`` may raise the run's total (not below the steps it already holds); nothing else can change.
+    A finished run that is not extended returns at once.
     """
-    from entropy_rft.trainer import load_run_config
-
     out = Path(out)
     if not out.is_dir():
         raise UserError(f"--resume {out}: no such run directory")
-    cfg = load_run_config(out)
-    if max_steps is not None and max_steps != cfg.train.max_steps:
-        if max_steps < 1:
-            raise UserError(f"--max-steps must be >= 1, got {max_steps}")
-        cfg.train.max_steps = max_steps
-        rundir.atomic_write_text(out / "config.yaml", yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
-    status = run_status(out)
-    if status.get("status") == "finished" and int(status.get("step", 0)) >= cfg.train.max_steps:
-        return {"step": status.get("step"), "already_finished": True}
-    return _train(cfg, out, resume=True)
+    if not _is_main_process():
+        return _train(rundir.load_run_config(out), out, resume=True)
+    with rundir.RunLock(out):
+        cfg = rundir.load_run_config(out)
+        if max_steps is not None and max_steps != cfg.train.max_steps:
+            if max_steps < 1:
+                raise UserError(f"--max-steps must be >= 1, got {max_steps}")
+            held = held_steps(out)
+            if max_steps < held:
+                raise UserError(f"--max-steps {max_steps} is below the {held} steps run {out} already holds; "
+                                f"pass --max-steps {held} or more")
+            cfg.train.max_steps = max_steps
+            _preflight(cfg, None)
+            rundir.atomic_write_text(out / "config.yaml", yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
+        else:
+            _preflight(cfg, None)
+        status = run_status(out)
+        if status.get("status") == "finished" and int(status.get("step", 0)) >= cfg.train.max_steps:
+            return {"step": status.get("step"), "already_finished": True}
+        return _train(cfg, out, resume=True)
 
 
 def start_or_resume(cfg: Config, out: str | Path, *, overwrite: bool = False) -> dict[str, Any]:

@@ -18,12 +18,14 @@ import json
 import math
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
 
 from entropy_rft.errors import UserError
 
@@ -125,67 +127,245 @@ class JsonlWriter:
         self._f.close()
 
 
-def read_jsonl(path: str | Path) -> list[dict]:
-    """Read complete JSON lines; a torn last line (from a kill) is ignored."""
+def warn(msg: str) -> None:
+    """One line on stderr: something was wrong but nothing is lost, and the run goes on."""
+    print(f"erft: warning: {msg}", file=sys.stderr, flush=True)
+
+
+def _parse_lines(path: Path) -> tuple[list[tuple[int, str, dict | None]], bool]:
+    """(line number, raw line, record or None when damaged) for every non-blank line, and whether the last
+    line is torn (no newline at the end of the file: a write that a kill interrupted)."""
+    data = path.read_bytes()
+    torn = bool(data) and not data.endswith(b"\n")
     out = []
-    p = Path(path)
-    if not p.exists():
-        return out
-    for line in p.read_text(encoding="utf-8").splitlines():
-        if not line.strip():
+    lines = data.split(b"\n")
+    if not torn:
+        lines = lines[:-1]  # the empty string after the final newline
+    for i, raw in enumerate(lines, 1):
+        text = raw.decode("utf-8", errors="replace")
+        if not text.strip():
             continue
         try:
-            out.append(json.loads(line))
+            rec = json.loads(text)
         except json.JSONDecodeError:
-            break
+            rec = None
+        if not isinstance(rec, dict):
+            rec = None
+        out.append((i, text, rec))
+    return out, torn
+
+
+def read_jsonl(path: str | Path) -> list[dict]:
+    """Every intact JSON line of ``path``. A damaged line is skipped with a warning naming the file and the
+    line; a torn last line (a write in progress, or one a kill interrupted) is skipped silently."""
+    p = Path(path)
+    if not p.exists():
+        return []
+    lines, torn = _parse_lines(p)
+    out = []
+    for k, (n, _text, rec) in enumerate(lines):
+        if rec is not None:
+            out.append(rec)
+        elif not (torn and k == len(lines) - 1):
+            warn(f"{p}:{n} is not a JSON object; skipped")
     return out
 
 
+def _step(rec: dict) -> int | None:
+    v = rec.get("step")
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def set_aside(path: Path, damaged: list[tuple[int, str]]) -> Path:
+    """Append damaged lines (with their line numbers) to ``<file>.damaged``: nothing is ever thrown away."""
+    aside = path.with_name(path.name + ".damaged")
+    with open(aside, "a", encoding="utf-8") as f:
+        for n, text in damaged:
+            f.write(json.dumps({"line": n, "text": text}) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    return aside
+
+
 def truncate_jsonl(path: str | Path, max_step: int) -> int:
-    """Keep only complete lines whose ``step`` is <= max_step; drop a torn tail. Returns lines kept."""
+    """Prepare a log for a resume from ``max_step``: keep every intact line whose ``step`` is <= max_step
+    (the resumed run writes the later ones again, identically); damaged lines are set aside in
+    ``<file>.damaged`` with a warning naming file and line, never silently dropped with what follows them.
+    Returns the number of lines kept."""
     p = Path(path)
     if not p.exists():
         return 0
-    kept = []
-    for line in p.read_text(encoding="utf-8").splitlines(keepends=True):
-        if not line.endswith("\n"):
-            break  # torn last line
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            break
-        if int(rec.get("step", 0)) <= max_step:
-            kept.append(line)
+    lines, torn = _parse_lines(p)
+    kept, damaged = [], []
+    for k, (n, text, rec) in enumerate(lines):
+        if rec is None:
+            damaged.append((n, text))
+            last = k == len(lines) - 1
+            if not last:
+                warn(f"{p}:{n} is damaged (not a JSON object); set aside in {p.name}.damaged, the rows around it kept")
+            elif not torn:
+                warn(f"{p}:{n} (the last line) is damaged; set aside in {p.name}.damaged")
+        elif (_step(rec) if _step(rec) is not None else 0) <= max_step:
+            kept.append(text + "\n")
+    if damaged:
+        set_aside(p, damaged)
     atomic_write_text(p, "".join(kept))
     return len(kept)
 
 
+def log_gaps(path: str | Path, first: int, last: int) -> list[int]:
+    """The steps in ``[first, last]`` that have no intact row in the log ``path`` (one row per step)."""
+    p = Path(path)
+    if last < first:
+        return []
+    have = set()
+    if p.exists():
+        have = {_step(rec) for _n, _t, rec in _parse_lines(p)[0] if rec is not None}
+    return [s for s in range(first, last + 1) if s not in have]
+
+
 # ----------------------------------------------------------------------------- the directory
+
+SCHEMA = "erft.run/1"  # run.json's marker: a folder holding it was created by erft
+LOCK = ".erft.lock"
+# What a run writes (files, folders, and the prefixes of its temp files): all --overwrite may remove.
+RUN_ENTRIES = ("config.yaml", "run.json", *LOGS, *(f"{n}.damaged" for n in LOGS), "tb", CHECKPOINTS, "final",
+               "trl", "wandb", LOCK)
+RUN_TEMP_PREFIXES = (".final_", ".config.yaml.", ".run.json.", ".metrics.jsonl.", ".samples.jsonl.",
+                     ".token_records.jsonl.")
+
+
+def is_run_dir(out: str | Path) -> bool:
+    """True when ``out`` holds a ``run.json`` written by erft (our schema, or the fields of older versions)."""
+    p = Path(out) / "run.json"
+    try:
+        info = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(info, dict) and (info.get("schema") == SCHEMA or {"status", "max_steps"} <= info.keys()
+                                       or {"status", "step"} <= info.keys())
+
+
+def write_status(out: str | Path, status: str, **fields: Any) -> None:
+    """``run.json``: the run's status (running / stopped / failed / finished) with our schema marker."""
+    atomic_write_json(Path(out) / "run.json", {"schema": SCHEMA, "status": status, **fields})
+
+
+def read_status(out: str | Path) -> dict[str, Any]:
+    """``run.json`` as a dict (empty when missing or unreadable)."""
+    try:
+        info = json.loads((Path(out) / "run.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return info if isinstance(info, dict) else {}
+
+
+def _foreign(out: Path) -> list[str]:
+    return sorted(p.name for p in out.iterdir()
+                  if p.name not in RUN_ENTRIES and not p.name.startswith(RUN_TEMP_PREFIXES))
 
 
 def prepare_new(out: str | Path, overwrite: bool) -> Path:
-    """Create a fresh run directory. Refuse an existing non-empty one unless ``overwrite``."""
+    """Make ``out`` ready for a fresh run. An existing non-empty folder is refused unless ``overwrite``, and
+    even then only a run directory that erft created is cleared, and only of the files a run writes: a folder
+    holding anything else is refused with the names of what it holds. Call with the run's lock held."""
     out = Path(out)
-    if out.exists() and any(out.iterdir()):
-        if not overwrite:
-            raise UserError(
-                f"run directory '{out}' already exists; pass --resume {out} to continue it, "
-                "--overwrite to replace it, or choose another --out"
-            )
-        if not (out / "config.yaml").exists() and not (out / "run.json").exists():
-            raise UserError(f"--overwrite refused: '{out}' exists and is not a run directory (no config.yaml)")
-        shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)
+    present = [p for p in out.iterdir() if p.name != LOCK]
+    if not present:
+        return out
+    if not overwrite:
+        raise UserError(f"run directory '{out}' already exists; pass --resume {out} to continue it, "
+                        "--overwrite to replace it, or choose another --out")
+    if not is_run_dir(out):
+        raise UserError(f"--overwrite refused: '{out}' is not a run directory made by erft (no erft run.json); "
+                        "choose another --out")
+    foreign = _foreign(out)
+    if foreign:
+        shown = ", ".join(foreign[:5]) + (", ..." if len(foreign) > 5 else "")
+        raise UserError(f"--overwrite refused: '{out}' holds files erft did not write ({shown}); move them "
+                        "away or choose another --out")
+    for p in present:
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p)
+        else:
+            p.unlink()
     return out
 
 
+class RunLock:
+    """The one-writer rule: an OS lock (``flock``) on ``<out>/.erft.lock`` held for the run's life.
+
+    The kernel releases it when the process dies, so a kill -9 never leaves a stale lock; the file itself
+    stays (removing a lock file races with the next locker). The holder's pid is written into it so that a
+    second writer can say who holds the run."""
+
+    def __init__(self, out: str | Path):
+        self.out = Path(out)
+        self._fd: int | None = None
+
+    def acquire(self) -> RunLock:
+        import fcntl
+
+        self.out.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.out / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 32).decode(errors="replace").strip() or "another process"
+            os.close(fd)
+            who = f"process {holder}" if holder.isdigit() else holder
+            raise UserError(f"run directory {self.out} is in use by {who}; wait for it to finish or stop it "
+                            "(a killed process releases the run at once)") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing the descriptor releases the flock
+            self._fd = None
+
+    def __enter__(self) -> RunLock:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+# ----------------------------------------------------------------------------- checkpoints
+
+MANIFEST = "manifest.json"
+
+
+class CheckpointError(UserError):
+    """A checkpoint that fails its manifest or does not load."""
+
+
+def _sha256(path: Path) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
 def checkpoint_dirs(out: str | Path) -> list[Path]:
-    """Complete checkpoints, oldest first (temp folders of an interrupted write are ignored)."""
+    """Complete checkpoints (a manifest, or the ``DONE`` marker of older versions), oldest first; temp folders
+    of an interrupted write are ignored. Completeness is not integrity: :func:`verify_checkpoint` checks it."""
     d = Path(out) / CHECKPOINTS
     if not d.is_dir():
         return []
-    dirs = [p for p in d.iterdir() if p.is_dir() and p.name.startswith("step_") and (p / "DONE").exists()]
+    dirs = [p for p in d.iterdir() if p.is_dir() and p.name.startswith("step_") and p.name[5:].isdigit()
+            and ((p / MANIFEST).exists() or (p / "DONE").exists())]
     return sorted(dirs, key=lambda p: int(p.name.split("_")[1]))
+
+
+def checkpoint_step(path: str | Path) -> int:
+    return int(Path(path).name.split("_")[1])
 
 
 def latest_checkpoint(out: str | Path) -> Path | None:
@@ -193,23 +373,32 @@ def latest_checkpoint(out: str | Path) -> Path | None:
     return dirs[-1] if dirs else None
 
 
-def save_checkpoint(out: str | Path, step: int, state: dict[str, Any], keep: int) -> Path:
+def save_checkpoint(out: str | Path, step: int, state: dict[str, Any], keep: int,
+                    extra_files: dict[str, bytes] | None = None) -> Path:
     """Write ``state`` (name -> torch-serialisable object) as ``checkpoints/step_N`` atomically.
 
-    Each entry is ``torch.save``d to its own file in a temp folder, a ``DONE`` marker is written last,
-    then the folder is renamed into place. Older checkpoints beyond ``keep`` are removed.
+    Each entry is ``torch.save``d to its own file in a temp folder (``extra_files`` are written as they are),
+    then ``manifest.json`` (each file's size and SHA-256) is written last; the folder is then renamed into
+    place. Older checkpoints beyond ``keep`` are removed.
     """
     root = Path(out) / CHECKPOINTS
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step_{step:06d}"
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp_step_{step:06d}_", dir=root))
     try:
+        files = {}
         for name, obj in state.items():
             with open(tmp / f"{name}.pt", "wb") as f:
                 torch.save(obj, f)
                 f.flush()
                 os.fsync(f.fileno())
-        (tmp / "DONE").write_text(str(step))
+            files[f"{name}.pt"] = tmp / f"{name}.pt"
+        for name, data in (extra_files or {}).items():
+            atomic_write_bytes(tmp / name, data)
+            files[name] = tmp / name
+        manifest = {"step": step, "files": {n: {"size": p.stat().st_size, "sha256": _sha256(p)}
+                                            for n, p in files.items()}}
+        atomic_write_json(tmp / MANIFEST, manifest)
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
@@ -224,12 +413,107 @@ def save_checkpoint(out: str | Path, step: int, state: dict[str, Any], keep: int
     return final
 
 
-def load_checkpoint(path: str | Path) -> dict[str, Any]:
+def verify_checkpoint(path: str | Path) -> str | None:
+    """None when every file of the checkpoint matches its manifest; else what is wrong, in a few words."""
     path = Path(path)
-    return {p.stem: torch.load(p, map_location="cpu", weights_only=False) for p in sorted(path.glob("*.pt"))}
+    try:
+        manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
+        files = manifest["files"]
+    except FileNotFoundError:
+        return None if (path / "DONE").exists() else "no manifest.json"
+    except (OSError, ValueError, KeyError, TypeError):
+        return "manifest.json is damaged"
+    for name, want in sorted(files.items()):
+        f = path / name
+        if not f.is_file():
+            return f"{name} is missing"
+        if f.stat().st_size != want.get("size"):
+            return f"{name} has {f.stat().st_size} bytes, the manifest says {want.get('size')}"
+        if _sha256(f) != want.get("sha256"):
+            return f"{name} does not match its checksum"
+    return None
+
+
+def load_checkpoint(path: str | Path, required: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The state saved in checkpoint ``path``, verified against its manifest first.
+
+    Raises :class:`CheckpointError` naming the checkpoint and what is wrong (a damaged or missing file, a
+    file that does not load, a missing entry of ``required``)."""
+    path = Path(path)
+    bad = verify_checkpoint(path)
+    if bad is not None:
+        raise CheckpointError(f"checkpoint {path}: {bad}")
+    state = {}
+    for p in sorted(path.glob("*.pt")):
+        try:
+            state[p.stem] = torch.load(p, map_location="cpu", weights_only=False)
+        except Exception as e:  # noqa: BLE001 - any unpickling/zip error means the same thing: a damaged file
+            raise CheckpointError(f"checkpoint {path}: {p.name} does not load ({type(e).__name__})") from None
+    missing = [n for n in required if n not in state]
+    if missing:
+        raise CheckpointError(f"checkpoint {path}: {', '.join(n + '.pt' for n in missing)} missing")
+    return state
+
+
+def load_latest_intact(out: str | Path, before: int | None = None,
+                       required: tuple[str, ...] = ()) -> tuple[Path | None, dict[str, Any] | None]:
+    """The newest checkpoint (with step < ``before``, when given) that verifies and loads, and its state.
+
+    A damaged newer one is named in a warning and skipped. (None, None) when the run has no checkpoint;
+    :class:`~entropy_rft.errors.UserError` when it has some but none is intact."""
+    dirs = [d for d in checkpoint_dirs(out) if before is None or checkpoint_step(d) < before]
+    bad = []
+    for d in reversed(dirs):
+        try:
+            state = load_checkpoint(d, required)
+        except CheckpointError as e:
+            bad.append(str(e))
+            continue
+        for msg in bad:
+            warn(f"{msg}; falling back to the older intact {d.name}")
+        return d, state
+    if bad:
+        raise UserError(f"no intact checkpoint in {Path(out) / CHECKPOINTS} ({'; '.join(bad)}); start a new run "
+                        "with --overwrite")
+    return None, None
 
 
 def truncate_logs(out: str | Path, step: int) -> None:
-    """Drop log lines after ``step`` (and any torn last line) before resuming from that step."""
+    """Prepare every log for a resume from ``step`` (see :func:`truncate_jsonl`)."""
     for name in LOGS:
         truncate_jsonl(Path(out) / name, step)
+
+
+# ----------------------------------------------------------------------------- the recorded config
+
+
+def load_run_config(out: str | Path):
+    """The config a run directory recorded (``config.yaml``), refused in one line when missing or damaged."""
+    from entropy_rft.config import config_from_dict
+
+    out = Path(out)
+    p = out / "config.yaml"
+    if not p.is_file():
+        raise UserError(f"{out}: no config.yaml there; is it a run directory made by `erft train`?")
+    backup = _config_backup(out)
+    fix = (f"restore it with `cp {backup} {p}`" if backup else "restore it, or start a new run with --overwrite")
+    try:
+        data = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise UserError(f"run config {p} is not UTF-8 text; {fix}") from None
+    except yaml.YAMLError as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UserError(f"run config {p} is not valid YAML ({first}); {fix}") from None
+    if not data:
+        raise UserError(f"run config {p} is empty; {fix}")
+    if not isinstance(data, dict):
+        raise UserError(f"run config {p} must hold a mapping; {fix}")
+    return config_from_dict(data)
+
+
+def _config_backup(out: Path) -> Path | None:
+    """The copy of ``config.yaml`` in the newest checkpoint that has one."""
+    for d in reversed(checkpoint_dirs(out)):
+        if (d / "config.yaml").is_file():
+            return d / "config.yaml"
+    return None

@@ -29,7 +29,7 @@ import yaml
 from entropy_rft import advantages as adv_lib
 from entropy_rft import control, dynamics, evaluation, rundir
 from entropy_rft.autopilot import Autopilot, parse_target
-from entropy_rft.config import Config, autopilot_gains, config_from_dict, config_to_dict
+from entropy_rft.config import Config, autopilot_gains, config_to_dict
 from entropy_rft.errors import UserError
 from entropy_rft.forward import policy_forward
 from entropy_rft.jvp import entropy_jvp
@@ -37,6 +37,7 @@ from entropy_rft.loss import agg_weights, policy_loss, ppo_clipped_mask
 from entropy_rft.metrics import masked_mean, stats_metrics
 from entropy_rft.probe import agreement_metrics, counterfactual_metrics, due, probe_metrics, tabular_prediction
 from entropy_rft.rollout import RolloutBatch, sample
+from entropy_rft.rundir import load_run_config  # noqa: F401 - re-exported for older callers
 from entropy_rft.tasks import build_task
 
 # ----------------------------------------------------------------------------- small helpers
@@ -242,7 +243,9 @@ class Run:
         self.loss_kwargs = self._loss_kwargs()  # knobs such as coef / eps_high enter the loss kwargs
 
     def save(self) -> None:
-        rundir.save_checkpoint(self.out, self.step, self.state(), self.cfg.train.keep_checkpoints)
+        config = yaml.safe_dump(config_to_dict(self.cfg), sort_keys=False).encode()  # a copy to restore from
+        rundir.save_checkpoint(self.out, self.step, self.state(), self.cfg.train.keep_checkpoints,
+                               extra_files={"config.yaml": config})
 
     # ------------------------------------------------------------------ the stages of a step
 
@@ -536,28 +539,27 @@ def token_records(sb: StepBatch, step: int, n: int, gen: torch.Generator) -> lis
 
 
 def train(cfg: Config, out: str | Path, *, resume: bool = False, on_step=None) -> dict[str, Any]:
-    """Train ``cfg`` into run directory ``out`` (fresh, or resumed from its last checkpoint).
+    """Train ``cfg`` into run directory ``out`` (fresh, or resumed from its newest intact checkpoint).
 
-    Returns the last metrics row. SIGTERM/SIGINT save a checkpoint and raise SystemExit(143/130).
+    Returns the last metrics row. SIGTERM/SIGINT save a checkpoint, record the status "stopped" and raise
+    SystemExit(143/130). The caller holds the run directory's lock (``launch``).
     """
     out = Path(out)
-    ckpt = rundir.latest_checkpoint(out) if resume else None
-    start = 0
+    ckpt, state = _resume_point(cfg, out) if resume else (None, None)
+    start = int(state["trainer"]["step"]) if state else 0
     if resume:
-        state = rundir.load_checkpoint(ckpt) if ckpt else None
-        start = int(state["trainer"]["step"]) if state else 0
         rundir.truncate_logs(out, start if state else -1)
     else:
         rundir.atomic_write_text(out / "config.yaml", yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
-    rundir.atomic_write_json(out / "run.json", {"status": "running", "start_step": start,
-                                                "max_steps": cfg.train.max_steps, "python": sys.version.split()[0],
-                                                "torch": torch.__version__})
+    rundir.write_status(out, "running", start_step=start, max_steps=cfg.train.max_steps,
+                        python=sys.version.split()[0], torch=torch.__version__)
     run = Run(cfg, out, start_step=start)
-    if ckpt is not None:
+    if state is not None:
         run.load_state(state)
     logger = Logger(out, cfg, purge_step=start + 1 if resume else None)
     handlers = _install_signal_handlers(run)
     last: dict[str, Any] = {}
+    status = "failed"
     try:
         if start == 0 and cfg.eval.every:
             last = {"step": 0, **run.evaluate()}
@@ -573,14 +575,41 @@ def train(cfg: Config, out: str | Path, *, resume: bool = False, on_step=None) -
                     logger.sync()
                     run.save()
                 if run.stop_signal:
+                    status = "stopped"
+                    print(f"stopped at step {step}, checkpoint saved; continue with `erft train --resume {out}`",
+                          file=sys.stderr, flush=True)
                     raise SystemExit(128 + run.stop_signal)
         _export_final(run)
-        rundir.atomic_write_json(out / "run.json", {"status": "finished", "step": run.step,
-                                                    "max_steps": cfg.train.max_steps})
+        status = "finished"
     finally:
         logger.close()
         _restore_signal_handlers(handlers)
+        with contextlib.suppress(OSError):  # a read-only or full disk must not hide the first error
+            rundir.write_status(out, status, step=run.step, start_step=start, max_steps=cfg.train.max_steps)
     return last
+
+
+def _resume_point(cfg: Config, out: Path) -> tuple[Path | None, dict[str, Any] | None]:
+    """The checkpoint a resume starts from: the newest intact one, or an older intact one when the log lacks
+    a step at or before it (a damaged line, a file cut short) and going back lets the run write it again."""
+    required = ("model", "optim", "sched", "rng", "trainer")
+    ckpt, state = rundir.load_latest_intact(out, required=required)
+    if state is None:
+        return None, None
+    gaps = rundir.log_gaps(out / "metrics.jsonl", 0 if cfg.eval.every else 1, int(state["trainer"]["step"]))
+    if not gaps:
+        return ckpt, state
+    shown = ", ".join(map(str, gaps[:8])) + (", ..." if len(gaps) > 8 else "")
+    try:
+        older, older_state = rundir.load_latest_intact(out, before=gaps[0], required=required)
+    except UserError:
+        older, older_state = None, None
+    if older_state is not None:
+        rundir.warn(f"{out / 'metrics.jsonl'} lacks step(s) {shown}; resuming from {older.name} to write them again")
+        return older, older_state
+    rundir.warn(f"{out / 'metrics.jsonl'} lacks step(s) {shown} and no checkpoint precedes them; they stay missing "
+                f"(damaged lines are kept in metrics.jsonl.damaged)")
+    return ckpt, state
 
 
 def train_step(run: Run, logger: Logger) -> dict[str, Any]:
@@ -716,10 +745,3 @@ def _progress(cfg: Config, start: int):
             prog.update(task, advance=1, info=info)
 
         yield update
-
-
-def load_run_config(out: str | Path) -> Config:
-    p = Path(out) / "config.yaml"
-    if not p.is_file():
-        raise UserError(f"--resume {out}: no config.yaml there; is it a run directory made by `erft train`?")
-    return config_from_dict(yaml.safe_load(p.read_text()))

@@ -663,10 +663,8 @@ def train_trl(cfg, out: str | Path, resume: bool = False) -> dict[str, Any]:
             rundir.truncate_logs(out, start if ckpt is not None else -1)
         else:
             rundir.atomic_write_text(out / "config.yaml", yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
-        rundir.atomic_write_json(out / "run.json", {"status": "running", "engine": "trl", "start_step": start,
-                                                    "max_steps": cfg.train.max_steps,
-                                                    "python": sys.version.split()[0], "torch": torch.__version__,
-                                                    "trl": trl.__version__})
+        rundir.write_status(out, "running", engine="trl", start_step=start, max_steps=cfg.train.max_steps,
+                            python=sys.version.split()[0], torch=torch.__version__, trl=trl.__version__)
     state.wait_for_everyone()
     task = build_task(cfg.task.name, **cfg.task.params)
     train_set, _ = task.split(cfg.train.seed)
@@ -691,8 +689,7 @@ def train_trl(cfg, out: str | Path, resume: bool = False) -> dict[str, Any]:
         final = out / "final"
         trainer.save_model(str(final))
         tok.save_pretrained(str(final))
-        rundir.atomic_write_json(out / "run.json", {"status": "finished", "engine": "trl", "step": step,
-                                                    "max_steps": cfg.train.max_steps})
+        rundir.write_status(out, "finished", engine="trl", step=step, max_steps=cfg.train.max_steps)
     state.wait_for_everyone()
     rows = rundir.read_jsonl(out / "metrics.jsonl") if (out / "metrics.jsonl").exists() else []
     return rows[-1] if rows else {"step": step}
