@@ -49,6 +49,7 @@ def start(cfg: Config, out: str | Path, *, overwrite: bool = False) -> dict[str,
     if not _is_main_process():
         return _train(cfg, Path(out), resume=False)
     _preflight(cfg, out)
+    rundir.check_new(out, overwrite)  # before the lock file is created in a folder that is not ours
     with rundir.RunLock(out):
         out = rundir.prepare_new(out, overwrite)
         return _train(cfg, out, resume=False)

@@ -265,15 +265,15 @@ def _foreign(out: Path) -> list[str]:
                   if p.name not in RUN_ENTRIES and not p.name.startswith(RUN_TEMP_PREFIXES))
 
 
-def prepare_new(out: str | Path, overwrite: bool) -> Path:
-    """Make ``out`` ready for a fresh run. An existing non-empty folder is refused unless ``overwrite``, and
-    even then only a run directory that erft created is cleared, and only of the files a run writes: a folder
-    holding anything else is refused with the names of what it holds. Call with the run's lock held."""
+def check_new(out: str | Path, overwrite: bool, *, locked: bool = False) -> None:
+    """Refuse ``out`` for a fresh run (without touching it): an existing non-empty folder is refused unless
+    ``overwrite``, and even then unless erft created it and it holds nothing but what a run writes."""
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    present = [p for p in out.iterdir() if p.name != LOCK]
+    present = [p for p in out.iterdir() if p.name != LOCK] if out.is_dir() else []
     if not present:
-        return out
+        return
+    if not locked:
+        RunLock.refuse_if_held(out)
     if not overwrite:
         raise UserError(f"run directory '{out}' already exists; pass --resume {out} to continue it, "
                         "--overwrite to replace it, or choose another --out")
@@ -285,7 +285,17 @@ def prepare_new(out: str | Path, overwrite: bool) -> Path:
         shown = ", ".join(foreign[:5]) + (", ..." if len(foreign) > 5 else "")
         raise UserError(f"--overwrite refused: '{out}' holds files erft did not write ({shown}); move them "
                         "away or choose another --out")
-    for p in present:
+
+
+def prepare_new(out: str | Path, overwrite: bool) -> Path:
+    """Make ``out`` ready for a fresh run (see :func:`check_new`): with ``overwrite``, remove the files a
+    previous run wrote there, and nothing else. Call with the run's lock held."""
+    out = Path(out)
+    check_new(out, overwrite, locked=True)
+    out.mkdir(parents=True, exist_ok=True)
+    for p in out.iterdir():
+        if p.name == LOCK:
+            continue
         if p.is_dir() and not p.is_symlink():
             shutil.rmtree(p)
         else:
@@ -304,19 +314,33 @@ class RunLock:
         self.out = Path(out)
         self._fd: int | None = None
 
-    def acquire(self) -> RunLock:
+    @staticmethod
+    def _take(fd: int, out: Path, exclusive: bool) -> None:
         import fcntl
 
+        try:
+            fcntl.flock(fd, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
+            os.close(fd)
+            who = f"process {holder}" if holder.isdigit() else "another process"
+            raise UserError(f"run directory {out} is in use by {who}; wait for it to finish or stop it "
+                            "(a killed process releases the run at once)") from None
+
+    @classmethod
+    def refuse_if_held(cls, out: str | Path) -> None:
+        """Raise the 'in use' error when another process holds ``out``'s lock (creates nothing)."""
+        try:
+            fd = os.open(Path(out) / LOCK, os.O_RDONLY)
+        except OSError:
+            return
+        cls._take(fd, Path(out), exclusive=False)
+        os.close(fd)
+
+    def acquire(self) -> RunLock:
         self.out.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.out / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.read(fd, 32).decode(errors="replace").strip() or "another process"
-            os.close(fd)
-            who = f"process {holder}" if holder.isdigit() else holder
-            raise UserError(f"run directory {self.out} is in use by {who}; wait for it to finish or stop it "
-                            "(a killed process releases the run at once)") from None
+        self._take(fd, self.out, exclusive=True)
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self._fd = fd
