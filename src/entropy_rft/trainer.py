@@ -475,9 +475,13 @@ class Logger:
         scalars = {k: v for k, v in rundir.json_safe(row).items()
                    if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step"}
         if self.tb is not None:
-            for k, v in scalars.items():
-                self.tb.add_scalar(k, v, step)
-            self.tb.flush()
+            try:
+                for k, v in scalars.items():
+                    self.tb.add_scalar(k, v, step)
+                self.tb.flush()
+            except Exception as e:  # noqa: BLE001 - TensorBoard is a view of metrics.jsonl, never its keeper
+                rundir.warn(f"TensorBoard logging stopped ({type(e).__name__}: {e}); metrics.jsonl goes on")
+                self.tb = None
         if self.wandb is not None:
             self.wandb.log(scalars, step=step)
 
@@ -485,13 +489,19 @@ class Logger:
         for w in (self.metrics, self.samples, self.records):
             w.sync()
 
-    def close(self) -> None:
-        for w in (self.metrics, self.samples, self.records):
-            w.close()
-        if self.tb is not None:
-            self.tb.close()
-        if self.wandb is not None:
-            self.wandb.finish()
+    def close(self, quiet: bool = False) -> None:
+        """Close every writer; ``quiet`` (the run is already failing) keeps a full or read-only disk from
+        hiding the first error behind a second one."""
+        for close in (self.metrics.close, self.samples.close, self.records.close,
+                      self.tb.close if self.tb is not None else None,
+                      self.wandb.finish if self.wandb is not None else None):
+            if close is None:
+                continue
+            try:
+                close()
+            except Exception:
+                if not quiet:
+                    raise
 
 
 # ----------------------------------------------------------------------------- metrics of a step
@@ -582,7 +592,7 @@ def train(cfg: Config, out: str | Path, *, resume: bool = False, on_step=None) -
         _export_final(run)
         status = "finished"
     finally:
-        logger.close()
+        logger.close(quiet=status != "finished")
         _restore_signal_handlers(handlers)
         with contextlib.suppress(OSError):  # a read-only or full disk must not hide the first error
             rundir.write_status(out, status, step=run.step, start_step=start, max_steps=cfg.train.max_steps)
