@@ -2,11 +2,19 @@ import os
 
 import pytest
 import torch
+from hypothesis import settings
 
 # Deterministic, quiet, offline.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 torch.set_num_threads(min(2, torch.get_num_threads()))
+
+# Property tests run the same examples on every run by default ("ci": derandomized, no example database, no
+# deadline as the cores are shared), so a suite that passed keeps passing. `--hypothesis-profile=random`
+# (or HYPOTHESIS_PROFILE=random) explores new examples; add `--hypothesis-seed=N` to replay one exploration.
+settings.register_profile("ci", derandomize=True, database=None, deadline=None, print_blob=True)
+settings.register_profile("random", derandomize=False, deadline=None, print_blob=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 @pytest.fixture(scope="session")

@@ -3,6 +3,7 @@ Corollary 3.4, property tests, the fused hidden-state path, and input validation
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import subprocess
 import sys
@@ -49,7 +50,58 @@ def reference(logits: torch.Tensor, ids: torch.Tensor, temperature: float = 1.0)
     }
 
 
-def assert_close_to_reference(st_: TokenStats, ref: dict[str, torch.Tensor], atol: float = 2e-6) -> None:
+EPS32 = torch.finfo(torch.float32).eps  # 2**-23; one float32 rounding is at most u = EPS32 / 2 relative
+
+
+def float32_error_bounds(
+    logits: torch.Tensor, temperature: float, ref: dict[str, torch.Tensor]
+) -> dict[str, torch.Tensor]:
+    """Per-position bound on |token_stats - float64 reference| for each statistic, from float32 rounding.
+
+    token_stats works on the shifted logits d_i = y_i - m, y_i = fl(z_i / T), m = max_i y_i, in float32.
+    Rounding z to float32 (float64 input), T to float32 and the division cost at most 3 roundings of y_i,
+    |dy_i| <= 3u|y_i| <= 3uM with M = max |z/T| over the row's finite entries; m inherits the same, and the
+    subtraction adds u|d_i| <= 2uM. So every d_i is off by at most 8uM = 4 M EPS32, and to first order a
+    statistic q moves by at most  sum_i |dq/dd_i| * 4 M EPS32.  With p = softmax(d), ybar = sum p d (so that
+    d_i - ybar = log p_i + H) and S_i = p_i (log p_i + H), the sensitivities are
+      H:       dH/dd_i = -S_i, so sum_i |S_i|, taken exactly from the float64 reference   (<= 2H)
+      log p_k: delta_ik - p_i, sum <= 2
+      S_k:     dp_k/dd_i (d_k - ybar) + p_k (delta_ik - dybar/dd_i), with sum_i |dp_k/dd_i| <= 2 p_k and
+               sum_i |dybar/dd_i| = sum_i p_i |1 + d_i - ybar| <= 1 + 2H, and p_k |log p_k + H| <= 1/e + p_k H:
+               sum <= 2/e + 2 + 4H <= 3 + 4H
+      E_p[S]:  the same steps on sum_j p_j^2 (d_j - ybar): sum <= 4/e + 4H + 2 + 2H <= 3.5 + 6H
+      S_c:     the sum of the two, <= 6.5 + 10H
+    On top, each statistic is itself a few float32 operations (exp, sums over V, log, a division), a relative
+    error of a few u times log2 V for pytorch's blocked sums: (8 + log2 V) EPS32 (1 + |q|) covers it.
+    Why not a fixed tolerance: at V=80, scale 24, T=0.0547 (M ~ 1.5e3, H ~ 0.6) the entropy is off by up to
+    1e-5, over the 5e-6 (1 + H) the property test once assumed (it failed in CI on such a case), while these
+    bounds are ~3e-4; on scale-1 logits at T=1 they are ~1e-5, and over the property test's whole range the
+    entropy's stays under 1e-3 (at most ~6.5e-4 in 20k sampled rows), so an entropy off by 1e-3 fails (see
+    test_reference_check_catches_a_1e3_entropy_error). Measured errors stay below a fifth of the bounds.
+    """
+    z = logits.double() / temperature
+    finite = torch.isfinite(z)
+    big_m = torch.where(finite, z.abs(), torch.zeros_like(z)).amax(-1)
+    shift = 4 * big_m * EPS32  # bound on the error of each d_i
+    lp = torch.log_softmax(z, dim=-1)
+    p = lp.exp()
+    h = ref["entropy"]
+    s_abs = torch.where(p > 0, p * (lp + h.unsqueeze(-1)), torch.zeros_like(p)).abs().sum(-1)
+    sensitivity = {
+        "entropy": s_abs,
+        "logp": torch.full_like(h, 2.0),
+        "s_star": 3 + 4 * h,
+        "s_expected": 3.5 + 6 * h,
+        "s_centered": 6.5 + 10 * h,
+    }
+    ops = (8 + math.log2(logits.shape[-1])) * EPS32
+    return {name: sensitivity[name] * shift + ops * (1 + want.abs()) for name, want in ref.items()}
+
+
+def assert_close_to_reference(
+    st_: TokenStats, ref: dict[str, torch.Tensor], logits: torch.Tensor, temperature: float = 1.0
+) -> None:
+    bounds = float32_error_bounds(logits, temperature, ref)
     for name, want in ref.items():
         got = getattr(st_, name)
         assert got.dtype == torch.float32, name
@@ -58,8 +110,8 @@ def assert_close_to_reference(st_: TokenStats, ref: dict[str, torch.Tensor], ato
         assert torch.equal(torch.isfinite(got), finite), name
         assert torch.equal(got[~finite], want[~finite].float()), name
         err = (got.double()[finite] - want[finite]).abs()
-        tol = atol * (1 + want[finite].abs())
-        assert bool((err <= tol).all()), f"{name}: max err {float(err.max())}"
+        tol = bounds[name][finite]
+        assert bool((err <= tol).all()), f"{name}: max err {float(err.max())}, max err/bound {float((err / tol).max())}"
 
 
 # ------------------------------------------------------------------------------------ token_stats values
@@ -73,7 +125,7 @@ def test_token_stats_matches_float64_reference(vocab, scale, temperature):
     ids = torch.randint(0, vocab, (3, 4), generator=g)
     st_ = token_stats(logits, ids, temperature)
     assert st_.entropy.shape == (3, 4)
-    assert_close_to_reference(st_, reference(logits, ids, temperature))
+    assert_close_to_reference(st_, reference(logits, ids, temperature), logits, temperature)
     assert torch.allclose(st_.s_centered, st_.s_star - st_.s_expected)
 
 
@@ -110,7 +162,7 @@ def test_edge_cases_masked_extreme_and_single_entry():
     assert float(st_.logp[1]) == -2e4
     assert float(st_.entropy[2]) == 0.0 and float(st_.logp[2]) == 0.0 and float(st_.s_centered[2]) == 0.0
     assert abs(float(st_.entropy[3]) - math.log(4)) < 1e-6
-    assert_close_to_reference(st_, reference(logits, ids))
+    assert_close_to_reference(st_, reference(logits, ids), logits)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float64])
@@ -121,7 +173,7 @@ def test_low_and_high_precision_inputs_computed_in_float32(dtype):
     st_ = token_stats(logits, ids, 0.9)
     assert st_.entropy.dtype == torch.float32
     # reference on the same (rounded) values, in float64
-    assert_close_to_reference(st_, reference(logits.double(), ids, 0.9))
+    assert_close_to_reference(st_, reference(logits.double(), ids, 0.9), logits, 0.9)
 
 
 def test_chunking_invariance_and_non_contiguous_input():
@@ -268,14 +320,35 @@ def test_property_random_distributions(vocab, rows, scale, temperature, mask_fra
     logits = logits.masked_fill(mask, NEG_INF)
     ids = torch.randint(0, vocab, (rows,), generator=g)
     st_ = token_stats(logits, ids, temperature, chunk_size=int(torch.randint(1, 4, (1,), generator=g)))
-    assert_close_to_reference(st_, reference(logits, ids, temperature), atol=5e-6)
-    ent = st_.entropy
-    assert bool((ent >= 0).all()) and bool((ent <= math.log(vocab) + 1e-5).all())
-    # S_k > 0 iff p_k > exp(-H), wherever the margin is not at rounding level
-    p_k = st_.logp.double().exp()
-    margin = p_k - torch.exp(-ent.double())
-    clear = margin.abs() > 1e-4
+    ref = reference(logits, ids, temperature)
+    assert_close_to_reference(st_, ref, logits, temperature)
+    bounds = float32_error_bounds(logits, temperature, ref)
+    ent = st_.entropy.double()
+    assert bool((ent >= 0).all()) and bool((ent <= math.log(vocab) + bounds["entropy"]).all())
+    # S_k > 0 iff p_k > exp(-H), i.e. iff log p_k + H > 0, wherever that margin exceeds float32's error on it
+    margin = ref["logp"] + ref["entropy"]
+    clear = margin.abs() > 2 * (bounds["logp"] + bounds["entropy"])
     assert torch.equal((st_.s_star[clear] > 0), (margin[clear] > 0))
+
+
+@pytest.mark.parametrize("vocab,scale,temperature", [(80, 24.0, 0.0547), (17, 3.0, 0.7), (300, 1.0, 1.0)])
+def test_reference_check_catches_a_1e3_entropy_error(vocab, scale, temperature):
+    # the error bounds follow float32 rounding, not a slack that would hide real mistakes: the case that once
+    # broke the fixed tolerance (V=80, scale 24, T=0.0547) passes, and an entropy off by 1e-3 fails
+    g = torch.Generator().manual_seed(vocab)
+    logits = torch.randn(5, vocab, generator=g) * scale
+    # a near tie at the top of each row: a moderate entropy even where |z/T| is large (~1e3 at T=0.0547)
+    logits[:, 1] = logits.amax(-1) - torch.tensor([0.0, 0.5, 1.0, 2.0, 3.0]) * temperature
+    ids = torch.randint(0, vocab, (5,), generator=g)
+    st_ = token_stats(logits, ids, temperature)
+    ref = reference(logits, ids, temperature)
+    assert bool((ref["entropy"] > 0.1).all())
+    assert_close_to_reference(st_, ref, logits, temperature)
+    for row in range(5):
+        wrong = st_.entropy.clone()
+        wrong[row] += 1e-3
+        with pytest.raises(AssertionError, match="entropy"):
+            assert_close_to_reference(dataclasses.replace(st_, entropy=wrong), ref, logits, temperature)
 
 
 # ------------------------------------------------------------------------------------- derived metrics
