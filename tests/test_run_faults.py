@@ -259,3 +259,15 @@ def test_sigterm_says_how_to_continue_and_records_stopped(micro_model, tmp_path)
         f"erft train: error: --max-steps {n - 1} is below the {n} steps run {out} already holds; "
         f"pass --max-steps {n} or more"]
     assert json.loads((out / "run.json").read_text()) == status
+
+
+def test_prompt_longer_than_the_context_is_refused_and_writes_nothing(micro_model, tmp_path, capsys):
+    out = tmp_path / "run"
+    # The micro policy has 64 positions; its prompts are 8 characters, one token each: 8 + 60 > 64.
+    sets = micro_overrides(micro_model, **{"train.max_steps": 1, "rollout.max_new_tokens": 60})
+    assert main(["train", "--out", str(out), *sum((["--set", s] for s in sets), [])]) == 2
+    line = last_stderr_line(capsys)
+    assert "rollout.max_new_tokens 60" in line and "> 64 positions" in line and "at most 56" in line
+    assert not out.exists()
+    sets = micro_overrides(micro_model, **{"train.max_steps": 1, "rollout.max_new_tokens": 56})
+    assert main(["train", "--out", str(out), *sum((["--set", s] for s in sets), [])]) == 0

@@ -50,9 +50,15 @@ def start(cfg: Config, out: str | Path, *, overwrite: bool = False) -> dict[str,
         return _train(cfg, Path(out), resume=False)
     _preflight(cfg, out)
     rundir.check_new(out, overwrite)  # before the lock file is created in a folder that is not ours
+    created = not Path(out).exists()
     with rundir.RunLock(out):
         out = rundir.prepare_new(out, overwrite)
-        return _train(cfg, out, resume=False)
+        try:
+            return _train(cfg, out, resume=False)
+        except UserError:
+            if created:  # refused before the run wrote anything: leave no folder behind
+                rundir.remove_if_only_lock(out)
+            raise
 
 
 def held_steps(out: Path) -> int:

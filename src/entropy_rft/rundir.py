@@ -303,6 +303,14 @@ def prepare_new(out: str | Path, overwrite: bool) -> Path:
     return out
 
 
+def remove_if_only_lock(out: str | Path) -> None:
+    """Remove ``out`` when it holds nothing but the lock file (a start refused before it wrote anything)."""
+    out = Path(out)
+    if out.is_dir() and [p.name for p in out.iterdir()] == [LOCK]:
+        (out / LOCK).unlink()
+        out.rmdir()
+
+
 class RunLock:
     """The one-writer rule: an OS lock (``flock``) on ``<out>/.erft.lock`` held for the run's life.
 

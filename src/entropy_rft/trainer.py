@@ -168,6 +168,9 @@ class Run:
             self.ref.eval().requires_grad_(False)
         self.task = build_task(cfg.task.name, **cfg.task.params)
         self.train_set, self.val_set = self.task.split(cfg.train.seed)
+        # Prompts that cannot fit the context with the response budget are refused before any step (the
+        # evaluation set, and the first training prompts; each step checks its own, see sample_prompts).
+        self.check_prompts([ex.prompt for ex in [*self.val_set[: cfg.eval.prompts], *self.train_set[:256]]])
         self.method = control.build_method(cfg.method.name, **cfg.method_params())
         target = parse_target(cfg.method.entropy_target)
         self.autopilot = None if target is None else Autopilot(self.method, target, autopilot_gains(cfg),
@@ -249,10 +252,20 @@ class Run:
 
     # ------------------------------------------------------------------ the stages of a step
 
+    def check_prompts(self, prompts: list[str]) -> None:
+        """One line (UserError) when a prompt plus ``rollout.max_new_tokens`` exceeds the model's context."""
+        from entropy_rft.preflight import check_prompt_lengths
+        from entropy_rft.prompts import encode_prompt
+
+        check_prompt_lengths([len(encode_prompt(self.tok, p)) for p in prompts], self.cfg.rollout.max_new_tokens,
+                             getattr(self.model.config, "max_position_embeddings", None), truncate=False)
+
     def sample_prompts(self):
         n = self.cfg.rollout.prompts_per_step
         idx = torch.randint(len(self.train_set), (n,), generator=self.gens["data"]).tolist()
-        return [self.train_set[i] for i in idx]
+        examples = [self.train_set[i] for i in idx]
+        self.check_prompts([ex.prompt for ex in examples])
+        return examples
 
     def rollout(self, prompts: list[str]) -> RolloutBatch:
         r = self.cfg.rollout
@@ -557,13 +570,13 @@ def train(cfg: Config, out: str | Path, *, resume: bool = False, on_step=None) -
     out = Path(out)
     ckpt, state = _resume_point(cfg, out) if resume else (None, None)
     start = int(state["trainer"]["step"]) if state else 0
+    run = Run(cfg, out, start_step=start)  # loads the model and checks the prompts: a refusal writes nothing
     if resume:
         rundir.truncate_logs(out, start if state else -1)
     else:
         rundir.atomic_write_text(out / "config.yaml", yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
     rundir.write_status(out, "running", start_step=start, max_steps=cfg.train.max_steps,
                         python=sys.version.split()[0], torch=torch.__version__)
-    run = Run(cfg, out, start_step=start)
     if state is not None:
         run.load_state(state)
     logger = Logger(out, cfg, purge_step=start + 1 if resume else None)
