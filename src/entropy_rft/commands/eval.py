@@ -57,8 +57,32 @@ def parse_task_params(items: list[str]) -> dict[str, Any]:
         if "=" not in item:
             raise UserError(f"--task-param '{item}' must look like key=value, e.g. --task-param limit=50")
         k, v = item.split("=", 1)
-        out[k.strip()] = yaml.safe_load(v) if v.strip() else ""
+        if not k.strip().isidentifier():
+            raise UserError(f"--task-param '{item}': {k.strip()!r} is not a parameter name; use key=value, "
+                            "e.g. --task-param limit=50")
+        try:
+            out[k.strip()] = yaml.safe_load(v) if v.strip() else ""
+        except yaml.YAMLError:
+            out[k.strip()] = v
     return out
+
+
+def check_sampling_args(args: argparse.Namespace) -> None:
+    """The flags eval and filter share: batch size, threads, seed, temperature, device, output folder."""
+    import math
+
+    from entropy_rft import preflight
+
+    if args.batch_size < 1:
+        raise UserError(f"--batch-size must be >= 1, got {args.batch_size}")
+    if args.threads < 0:
+        raise UserError(f"--threads must be >= 0 (0 keeps torch's default), got {args.threads}")
+    if args.seed < 0:
+        raise UserError(f"--seed must be >= 0, got {args.seed}")
+    if not math.isfinite(args.temperature):
+        raise UserError(f"--temperature must be a finite number, got {args.temperature}")
+    preflight.check_device(args.device, "--device", "--device cpu")
+    preflight.check_out(args.out, file_hint="")
 
 
 def pass_ks(spec: str | None, n: int) -> list[int]:
@@ -76,12 +100,12 @@ def pass_ks(spec: str | None, n: int) -> list[int]:
 
 def run_models(run_dir: Path, checkpoints: bool) -> list[dict[str, Any]]:
     """The policies of a run directory: each checkpoint (if asked) and final/."""
-    from entropy_rft import rundir
-
     if not (run_dir / "config.yaml").is_file():
         raise UserError(f"--run {run_dir}: not a run directory (no config.yaml); pass a folder `erft train` wrote")
     out = []
     if checkpoints:
+        from entropy_rft import rundir
+
         for ck in rundir.checkpoint_dirs(run_dir):
             out.append({"label": f"{run_dir.name}/{ck.name}", "run": run_dir, "checkpoint": ck})
     if (run_dir / "final").is_dir():
@@ -183,10 +207,7 @@ def histogram_png(results: list[dict[str, Any]]) -> bytes:
 
 
 def evaluate(args: argparse.Namespace) -> list[dict[str, Any]]:
-    import torch
-
-    from entropy_rft import evaluation
-    from entropy_rft.tasks import build_task
+    from entropy_rft import preflight
 
     if args.samples < 1:
         raise UserError(f"--samples must be >= 1, got {args.samples}")
@@ -197,6 +218,7 @@ def evaluate(args: argparse.Namespace) -> list[dict[str, Any]]:
     if args.limit is not None and args.limit < 1:
         raise UserError(f"--limit must be >= 1, got {args.limit}")
     ks = pass_ks(args.pass_k, args.samples)
+    check_sampling_args(args)
     runs = [Path(r) for r in args.run]
     models = [{"label": m, "path": m} for m in args.model]
     for r in runs:
@@ -205,20 +227,23 @@ def evaluate(args: argparse.Namespace) -> list[dict[str, Any]]:
         raise UserError("nothing to evaluate: pass --model NAME_OR_PATH and/or --run DIR")
     extra = parse_task_params(args.task_param)
     datasets = [(d, {}) for d in args.dataset] or default_datasets(runs)
-    if args.threads:
-        torch.set_num_threads(args.threads)
 
     tasks = []
     for name, params in datasets:
-        try:
-            task = build_task(name, **{**params, **extra})
-        except (ValueError, TypeError) as e:
-            raise UserError(f"--dataset {name}: {e}") from None
+        task = preflight.build_task(name, {**params, **extra}, flag="--dataset", params_flag="--task-param")
         examples = task.split(args.seed)[1]
         if not examples:
             raise UserError(f"--dataset {name}: has no evaluation questions (its validation split is empty)")
         tasks.append((name, task, examples[: args.limit] if args.limit else examples))
+    for m in args.model:  # every policy is found before the first is evaluated
+        preflight.check_model(m)
 
+    import torch
+
+    from entropy_rft import evaluation
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
     results = []
     for spec in models:
         model, tok = load_model(spec, args.device, args.dtype)
@@ -245,9 +270,9 @@ def evaluate(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def run(args: argparse.Namespace) -> int:
+    results = evaluate(args)
     from entropy_rft import rundir
 
-    results = evaluate(args)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     ks = pass_ks(args.pass_k, args.samples)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 
 from entropy_rft.errors import UserError
@@ -32,13 +33,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from entropy_rft.analysis import masking
-    from entropy_rft.rundir import atomic_write_bytes, atomic_write_json, atomic_write_text
+    from entropy_rft import preflight
+    from entropy_rft.config import load_config
 
     if args.window < 1:
         raise UserError(f"--window must be >= 1, got {args.window}")
-    if args.tol < 0:
-        raise UserError(f"--tol must be >= 0, got {args.tol}")
+    if not (args.tol >= 0 and math.isfinite(args.tol)):
+        raise UserError(f"--tol must be a finite number >= 0, got {args.tol}")
+    if args.steps < 2:
+        raise UserError(f"--steps must be >= 2, got {args.steps}")
+    preflight.check_out(args.out, file_hint=" (a new folder, or an earlier erft experiment --out)")
+    # The base request (config, device, task, model) before any run directory is made.
+    extra: dict = {"train": {"max_steps": args.steps}}
+    if args.model:
+        extra["model"] = {"name": args.model}
+    cfg = load_config(args.config, ["eval.every=0", *args.set], extra=extra, check_method=False)
+    preflight.check_train(cfg, Path(args.out) / "vanilla")
+    from entropy_rft.analysis import masking
+    from entropy_rft.rundir import atomic_write_bytes, atomic_write_json, atomic_write_text
+
     out = Path(args.out)
     masking.run_experiment(out, steps=args.steps, config=args.config, model=args.model, sets=args.set,
                            s_field=args.s_field, overwrite=args.overwrite)

@@ -98,32 +98,33 @@ def histogram_png(counts: list[int], n: int, min_pass: float, max_pass: float) -
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
-
-    from entropy_rft import rundir
-    from entropy_rft.commands.eval import load_model, parse_task_params
-    from entropy_rft.tasks import build_task
+    from entropy_rft import preflight
+    from entropy_rft.commands.eval import check_sampling_args, load_model, parse_task_params
 
     if args.n < 1:
         raise UserError(f"--n must be >= 1, got {args.n}")
     if args.max_new_tokens < 1:
         raise UserError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
-    if args.temperature <= 0:
+    if not args.temperature > 0:
         raise UserError(f"--temperature must be > 0, got {args.temperature}")
+    if args.limit is not None and args.limit < 1:
+        raise UserError(f"--limit must be >= 1, got {args.limit}")
+    check_sampling_args(args)
     lo, hi = parse_fraction(args.min_pass, "--min-pass"), parse_fraction(args.max_pass, "--max-pass")
     if lo >= hi:
         raise UserError(f"--min-pass ({args.min_pass}) must be below --max-pass ({args.max_pass})")
-    try:
-        task = build_task(args.dataset, **parse_task_params(args.task_param))
-    except (ValueError, TypeError) as e:
-        raise UserError(f"--dataset {args.dataset}: {e}") from None
+    task = preflight.build_task(args.dataset, parse_task_params(args.task_param), flag="--dataset",
+                                params_flag="--task-param")
+    preflight.check_model(args.model)
     examples = task.split(args.seed)[0]
     if args.limit is not None:
-        if args.limit < 1:
-            raise UserError(f"--limit must be >= 1, got {args.limit}")
         examples = examples[: args.limit]
     if not examples:
         raise UserError(f"--dataset {args.dataset}: has no training questions to filter")
+    import torch
+
+    from entropy_rft import rundir
+
     if args.threads:
         torch.set_num_threads(args.threads)
     model, tok = load_model({"path": args.model}, args.device, args.dtype)

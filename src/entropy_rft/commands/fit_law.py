@@ -33,12 +33,22 @@ def _f(v: float | None, fmt: str = ".4f") -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    run_dir = Path(args.run_dir)
+    if not args.run_dir.strip():
+        raise UserError("RUN_DIR is empty; give a run directory written by erft train")
+    if run_dir.exists() and not run_dir.is_dir():
+        raise UserError(f"{run_dir}: is a file, not a run directory; give the --out folder of erft train")
+    if not run_dir.is_dir():
+        raise UserError(f"{run_dir}: no such run directory")
+    if not 0 < args.fit_frac < 1:  # also NaN
+        raise UserError(f"--fit-frac must be in (0, 1), got {args.fit_frac}")
+    if args.json is not None:
+        from entropy_rft import preflight
+
+        preflight.check_out_file(args.json, "--json")
     from entropy_rft.analysis.law import fit_run
     from entropy_rft.rundir import atomic_write_json
 
-    run_dir = Path(args.run_dir)
-    if not run_dir.is_dir():
-        raise UserError(f"{run_dir}: no such run directory")
     res = fit_run(run_dir, fit_frac=args.fit_frac, entropy=args.entropy, metric=args.metric)
     fit = res["fit"]
     print(f"entropy-performance law for {run_dir}  (R = {args.metric}, H = {args.entropy} entropy)")

@@ -6,8 +6,6 @@ import argparse
 import json
 import sys
 
-from entropy_rft import control
-
 NAME = "methods"
 HELP = "List the entropy-control methods: parameters and defaults, strength knob, its direction, paper."
 
@@ -18,6 +16,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _infos(names: list[str]) -> list[dict]:
+    from entropy_rft import control  # torch: imported only when the command runs
+
     return [control.method_info(n) for n in (names or control.available_methods())]
 
 

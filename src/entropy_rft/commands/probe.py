@@ -39,18 +39,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from entropy_rft import preflight
+
+    if args.vocab_sizes is not None and args.model != "synthetic":
+        raise UserError("--vocab-sizes applies only to --model synthetic; drop it or use --model synthetic")
+    if args.vocab_sizes is not None and not args.vocab_sizes:
+        raise UserError("--vocab-sizes is empty; give a comma list of integers >= 2, e.g. 50,1000")
+    if args.seed < 0:
+        raise UserError(f"--seed must be >= 0, got {args.seed}")
+    if args.json is not None:
+        preflight.check_out_file(args.json, "--json")
+    if args.model != "synthetic":
+        preflight.check_device(args.device, "--device", "--device cpu")
+        preflight.check_model(args.model)
+
     import torch
     from rich.console import Console
 
     from entropy_rft import theory_probe as tp
 
-    if args.vocab_sizes is not None and args.model != "synthetic":
-        raise UserError("--vocab-sizes applies only to --model synthetic; drop it or use --model synthetic")
     cfg = tp.ProbeConfig(
         model=args.model, positions=args.positions, eps=args.eps, halvings=args.halvings, seed=args.seed,
         temperature=args.temperature, text=args.text, device=args.device,
         vocab_sizes=args.vocab_sizes or tp.SYNTHETIC_VOCABS,
     )
+    tp.validate(cfg)
     threads = torch.get_num_threads()
     result = tp.run_probe(cfg)
     Console().print(tp.render(result))

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from entropy_rft.errors import UserError
+
 NAME = "report"
 HELP = ("Write a self-contained report.html (entropy, accuracy, probe, S_c, lens, Pass@K, pass-rate "
         "histograms, entropy-performance law, and a computed summary) for runs or an erft compare folder.")
@@ -17,6 +19,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from entropy_rft import preflight
+
+    preflight.check_out(args.out, file_hint="")
+    for d in args.run_dirs:
+        if not d.strip():
+            raise UserError("a RUN_DIR is empty; give run directories or an erft compare --out folder")
+        if not Path(d).exists():
+            raise UserError(f"{d}: no such directory; give a run directory or an erft compare --out folder")
+        if not Path(d).is_dir():
+            raise UserError(f"{d}: is a file, not a run directory; give the --out folder of erft train or "
+                            "erft compare")
     from entropy_rft.analysis.report import build_report
 
     numbers = build_report(args.run_dirs, args.out)

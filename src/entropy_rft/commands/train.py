@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from entropy_rft.errors import UserError
 
@@ -36,13 +37,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def cli_extra(args: argparse.Namespace) -> dict:
     """Config overrides implied by the dedicated flags."""
     extra: dict = {}
-    if args.method:
+    # ``is not None``: an empty value (--task '') is a mistake to report, not a flag left out.
+    if args.method is not None:
         extra.setdefault("method", {})["name"] = args.method
-    if getattr(args, "entropy_target", None):
+    if getattr(args, "entropy_target", None) is not None:
         extra.setdefault("method", {})["entropy_target"] = target_value(args.entropy_target)
-    if args.model:
+    if args.model is not None:
         extra.setdefault("model", {})["name"] = args.model
-    if getattr(args, "task", None):
+    if getattr(args, "task", None) is not None:
         extra.setdefault("task", {})["name"] = args.task
     if getattr(args, "engine", None):
         extra["engine"] = args.engine
@@ -62,25 +64,41 @@ def target_value(raw: str) -> float | str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from entropy_rft import launch
+    from entropy_rft import preflight
     from entropy_rft.config import help_text, load_config
 
     if args.help_config:
         print("\n".join(help_text()))
         return 0
-    if args.resume:
-        bad = [f"--{k.replace('_', '-')}" for k in _FIXED_ON_RESUME if getattr(args, k, None)]
-        if args.out and args.out != args.resume:
+    if args.resume is not None:
+        given = [k for k in _FIXED_ON_RESUME if getattr(args, k, None) is not None]
+        bad = [f"--{k.replace('_', '-')}" for k in given if getattr(args, k) is not False and getattr(args, k) != []]
+        if args.out is not None and args.out != args.resume:
             bad.append("--out")
         if bad:
             raise UserError(f"--resume continues the recorded config; {', '.join(bad)} cannot change it "
                             "(only --max-steps can)")
+        if not args.resume.strip():
+            raise UserError("--resume is empty; pass the run directory to continue")
+        if not Path(args.resume).is_dir():
+            raise UserError(f"--resume {args.resume}: no such run directory")
+        if args.max_steps is not None and args.max_steps < 1:
+            raise UserError(f"--max-steps must be >= 1, got {args.max_steps}")
+        from entropy_rft import launch  # torch: only once the arguments are known to be good
+
         last = launch.resume(args.resume, max_steps=args.max_steps)
         if last.get("already_finished"):
             print(f"run '{args.resume}' already finished at step {last['step']}")
         return 0
-    cfg = load_config(args.config, args.set, extra=cli_extra(args))
-    out = args.out or f"runs/{cfg.method.name}"
+    if args.max_steps is not None and args.max_steps < 1:
+        raise UserError(f"--max-steps must be >= 1, got {args.max_steps}")
+    # The method's check imports torch: check_train makes it after the cheap checks.
+    cfg = load_config(args.config, args.set, extra=cli_extra(args), check_method=False)
+    out = args.out if args.out is not None else f"runs/{cfg.method.name}"
+    # The whole request (output folder, device, task, method, model) before the run directory is made.
+    preflight.check_train(cfg, out)
+    from entropy_rft import launch
+
     launch.start(cfg, out, overwrite=args.overwrite)
     print(f"run written to {out}")
     return 0

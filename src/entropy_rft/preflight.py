@@ -1,0 +1,407 @@
+"""Cheap checks of a whole request before anything is written (issue 13: one line per mistake, nothing created).
+
+``check_train(cfg, out)`` is called before the run directory is made (``launch.start``, ``erft train``): the
+output path, the device, the task (built once, so unknown names, unknown parameters and bad data files are
+refused here, naming what is valid), the policy (``models.locate_policy``: no weights are loaded) and the
+optional packages the config asks for. A failed check raises :class:`~entropy_rft.errors.UserError`, so a
+corrected retry with the same ``--out`` starts cleanly.
+
+``check_prompt_lengths`` is the pure rule the trainer applies once the tokenizer is loaded.
+
+Torch is imported only to check a device other than the CPU and the method (``config.validate_method``), and
+``entropy_rft.models`` (transformers) only for the model check, which comes last.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import os
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from entropy_rft.errors import UserError
+
+# Virtual file systems: nothing a run writes belongs there.
+VIRTUAL_ROOTS = ("/proc", "/sys", "/dev")
+_NAME_MAX = 255
+
+# Checks that passed, so that a second call (erft train, then launch.start; erft compare's runs) costs nothing.
+# Keys include the size and mtime of the files involved, so that a file changed in between is checked again.
+_passed: set[tuple] = set()
+
+
+def _stamp(paths: list[Path]) -> tuple:
+    out = []
+    for p in paths:
+        try:
+            st = p.stat()
+            out.append((str(p), st.st_mtime_ns, st.st_size))
+        except OSError:
+            out.append((str(p), None, None))
+    return tuple(out)
+
+
+def _folder_stamp(name: str) -> tuple:
+    p = Path(name).expanduser()
+    try:
+        return _stamp([p, *sorted(p.iterdir())]) if p.is_dir() else _stamp([p])
+    except OSError:
+        return ()
+
+
+def check_train(cfg: Any, out: str | os.PathLike | None) -> None:
+    """Check a training request before anything is created. ``out=None``: a resume, or no output folder."""
+    from entropy_rft.config import validate_method
+
+    if out is not None:
+        check_out(out)
+    check_device(cfg.model.device, "config field 'model.device'", "--set model.device=cpu")
+    check_task(cfg.task.name, cfg.task.params)
+    check_optional_packages(cfg)
+    _check_model_path(cfg.model.name)
+    validate_method(cfg)  # imports torch: after the cheap checks
+    check_model(cfg.model.name)
+
+
+# ----------------------------------------------------------------------------- the output folder
+
+
+def _is_under(path: Path, root: str) -> bool:
+    return path == Path(root) or Path(root) in path.parents
+
+
+def check_out(out: str | os.PathLike, flag: str = "--out", *,
+              file_hint: str = " (a new folder, or an existing run with --overwrite)") -> Path:
+    """``out`` can become (or already is) a folder we may write into: not empty, not a file, no parent that is
+    a file, not under /proc, /sys or /dev, and its nearest existing folder writable. Nothing is created."""
+    text = os.fspath(out)
+    if isinstance(text, bytes):
+        text = os.fsdecode(text)
+    if not text.strip():
+        raise UserError(f"{flag} is empty; pass a folder, e.g. {flag} runs/my-run")
+    p = Path(text)
+    long_parts = [part for part in p.parts if len(os.fsencode(part)) > _NAME_MAX]
+    if long_parts:
+        raise UserError(f"{flag} '{text[:60]}...': a path component is longer than {_NAME_MAX} bytes; "
+                        "use a shorter name")
+    absolute = Path(os.path.abspath(p))
+    try:
+        real = p.resolve()
+    except (OSError, RuntimeError):
+        raise UserError(f"{flag} '{text}': the path has a symlink loop; fix the link or choose another "
+                        "folder") from None
+    for root in VIRTUAL_ROOTS:
+        if _is_under(absolute, root) or _is_under(real, root):
+            raise UserError(f"{flag} '{text}' is under {root}, a virtual file system; choose a folder on disk, "
+                            f"e.g. {flag} runs/my-run")
+    if os.path.lexists(p):
+        if p.is_dir():
+            _check_writable(p, text, flag, p)
+            return p
+        if p.is_symlink() and not p.exists():
+            raise UserError(f"{flag} '{text}' is a broken symbolic link; remove it or choose another folder")
+        raise UserError(f"{flag} '{text}' is a file, not a folder; choose another path{file_hint}")
+    ancestor = absolute.parent
+    while not os.path.lexists(ancestor) and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise UserError(f"{flag} '{text}': '{ancestor}' is a file, not a folder, so the folder cannot be made "
+                        "there; choose another path")
+    _check_writable(ancestor, text, flag, p)
+    return p
+
+
+def check_out_file(path: str | os.PathLike, flag: str) -> Path:
+    """``path`` can be written as a file (``--json FILE``): not empty, not a folder, not under /proc, /sys or
+    /dev, and its nearest existing folder writable (missing parent folders are created by the writer)."""
+    text = os.fsdecode(os.fspath(path))
+    if not text.strip():
+        raise UserError(f"{flag} is empty; pass a file name, e.g. {flag} result.json")
+    p = Path(text)
+    if p.is_dir():
+        raise UserError(f"{flag} '{text}' is a folder; pass a file name, e.g. {flag} {Path(text) / 'result.json'}")
+    absolute = Path(os.path.abspath(p))
+    for root in VIRTUAL_ROOTS:
+        if _is_under(absolute, root):
+            raise UserError(f"{flag} '{text}' is under {root}, a virtual file system; choose a file on disk, "
+                            f"e.g. {flag} result.json")
+    check_out(p.parent, flag=f"{flag} '{text}': folder", file_hint="")
+    if p.exists() and not os.access(p, os.W_OK):
+        raise UserError(f"{flag} '{text}' cannot be overwritten: permission denied; choose another file")
+    return p
+
+
+def _check_writable(folder: Path, text: str, flag: str, target: Path) -> None:
+    if _read_only_fs(folder):
+        raise UserError(f"{flag} '{text}': '{folder}' is on a read-only file system; choose a writable folder")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        what = "cannot be written into" if folder == target else "cannot be created"
+        raise UserError(f"{flag} '{text}' {what}: permission denied on folder '{folder}'; choose a folder you "
+                        "can write to, or fix its permissions")
+
+
+def _read_only_fs(folder: Path) -> bool:
+    try:
+        return bool(os.statvfs(folder).f_flag & os.ST_RDONLY)
+    except (OSError, AttributeError):
+        return False
+
+
+# ----------------------------------------------------------------------------- device
+
+
+def check_device(device: str, what: str = "config field 'model.device'", fix: str = "--set model.device=cpu") -> None:
+    """``device`` parses and exists here: ``cuda`` needs a CUDA GPU (``cuda:N``: at least N+1), ``mps`` Apple's
+    Metal backend. Imports torch only for a device other than the CPU."""
+    from entropy_rft.config import DEVICE_RE
+
+    if not isinstance(device, str) or not DEVICE_RE.match(device):
+        raise UserError(f"{what} must be 'cpu', 'cuda', 'cuda:N' or 'mps', got {device!r}")
+    kind, _, index = device.partition(":")
+    if kind == "cpu" or ("device", device) in _passed:
+        return
+    import torch
+
+    if kind == "cuda":
+        if not torch.cuda.is_available():
+            build = f"built with CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
+            raise UserError(f"{what} is {device!r} but no CUDA GPU is available here (torch {torch.__version__}, "
+                            f"{build}); use {fix}")
+        n = torch.cuda.device_count()
+        if index and int(index) >= n:
+            raise UserError(f"{what} is {device!r} but this machine has {n} CUDA GPU(s) (cuda:0..cuda:{n - 1}); "
+                            f"pick one of those or use {fix}")
+    elif kind == "mps":
+        mps = getattr(torch.backends, "mps", None)
+        if mps is None or not mps.is_available():
+            raise UserError(f"{what} is 'mps' but Apple's Metal backend is not available here (it needs macOS on "
+                            f"Apple silicon); use {fix}")
+    elif kind == "xpu":
+        xpu = getattr(torch, "xpu", None)
+        if xpu is None or not xpu.is_available():
+            raise UserError(f"{what} is {device!r} but no Intel XPU is available here; use {fix}")
+        n = xpu.device_count()
+        if index and int(index) >= n:
+            raise UserError(f"{what} is {device!r} but this machine has {n} XPU(s); use {fix}")
+    _passed.add(("device", device))
+
+
+def check_threads(threads: int, flag: str = "--threads") -> None:
+    if threads < 0:
+        raise UserError(f"{flag} must be >= 0 (0 keeps torch's default), got {threads}")
+
+
+# ----------------------------------------------------------------------------- task
+
+
+_UNEXPECTED_KW = re.compile(r"(?P<func>[\w.<>]+)\(\) got an unexpected keyword argument '(?P<arg>[^']+)'")
+
+
+def _task_factory(name: str) -> Callable[..., Any]:
+    from entropy_rft import tasks
+
+    registry = getattr(tasks, "_REGISTRY", {})
+    entry = registry.get(name)
+    if entry is None:
+        return tasks._import_path(name)  # ValueError naming the module or attribute
+    return tasks._import_path(entry) if isinstance(entry, str) else entry
+
+
+def _accepted_params(factory: Callable[..., Any], func_qualname: str | None) -> list[str] | None:
+    """Parameter names the task's constructor accepts (None when it cannot be told)."""
+    candidates: list[Any] = []
+    if func_qualname:  # e.g. 'MathTask.__init__' from the TypeError: look it up in the factory's module
+        import sys
+
+        module = sys.modules.get(getattr(factory, "__module__", "") or "")
+        obj: Any = module
+        for part in func_qualname.split("."):
+            obj = getattr(obj, part, None)
+            if obj is None:
+                break
+        if obj is not None:
+            candidates.append(obj)
+    candidates.append(factory)
+    for obj in candidates:
+        try:
+            sig = inspect.signature(obj)
+        except (TypeError, ValueError):
+            continue
+        params = [p for p in sig.parameters.values() if p.name != "self"]
+        if any(p.kind is p.VAR_KEYWORD for p in params):
+            continue
+        return [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    return None
+
+
+def _files_in(value: Any) -> list[Path]:
+    """Existing files named by string values in task params (nested dicts and lists too)."""
+    if isinstance(value, dict):
+        return [f for v in value.values() for f in _files_in(v)]
+    if isinstance(value, (list, tuple)):
+        return [f for v in value for f in _files_in(v)]
+    if isinstance(value, str) and value.strip() and len(value) < 4096:
+        try:
+            p = Path(value).expanduser()
+            return [p] if p.is_file() else []
+        except (OSError, ValueError):
+            return []
+    return []
+
+
+def _not_utf8(params: dict, err: UnicodeDecodeError, task: str) -> UserError:
+    for f in _files_in(params):
+        try:
+            data = f.read_bytes()
+            data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            return UserError(f"dataset file '{f}' (task {task!r}) is not UTF-8 text (byte 0x{data[e.start]:02x} at "
+                             f"offset {e.start}); re-save it as UTF-8")
+        except OSError:
+            continue
+    return UserError(f"task {task!r}: a data file is not UTF-8 text ({err.reason} at offset {err.start}); "
+                     "re-save it as UTF-8")
+
+
+def _which(params: dict, message: str, params_flag: str) -> str:
+    """' (given task.params: {...})' when the message names none of the parameters, so the line shows the values."""
+    if not params or any(str(k) in message for k in params):
+        return ""
+    text = repr(params)
+    return f" (given {params_flag}: {text if len(text) <= 120 else text[:117] + '...'})"
+
+
+def check_task(name: str, params: dict | None = None) -> None:
+    """The task of a training config can be built (see :func:`build_task`); built once per (name, params)."""
+    key = ("task", name, repr(sorted(dict(params or {}).items(), key=lambda kv: str(kv[0]))),
+           _stamp(_files_in(params or {})))
+    if key in _passed:
+        return
+    build_task(name, params)
+    _passed.add(key)
+
+
+def build_task(name: str, params: dict | None = None, *, flag: str = "--task / config field 'task.name'",
+               params_flag: str = "task.params") -> Any:
+    """``tasks.build_task(name, **params)`` with one-line errors: an unknown name lists the known tasks, an
+    unknown parameter the accepted ones, and a data file that is missing, malformed or not UTF-8 is named."""
+    from entropy_rft import tasks
+
+    params = dict(params or {})
+    known = ", ".join(tasks.available_tasks())
+    if not isinstance(name, str) or not name.strip():
+        raise UserError(f"{flag} is empty; known tasks: {known} (or 'package.module:ClassName')")
+    if name not in tasks.available_tasks() and ":" not in name:
+        raise UserError(f"unknown task {name!r} ({flag}); known tasks: {known} (or 'package.module:ClassName')")
+    try:
+        factory = _task_factory(name)
+    except ValueError as e:
+        raise UserError(f"task {name!r} ({flag}): {e}") from None
+    bad_names = [k for k in params if not isinstance(k, str) or not k.isidentifier()]
+    if bad_names:
+        raise UserError(f"task {name!r}: invalid parameter name(s) {bad_names} ({params_flag}); use name=value")
+    accepted = _accepted_params(factory, None)
+    if accepted is not None:
+        unknown = sorted(k for k in params if k not in accepted)
+        if unknown:
+            raise UserError(f"task {name!r} has no parameter {', '.join(map(repr, unknown))} ({params_flag}); "
+                            f"valid: {', '.join(accepted) or '(none)'}")
+    try:
+        task = factory(**params)
+    except UserError:
+        raise
+    except UnicodeDecodeError as e:
+        raise _not_utf8(params, e, name) from None
+    except TypeError as e:
+        m = _UNEXPECTED_KW.search(str(e))
+        if m:
+            valid = _accepted_params(factory, m.group("func"))
+            hint = f"; valid: {', '.join(valid)}" if valid else ""
+            raise UserError(f"task {name!r} has no parameter {m.group('arg')!r} ({params_flag}){hint}") from None
+        raise UserError(f"task {name!r}: bad {params_flag} ({e}){_which(params, str(e), params_flag)}") from None
+    except (ValueError, KeyError, LookupError) as e:
+        raise UserError(f"task {name!r}: {e}{_which(params, str(e), params_flag)}") from None
+    if not isinstance(task, tasks.Task):
+        raise UserError(f"task {name!r} built a {type(task).__name__}, not an entropy_rft Task; point "
+                        f"{flag} at a Task subclass or a factory returning one")
+    return task
+
+
+# ----------------------------------------------------------------------------- packages and model
+
+
+def check_optional_packages(cfg: Any) -> None:
+    """Packages the config asks for that are optional: wandb (train.wandb), trl (engine: trl)."""
+    if getattr(cfg.train, "wandb", False) and importlib.util.find_spec("wandb") is None:
+        raise UserError("config field 'train.wandb' is true but wandb is not installed; pip install wandb, or "
+                        "--set train.wandb=false")
+    if getattr(cfg, "engine", "native") == "trl" and importlib.util.find_spec("trl") is None:
+        raise UserError("config field 'engine' is 'trl' but trl is not installed; pip install trl, or use "
+                        "--engine native")
+
+
+def _check_model_path(name: str) -> None:
+    """The mistakes in a model name that need no import: empty, or a path (never a hub id) that is not there."""
+    if not isinstance(name, str) or not name.strip():
+        raise UserError("--model is empty (config field 'model.name'); pass --model default, a model folder or a "
+                        "hub id")
+    p = Path(name).expanduser()
+    if name.startswith(("/", "./", "../", "~")) and not os.path.lexists(p):
+        raise UserError(f"--model {name!r}: no such folder ({p.absolute()}); pass a local model folder, a hub id "
+                        "(org/name) or a built-in name (default, smollm2-135m)")
+
+
+def check_model(name: str) -> None:
+    """The policy can be found (``models.locate_policy``: built-in name, model folder, cached hub id); no
+    weights are loaded. Without ``locate_policy`` (older models.py), a missing or non-model local folder."""
+    key = ("model", name, _folder_stamp(name))
+    if key in _passed:
+        return
+    _check_model_path(name)
+    p = Path(name).expanduser()
+    from entropy_rft import models
+
+    locate = getattr(models, "locate_policy", None)
+    if locate is not None:
+        locate(name)
+    else:
+        if p.exists() and not (p / "config.json").is_file():
+            raise UserError(f"model {name!r}: not a model folder (no config.json); pass the folder that holds "
+                            "config.json and the weights")
+        if not p.exists() and name.startswith((".", "/", "~")):
+            raise UserError(f"model {name!r}: no such folder; pass --model default, a model folder or a hub id")
+    _passed.add(key)
+
+
+# ----------------------------------------------------------------------------- prompt lengths
+
+
+def check_prompt_lengths(prompt_token_counts: list[int], max_new_tokens: int, max_positions: int | None, *,
+                         truncate: bool) -> None:
+    """Refuse prompts that cannot fit the model's context together with ``max_new_tokens`` response tokens.
+
+    ``max_positions`` is the model's context (``max_position_embeddings``; None: unknown, nothing checked). With
+    ``truncate`` the prompts are cut to ``max_positions - max_new_tokens`` tokens, so only room for at least one
+    prompt token is needed.
+    """
+    if max_positions is None or not prompt_token_counts:
+        return
+    if max_new_tokens >= max_positions:
+        raise UserError(f"config field 'rollout.max_new_tokens' ({max_new_tokens}) leaves no room for the prompt in "
+                        f"the model's context of {max_positions} positions; set it to at most "
+                        f"{max(1, max_positions - max(1, min(prompt_token_counts)))}")
+    if truncate:
+        return
+    longest = max(prompt_token_counts)
+    if longest + max_new_tokens <= max_positions:
+        return
+    over = sum(1 for n in prompt_token_counts if n + max_new_tokens > max_positions)
+    room = max_positions - longest
+    fix = (f"lower rollout.max_new_tokens to at most {room}, or shorten the prompts" if room >= 1
+           else "shorten the prompts (the longest alone fills the context)")
+    raise UserError(f"{over} of {len(prompt_token_counts)} prompts do not fit the model's context: the longest has "
+                    f"{longest} tokens, + rollout.max_new_tokens {max_new_tokens} = {longest + max_new_tokens} > "
+                    f"{max_positions} positions; {fix}")
