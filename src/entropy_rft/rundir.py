@@ -466,8 +466,10 @@ def verify_checkpoint(path: str | Path) -> str | None:
     return None
 
 
-def load_checkpoint(path: str | Path, required: tuple[str, ...] = ()) -> dict[str, Any]:
-    """The state saved in checkpoint ``path``, verified against its manifest first.
+def load_checkpoint(path: str | Path, required: tuple[str, ...] = (), only: tuple[str, ...] | None = None,
+                    map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """The state saved in checkpoint ``path`` (every entry, or the entries ``only``), verified against its
+    manifest first.
 
     Raises :class:`CheckpointError` naming the checkpoint and what is wrong (a damaged or missing file, a
     file that does not load, a missing entry of ``required``)."""
@@ -477,8 +479,10 @@ def load_checkpoint(path: str | Path, required: tuple[str, ...] = ()) -> dict[st
         raise CheckpointError(f"checkpoint {path}: {bad}")
     state = {}
     for p in sorted(path.glob("*.pt")):
+        if only is not None and p.stem not in only:
+            continue
         try:
-            state[p.stem] = torch.load(p, map_location="cpu", weights_only=False)
+            state[p.stem] = torch.load(p, map_location=map_location, weights_only=False)
         except Exception as e:  # noqa: BLE001 - any unpickling/zip error means the same thing: a damaged file
             raise CheckpointError(f"checkpoint {path}: {p.name} does not load ({type(e).__name__})") from None
     missing = [n for n in required if n not in state]

@@ -117,17 +117,16 @@ def run_models(run_dir: Path, checkpoints: bool) -> list[dict[str, Any]]:
 
 
 def load_model(spec: dict[str, Any], device: str, dtype: str):
-    import torch
-
     from entropy_rft.models import load_policy
 
     if "checkpoint" in spec:
-        from entropy_rft.trainer import load_run_config
+        from entropy_rft import rundir
 
-        cfg = load_run_config(spec["run"])
+        cfg = rundir.load_run_config(spec["run"])
         model, tok = load_policy(cfg.model.name, device=device, dtype=dtype)
-        state = torch.load(spec["checkpoint"] / "model.pt", map_location=device, weights_only=False)
-        model.load_state_dict(state)
+        state = rundir.load_checkpoint(spec["checkpoint"], required=("model",), only=("model",),
+                                       map_location=device)
+        model.load_state_dict(state["model"])
         model.eval()
         return model, tok
     try:
