@@ -276,6 +276,20 @@ def _group_prompts(prompt_ids: Tensor, prompt_mask: Tensor) -> tuple[Tensor, Ten
     return prompt_ids[first], prompt_mask[first], inv
 
 
+def _repeat_rows(x: Tensor, index: Tensor) -> Tensor:
+    """``x[index]`` along dim 0 (a prompt's K/V repeated for each row of its GRPO group), with a gradient that
+    does not depend on thread scheduling.
+
+    The backward of a row gather sums the copies of each row, and that sum's order must be fixed for a seed
+    to give the same numbers twice. Advanced indexing sums them with ``index_put_(accumulate=True)``; on CPU
+    that runs in parallel (from 32768 elements on, at 2+ threads) with atomic adds, in whatever order the
+    threads reach a row: two runs of one seed differ in the last bits at their first update, and then
+    everywhere. ``index_select``'s backward (``index_add_``) sums them in a fixed order on CPU at any thread
+    count (and is no slower); on CUDA it uses atomics while indexing's backward sorts, so there the indexing
+    stays. The values are the same copies either way."""
+    return x.index_select(0, index) if x.device.type == "cpu" else x[index]
+
+
 def response_hidden(model, prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor, response_mask: Tensor,
                     *, check: bool = True) -> PackedHidden:
     """The hidden states that predict each valid response token, computing no position twice and no padding.
@@ -283,7 +297,8 @@ def response_hidden(model, prompt_ids: Tensor, prompt_mask: Tensor, response_ids
     The same numbers as :func:`decoder_hidden` on the concatenated rows (to float rounding; gradients too), but:
 
     - each distinct prompt runs once, however many rows repeat it (a GRPO group of G rows shares its
-      prompt's K/V, and the prompt's gradient is the sum over the group, as autograd gives it);
+      prompt's K/V, and the prompt's gradient is the sum over the group, in a fixed order whatever the
+      thread count: :func:`_repeat_rows`);
     - the position-wise work (norms, projections, MLP) runs on the real response positions only, packed as
       [N, D]; only attention sees them padded, as [B, R', ...], next to their prompt's K/V;
     - positions after a row's last needed one (EOS and the padding behind it) are never computed.
@@ -332,7 +347,9 @@ def response_hidden(model, prompt_ids: Tensor, prompt_mask: Tensor, response_ids
             pad = lambda z: z.new_zeros(b * r, z.shape[-1]).index_copy(0, flat, z[n_p:]).view(b, r, -1)  # noqa: E731
             qr, kr = (_heads(z, hd) for z in pad(qk).split((nq, nk), dim=-1))
             vr = _heads(pad(v), hd)
-            o_r = _attend(qr, torch.cat([kp[inv], kr], dim=2), torch.cat([vp[inv], vr], dim=2), mask_r, w.scale)
+            k_all = torch.cat([_repeat_rows(kp, inv), kr], dim=2)  # each row's copy of its prompt's K/V, then its own
+            v_all = torch.cat([_repeat_rows(vp, inv), vr], dim=2)
+            o_r = _attend(qr, k_all, v_all, mask_r, w.scale)
             o.append(o_r.transpose(1, 2).reshape(b * r, -1).index_select(0, flat))
         x = _finish(w, x, torch.cat(o))
     norm = model.model.norm
@@ -341,7 +358,7 @@ def response_hidden(model, prompt_ids: Tensor, prompt_mask: Tensor, response_ids
     src = inv[rows] * p + (p - 1)  # token 0 is predicted by its prompt's last position
     later = cols > 0
     src[later] = n_p + torch.arange(int(later.sum()), device=dev)  # token j > 0 by response position j - 1
-    return PackedHidden(x.index_select(0, src), rows, cols)
+    return PackedHidden(x.index_select(0, src), rows, cols)  # index_select: a fixed-order backward on CPU
 
 
 class StaticDecoder:
