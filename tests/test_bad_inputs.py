@@ -346,13 +346,16 @@ def results(tmp_path_factory) -> dict[str, Result]:
 def test_enough_cases_and_unique_ids():
     ids = [c.id for c in CASES]
     assert len(ids) == len(set(ids)), "duplicate case ids"
-    assert len(CASES) >= 60
+    assert len(APPLICABLE) >= 60
 
 
-@pytest.mark.parametrize("c", CASES, ids=[c.id for c in CASES])
+# A case whose premise does not hold on this machine (root writes into a 0555 folder; a GPU makes
+# model.device=cuda valid) is not a bad input here: it is left out of the table rather than skipped.
+APPLICABLE = [c for c in CASES if c.skip is None]
+
+
+@pytest.mark.parametrize("c", APPLICABLE, ids=[c.id for c in APPLICABLE])
 def test_bad_input_is_one_line(c: Case, results: dict[str, Result]):
-    if c.skip:
-        pytest.skip(c.skip)
     r = results[c.id]
     shown = f"erft {' '.join(c.argv)}\nrc={r.rc}\nstderr:\n{r.stderr}\nstdout:\n{r.stdout[-2000:]}"
     assert "Traceback" not in r.stderr + r.stdout, shown
