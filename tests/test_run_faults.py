@@ -271,3 +271,29 @@ def test_prompt_longer_than_the_context_is_refused_and_writes_nothing(micro_mode
     assert not out.exists()
     sets = micro_overrides(micro_model, **{"train.max_steps": 1, "rollout.max_new_tokens": 56})
     assert main(["train", "--out", str(out), *sum((["--set", s] for s in sets), [])]) == 0
+
+
+def test_a_full_disk_mid_run_is_one_line_naming_the_file(micro_model, tmp_path, capsys, monkeypatch):
+    import errno
+
+    from entropy_rft import rundir
+
+    out = tmp_path / "run"
+    real_write_many = rundir.JsonlWriter.write_many
+
+    def full_after_step_2(self, records):
+        records = list(records)
+        if self.path.name == "metrics.jsonl" and any(r.get("step", 0) >= 3 for r in records):
+            # What the kernel says to a flush on a full disk; the writer must name its file.
+            self._f = type("Full", (), {"write": lambda _s, _t: 0, "flush": lambda _s: (_ for _ in ()).throw(
+                OSError(errno.ENOSPC, "No space left on device")), "fileno": lambda _s: -1,
+                "close": lambda _s: None, "closed": False})()
+        return real_write_many(self, records)
+
+    monkeypatch.setattr(rundir.JsonlWriter, "write_many", full_after_step_2)
+    sets = micro_overrides(micro_model, **{"train.max_steps": 6})
+    assert main(["train", "--out", str(out), *sum((["--set", s] for s in sets), [])]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and str(out / "metrics.jsonl") in err[0] and "disk is full" in err[0], err
+    assert json.loads((out / "run.json").read_text())["status"] == "failed"
+    assert steps(out / "metrics.jsonl") == [0, 1, 2]

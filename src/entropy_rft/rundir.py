@@ -104,22 +104,25 @@ class JsonlWriter:
         self._f = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - long-lived handle
 
     def write(self, record: dict) -> None:
-        self._f.write(json.dumps(json_safe(record), allow_nan=False) + "\n")
-        self._f.flush()
-        if self.fsync:
-            os.fsync(self._f.fileno())
+        self.write_many([record])
 
     def write_many(self, records: Iterable[dict]) -> None:
-        for r in records:
-            self._f.write(json.dumps(json_safe(r), allow_nan=False) + "\n")
-        self._f.flush()
-        if self.fsync:
-            os.fsync(self._f.fileno())
+        try:
+            for r in records:
+                self._f.write(json.dumps(json_safe(r), allow_nan=False) + "\n")
+            self._f.flush()
+            if self.fsync:
+                os.fsync(self._f.fileno())
+        except OSError as e:  # a full or read-only disk: say which file
+            raise OSError(e.errno, e.strerror, str(self.path)) from None
 
     def sync(self) -> None:
         """Force what was written to disk (a kill loses nothing flushed; this covers power loss too)."""
-        self._f.flush()
-        os.fsync(self._f.fileno())
+        try:
+            self._f.flush()
+            os.fsync(self._f.fileno())
+        except OSError as e:
+            raise OSError(e.errno, e.strerror, str(self.path)) from None
 
     def close(self) -> None:
         if not self._f.closed:
