@@ -25,8 +25,9 @@ import torch
 
 from entropy_rft.config import load_config
 from entropy_rft.launch import start
+from entropy_rft.records import Scored, trained_mask
 from entropy_rft.rundir import read_jsonl
-from entropy_rft.trainer import Run, StepBatch
+from entropy_rft.trainer import Run
 
 STAGES = ("time/generate", "time/forward", "time/backward", "time/probe", "time/step")
 
@@ -58,11 +59,11 @@ def same_batch_overhead(model: str, repeats: int, out: Path, threads: int) -> di
         for m, run in runs.items():
             run.load_state(copy.deepcopy(state0))
             t0 = time.perf_counter()
-            sb = StepBatch(rb, rb.response_mask.clone(), rewards)
-            run.old_policy_pass(sb)
-            sb.keep = run.method.rollout_masks(sb.stats, sb.adv, sb.mask).keep
-            run.update(sb)
-            run.probe(sb)
+            s = Scored(group, rb, rewards, rb.response_mask.clone())
+            old = run.old_policy(s)
+            sel = run.select(s, old)
+            upd = run.update(s, old, sel)
+            run.probe(s, old, trained_mask(s, sel, upd))
             times[m].append(time.perf_counter() - t0)
     return {m: statistics.median(v) for m, v in times.items()}
 

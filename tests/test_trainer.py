@@ -19,8 +19,9 @@ import torch
 from entropy_rft.cli import main
 from entropy_rft.config import load_config
 from entropy_rft.launch import start
+from entropy_rft.records import Scored
 from entropy_rft.rundir import read_jsonl, truncate_jsonl
-from entropy_rft.trainer import Run, StepBatch
+from entropy_rft.trainer import Run
 from micro import make_micro_policy, micro_overrides
 
 TESTS = Path(__file__).parent
@@ -244,12 +245,12 @@ def test_method_none_reproduces_vanilla_ppo(micro_model, tmp_path):
     rb = run.rollout([e.prompt for e in group])
     rewards = torch.tensor([run.task.reward(r, e) for r, e in zip(rb.responses, group)])
     rewards[0], rewards[1] = 1.0, 0.0  # make sure the first group has signal
-    sb = StepBatch(rb, rb.response_mask.clone(), rewards)
-    run.old_policy_pass(sb)
-    sb.keep = run.method.rollout_masks(sb.stats, sb.adv, sb.mask).keep
+    s = Scored(group, rb, rewards, rb.response_mask.clone())
+    old = run.old_policy(s)
+    sel = run.select(s, old)
     for _ in range(3):  # three updates on the same batch: the ratio leaves 1 after the first
-        run.update(sb)
-        _naive_ppo_step(naive, naive_opt, rb, sb.old_logp, sb.adv, sb.mask.double(), 0.2, cfg.rollout.temperature)
+        run.update(s, old, sel)
+        _naive_ppo_step(naive, naive_opt, rb, old.logp, old.adv, s.mask.double(), 0.2, cfg.rollout.temperature)
     for (n, p1), p2 in zip(run.model.named_parameters(), naive.parameters()):
         torch.testing.assert_close(p1, p2, rtol=1e-4, atol=1e-5, msg=n)
 
@@ -262,9 +263,9 @@ def test_loss_decreases_on_a_fixed_batch(micro_model, tmp_path):
     group = [e for e in exs for _ in range(cfg.rollout.group_size)]
     rb = run.rollout([e.prompt for e in group])
     rewards = torch.arange(len(group)).remainder(2).float()
-    sb = StepBatch(rb, rb.response_mask.clone(), rewards)
-    run.old_policy_pass(sb)
-    losses = [run.update(sb)["loss/pg"] for _ in range(8)]
+    s = Scored(group, rb, rewards, rb.response_mask.clone())
+    old = run.old_policy(s)
+    losses = [run.update(s, old).metrics["loss/pg"] for _ in range(8)]
     assert losses[-1] < losses[0] - 1e-3, losses
 
 
@@ -305,11 +306,11 @@ def test_gradient_accumulation_equals_one_big_minibatch(micro_model, tmp_path, a
         group = [e for e in exs for _ in range(cfg.rollout.group_size)]
         rb = run.rollout([e.prompt for e in group])
         rewards = torch.arange(len(group)).remainder(3).eq(0).float()
-        sb = StepBatch(rb, rb.response_mask.clone(), rewards)
-        run.old_policy_pass(sb)
-        sb.keep = run.method.rollout_masks(sb.stats, sb.adv, sb.mask).keep
-        assert sb.keep is not None and not bool(sb.keep[sb.mask].all())  # ClipV drops something
-        run.update(sb)
+        s = Scored(group, rb, rewards, rb.response_mask.clone())
+        old = run.old_policy(s)
+        sel = run.select(s, old)
+        assert sel.keep is not None and not bool(sel.keep[s.mask].all())  # ClipV drops something
+        run.update(s, old, sel)
         params[accum] = [p.detach().clone() for p in run.model.parameters()]
     for p1, p3 in zip(params[1], params[3]):
         torch.testing.assert_close(p1, p3, rtol=1e-5, atol=1e-7)
@@ -339,15 +340,14 @@ def test_single_update_reuses_the_old_policy_forward_exactly(micro_model, tmp_pa
         torch.manual_seed(0)
         run = Run(cfg, tmp_path / str(live))
         assert run.single_update
-        rb = run.rollout([e.prompt for e in run.sample_prompts() for _ in range(cfg.rollout.group_size)])
+        group = [e for e in run.sample_prompts() for _ in range(cfg.rollout.group_size)]
+        rb = run.rollout([e.prompt for e in group])
         rewards = torch.tensor([float(i % 3 == 0) for i in range(len(rb.responses))])
-        sb = StepBatch(rb, rb.response_mask.clone(), rewards)
-        run.old_policy_pass(sb, live=live)
-        assert ("live_forward" in sb.extra) == live
-        sb.keep = run.method.rollout_masks(sb.stats, sb.adv, sb.mask).keep
-        run.update(sb)
-        assert "live_forward" not in sb.extra  # consumed by the update
-        results.append((sb.old_logp, sb.stats.s_centered, [p.detach().clone() for p in run.model.parameters()]))
+        s = Scored(group, rb, rewards, rb.response_mask.clone())
+        old = run.old_policy(s, live=live)
+        assert (old.live is not None) == live
+        run.update(s, old, run.select(s, old))
+        results.append((old.logp, old.stats.s_centered, [p.detach().clone() for p in run.model.parameters()]))
     (lp1, sc1, p1), (lp2, sc2, p2) = results
     torch.testing.assert_close(lp1, lp2, atol=1e-6, rtol=1e-6)
     torch.testing.assert_close(sc1, sc2, atol=1e-6, rtol=1e-6)

@@ -227,6 +227,67 @@ def log_gaps(path: str | Path, first: int, last: int) -> list[int]:
     return [s for s in range(first, last + 1) if s not in have]
 
 
+# ----------------------------------------------------------------------------- the run's logs
+
+
+class Logger:
+    """metrics.jsonl (+ TensorBoard, + W&B), samples.jsonl and token_records.jsonl, append-only."""
+
+    def __init__(self, out: Path, cfg: Any, purge_step: int | None):
+        # Lines are flushed as written (a kill loses none); fsync happens with each checkpoint (resume truncates
+        # the logs to the checkpoint's step anyway), not once per line.
+        self.metrics = JsonlWriter(out / "metrics.jsonl", fsync=False)
+        self.samples = JsonlWriter(out / "samples.jsonl", fsync=False)
+        self.records = JsonlWriter(out / "token_records.jsonl", fsync=False)
+        self.tb = self.wandb = None
+        if cfg.train.tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.tb = SummaryWriter(str(out / "tb"), purge_step=purge_step)
+        if cfg.train.wandb:
+            try:
+                import wandb
+            except ImportError:
+                raise UserError("train.wandb is true but wandb is not installed; pip install wandb") from None
+            from entropy_rft.config import config_to_dict
+
+            self.wandb = wandb.init(dir=str(out), config=config_to_dict(cfg), resume="allow")
+
+    def log(self, row: dict[str, Any]) -> None:
+        self.metrics.write(row)
+        step = row["step"]
+        scalars = {k: v for k, v in json_safe(row).items()
+                   if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step"}
+        if self.tb is not None:
+            try:
+                for k, v in scalars.items():
+                    self.tb.add_scalar(k, v, step)
+                self.tb.flush()
+            except Exception as e:  # noqa: BLE001 - TensorBoard is a view of metrics.jsonl, never its keeper
+                warn(f"TensorBoard logging stopped ({type(e).__name__}: {e}); metrics.jsonl goes on")
+                self.tb = None
+        if self.wandb is not None:
+            self.wandb.log(scalars, step=step)
+
+    def sync(self) -> None:
+        for w in (self.metrics, self.samples, self.records):
+            w.sync()
+
+    def close(self, quiet: bool = False) -> None:
+        """Close every writer; ``quiet`` (the run is already failing) keeps a full or read-only disk from
+        hiding the first error behind a second one."""
+        for close in (self.metrics.close, self.samples.close, self.records.close,
+                      self.tb.close if self.tb is not None else None,
+                      self.wandb.finish if self.wandb is not None else None):
+            if close is None:
+                continue
+            try:
+                close()
+            except Exception:
+                if not quiet:
+                    raise
+
+
 # ----------------------------------------------------------------------------- the directory
 
 SCHEMA = "erft.run/1"  # run.json's marker: a folder holding it was created by erft

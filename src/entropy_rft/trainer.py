@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import math
 import os
 import random
 import signal
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,18 +27,20 @@ import torch
 import yaml
 
 from entropy_rft import advantages as adv_lib
-from entropy_rft import control, dynamics, evaluation, rundir
+from entropy_rft import control, evaluation, rundir
 from entropy_rft.autopilot import Autopilot, parse_target
 from entropy_rft.config import Config, autopilot_gains, config_to_dict
 from entropy_rft.errors import UserError
-from entropy_rft.forward import policy_forward
+from entropy_rft.forward import PolicyOut, policy_forward
 from entropy_rft.jvp import entropy_jvp
 from entropy_rft.loss import agg_weights, policy_loss, ppo_clipped_mask
 from entropy_rft.metrics import masked_mean, stats_metrics
 from entropy_rft.probe import agreement_metrics, counterfactual_metrics, due, probe_metrics, tabular_prediction
+from entropy_rft.records import OldPolicy, Probed, Rule, Scored, Selection, Update, trained_mask
 from entropy_rft.rollout import RolloutBatch, sample
 from entropy_rft.rundir import load_run_config  # noqa: F401 - re-exported for older callers
 from entropy_rft.tasks import build_task
+from entropy_rft.tasks.base import Example
 
 # ----------------------------------------------------------------------------- small helpers
 
@@ -123,22 +125,6 @@ class ValueHead(torch.nn.Module):
         return self.net(hidden.detach().float()).squeeze(-1)
 
 
-@dataclass
-class StepBatch:
-    """Everything one step knows about its rollout batch, on the policy's device."""
-
-    rollout: RolloutBatch
-    mask: torch.Tensor  # [B, R] bool, response tokens that train
-    rewards: torch.Tensor  # [B]
-    adv: torch.Tensor | None = None  # [B, R]
-    returns: torch.Tensor | None = None  # [B, R], PPO
-    old_logp: torch.Tensor | None = None
-    ref_logp: torch.Tensor | None = None
-    stats: dynamics.TokenStats | None = None
-    keep: torch.Tensor | None = None  # rollout-level keep-mask (ClipB, ClipV, ...)
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
 # ----------------------------------------------------------------------------- the run
 
 
@@ -175,8 +161,6 @@ class Run:
         target = parse_target(cfg.method.entropy_target)
         self.autopilot = None if target is None else Autopilot(self.method, target, autopilot_gains(cfg),
                                                                 cfg.train.max_steps)
-        self.loss_kwargs = self._loss_kwargs()
-        self.uses_minibatch_masks = self.method.stage == "minibatch"
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optim = torch.optim.AdamW(params, lr=cfg.optim.lr, betas=tuple(cfg.optim.betas),
                                        weight_decay=cfg.optim.weight_decay)
@@ -198,12 +182,15 @@ class Run:
 
     # ------------------------------------------------------------------ config-derived pieces
 
-    def _loss_kwargs(self) -> dict[str, Any]:
+    def rule(self, method: control.Method | None = None) -> Rule:
+        """``method`` (default: the run's) and ``policy_loss``'s settings as they stand now (knobs such as
+        coef / eps_high, which the autopilot moves, enter the loss kwargs)."""
+        method = method or self.method
         a = self.cfg.algo
         kw = dict(eps_low=a.eps_low, eps_high=a.eps_high, dual_clip=a.dual_clip, agg=a.agg,
                   ref_kl_coef=a.ref_kl_coef, ref_kl_estimator=a.ref_kl_estimator)
-        kw.update(self.method.loss_kwargs())
-        return kw
+        kw.update(method.loss_kwargs())
+        return Rule(method, kw)
 
     def autocast(self):
         if self.cfg.model.autocast_bf16:
@@ -243,7 +230,6 @@ class Run:
             self.method.set_knob(st["trainer"]["method"]["knob"])
         if self.autopilot is not None and st["trainer"].get("autopilot") is not None:
             self.autopilot.load_state_dict(st["trainer"]["autopilot"])
-        self.loss_kwargs = self._loss_kwargs()  # knobs such as coef / eps_high enter the loss kwargs
 
     def save(self) -> None:
         config = yaml.safe_dump(config_to_dict(self.cfg), sort_keys=False).encode()  # a copy to restore from
@@ -260,7 +246,7 @@ class Run:
         check_prompt_lengths([len(encode_prompt(self.tok, p)) for p in prompts], self.cfg.rollout.max_new_tokens,
                              getattr(self.model.config, "max_position_embeddings", None), truncate=False)
 
-    def sample_prompts(self):
+    def sample_prompts(self) -> list[Example]:
         n = self.cfg.rollout.prompts_per_step
         idx = torch.randint(len(self.train_set), (n,), generator=self.gens["data"]).tolist()
         examples = [self.train_set[i] for i in idx]
@@ -273,6 +259,16 @@ class Run:
             return sample(self.model, self.tok, prompts, max_new_tokens=r.max_new_tokens, temperature=r.temperature,
                           top_p=r.top_p, backend=r.backend, generator=self.gens["sample"])
 
+    def score(self, group: list[Example], rb: RolloutBatch) -> Scored:
+        """Stage 3: the task's rewards; with ``algo.drop_uniform_groups`` a group whose rewards are all equal
+        does not train (GRPO and Dr.GRPO)."""
+        cfg = self.cfg
+        rewards = torch.tensor(self.task.rewards(rb.responses, group), dtype=torch.float32, device=self.device)
+        mask = rb.response_mask.clone()
+        if cfg.algo.drop_uniform_groups and cfg.algo.algorithm != "ppo":
+            mask &= ~uniform_groups(rewards, cfg.rollout.group_size)[:, None]
+        return Scored(group, rb, rewards, mask)
+
     @property
     def single_update(self) -> bool:
         """One optimizer update per rollout batch (one minibatch, one epoch, no accumulation, no critic)."""
@@ -280,75 +276,77 @@ class Run:
         return a.minibatches == 1 and a.ppo_epochs == 1 and a.grad_accum == 1 and self.value_head is None
 
     @torch.no_grad()
-    def old_policy_pass(self, sb: StepBatch, live: bool = False) -> None:
-        """Old-policy log-probs and TokenStats for the whole batch (and reference log-probs, values).
+    def old_policy(self, s: Scored, live: bool = False) -> OldPolicy:
+        """Stages 4-5: old-policy log-probs and TokenStats for the whole batch, reference log-probs, values,
+        and the advantages.
 
         ``live`` (only with :attr:`single_update`): the old policy *is* the policy that the single update
         differentiates, so this forward keeps its graph and the update reuses it instead of recomputing the
         same numbers (PPO's ratio is then exactly 1, as it is after a recompute)."""
         with torch.enable_grad() if live else contextlib.nullcontext():
-            out = self.forward(sb.rollout, with_entropy=live and self.method.needs_entropy_grad())
-        sb.old_logp, sb.stats = out.logp.detach(), out.stats
-        if live:
-            sb.extra["live_forward"] = out
+            out = self.forward(s.rollout, with_entropy=live and self.method.needs_entropy_grad())
         values = self.value_head(out.hidden) if self.value_head is not None else None
+        ref_logp = None
         if self.ref is not None:
             with self.autocast():
-                sb.ref_logp = policy_forward(self.ref, sb.rollout, self.cfg.rollout.temperature,
-                                             fused=self.cfg.model.fused_logp).logp.detach()
-        sb.adv, sb.returns = token_advantages(self.cfg, sb.rewards, sb.mask, values)
+                ref_logp = policy_forward(self.ref, s.rollout, self.cfg.rollout.temperature,
+                                          fused=self.cfg.model.fused_logp).logp.detach()
+        adv, returns = token_advantages(self.cfg, s.rewards, s.mask, values)
+        return OldPolicy(out.logp.detach(), out.stats, adv, returns, ref_logp, out if live else None)
 
-    def steer(self, sb: StepBatch) -> dict[str, Any]:
-        """Autopilot: from this batch's measured entropy (all response tokens), set the method's knob."""
-        if self.autopilot is None:
-            return {}
-        measured = masked_mean(sb.stats.entropy, sb.rollout.response_mask)
-        m = self.autopilot.update(self.step, measured)
-        self.loss_kwargs = self._loss_kwargs()
-        return m
+    def select(self, s: Scored, old: OldPolicy) -> Selection:
+        """Stage 6: the autopilot (entropy target) sets the method's knob from this batch's measured entropy
+        (all response tokens); then the method's rollout-level masks, from the old-policy statistics."""
+        control_m: dict[str, Any] = {}
+        if self.autopilot is not None:
+            control_m = self.autopilot.update(self.step, masked_mean(old.stats.entropy, s.rollout.response_mask))
+        return Selection(self.method.rollout_masks(old.stats, old.adv, s.mask).keep, control_m)
 
     def minibatches(self, n: int) -> list[torch.Tensor]:
         perm = torch.randperm(n, generator=self.gens["data"])
         return [c for c in perm.chunk(self.cfg.algo.minibatches) if c.numel()]
 
-    def update(self, sb: StepBatch) -> dict[str, Any]:
-        """PPO epochs × minibatches of optimizer updates. Returns averaged loss metrics."""
-        a, logs = self.cfg.algo, []
-        n = sb.mask.shape[0]
-        dropped_mb = torch.zeros_like(sb.mask)  # tokens zeroed by a minibatch-level method (first epoch)
-        for epoch in range(a.ppo_epochs):
-            for idx in self.minibatches(n):
-                logs.append(self.update_minibatch(sb, idx, dropped_mb if epoch == 0 else None))
-        sb.extra["minibatch_dropped"] = dropped_mb
+    def update(self, s: Scored, old: OldPolicy, sel: Selection | None = None, rule: Rule | None = None) -> Update:
+        """Stages 7-8: PPO epochs × minibatches of optimizer updates with ``rule`` (default: the run's method
+        as it stands). Returns the averaged loss metrics and the tokens a minibatch-level method zeroed."""
+        rule = rule or self.rule()
+        keep = None if sel is None else sel.keep
+        logs = []
+        zeroed = torch.zeros_like(s.mask)  # tokens zeroed by a minibatch-level method (first epoch)
+        live = old.live  # the old-policy forward, when it is the single update's own: used once
+        for epoch in range(self.cfg.algo.ppo_epochs):
+            for idx in self.minibatches(s.mask.shape[0]):
+                logs.append(self.update_minibatch(s, old, keep, rule, idx, zeroed if epoch == 0 else None, live))
+                live = None
         out: dict[str, Any] = {}
         for k in logs[0]:
             vals = [d[k] for d in logs if d.get(k) is not None]
             out[k] = float(np.mean(vals)) if vals else None
-        return out
+        return Update(out, zeroed)
 
-    def update_minibatch(self, sb: StepBatch, idx: torch.Tensor, dropped_mb: torch.Tensor | None) -> dict:
+    def update_minibatch(self, s: Scored, old: OldPolicy, keep: torch.Tensor | None, rule: Rule, idx: torch.Tensor,
+                         zeroed: torch.Tensor | None, live: PolicyOut | None) -> dict:
         cfg, a = self.cfg, self.cfg.algo
-        need_ent = self.method.needs_entropy_grad()
+        need_ent = rule.method.needs_entropy_grad()
         micro = [c for c in idx.chunk(a.grad_accum) if c.numel()]
-        mb_mask = sb.mask[idx]
+        mb_mask = s.mask[idx]
         first = None
-        live = sb.extra.pop("live_forward", None)  # the old-policy forward, when it is this update's own
         if len(micro) == 1:  # one forward with grad; the selection uses its detached log-probs
-            first = live.rows(idx) if live is not None else self.forward(sb.rollout.select(idx), with_entropy=need_ent)
+            first = live.rows(idx) if live is not None else self.forward(s.rollout.select(idx), with_entropy=need_ent)
             cur = first.logp.detach()
-        elif self.uses_minibatch_masks:  # accumulation: select over the whole minibatch first
+        elif rule.minibatch_masks:  # accumulation: select over the whole minibatch first
             with torch.no_grad():
-                cur = self.forward(sb.rollout.select(idx)).logp
-        # 6b. Clip-Cov / KL-Cov select over the whole minibatch, from its current (detached) log-probs.
+                cur = self.forward(s.rollout.select(idx)).logp
+        # Clip-Cov / KL-Cov select over the whole minibatch, from its current (detached) log-probs.
         mb_masks = control.Masks()
-        if self.uses_minibatch_masks:
-            clipped = ppo_clipped_mask(cur, sb.old_logp[idx], sb.adv[idx], mb_mask,
-                                       self.loss_kwargs.get("eps_low"), self.loss_kwargs.get("eps_high"))
-            mb_masks = self.method.minibatch_masks(cur, sb.old_logp[idx], sb.adv[idx], mb_mask, clipped=clipped,
+        if rule.minibatch_masks:
+            clipped = ppo_clipped_mask(cur, old.logp[idx], old.adv[idx], mb_mask,
+                                       rule.loss_kwargs.get("eps_low"), rule.loss_kwargs.get("eps_high"))
+            mb_masks = rule.method.minibatch_masks(cur, old.logp[idx], old.adv[idx], mb_mask, clipped=clipped,
                                                    generator=self.gens["method"])
-        if dropped_mb is not None and mb_masks.zeroed is not None:
-            dropped_mb[idx] |= mb_masks.zeroed & mb_mask
-        keep_mb = and_masks(None if sb.keep is None else sb.keep[idx], mb_masks.keep)
+        if zeroed is not None and mb_masks.zeroed is not None:
+            zeroed[idx] |= mb_masks.zeroed & mb_mask
+        keep_mb = and_masks(None if keep is None else keep[idx], mb_masks.keep)
         counted = mb_mask if keep_mb is None else mb_mask & keep_mb
         # Each micro-batch's loss is normalised over itself; scaling it by (its tokens' minibatch-level
         # aggregation weights) / (their micro-batch-level weights) makes the sum equal the minibatch loss.
@@ -360,20 +358,20 @@ class Run:
         pos = {int(j): i for i, j in enumerate(idx.tolist())}
         for mi in micro:
             local = torch.tensor([pos[int(j)] for j in mi.tolist()])
-            out = first if first is not None else self.forward(sb.rollout.select(mi), with_entropy=need_ent)
+            out = first if first is not None else self.forward(s.rollout.select(mi), with_entropy=need_ent)
             loss, met = policy_loss(
-                out.logp, sb.old_logp[mi], sb.adv[mi], sb.mask[mi],
+                out.logp, old.logp[mi], old.adv[mi], s.mask[mi],
                 keep=_rows(keep_mb, local), zeroed=_rows(mb_masks.zeroed, local),
                 kl_cov_select=_rows(mb_masks.kl_cov_select, local),
-                ref_logp=None if sb.ref_logp is None else sb.ref_logp[mi],
-                entropy=out.entropy, **self.loss_kwargs)
+                ref_logp=None if old.ref_logp is None else old.ref_logp[mi],
+                entropy=out.entropy, **rule.loss_kwargs)
             if len(micro) > 1:  # re-weight so the accumulated gradient equals the whole minibatch's loss
                 own = float(agg_weights(counted[local], a.agg).sum())
                 loss = loss * (float(mb_weights[local].sum()) / own if own > 0 else 0.0)
             if self.value_head is not None:
                 v = self.value_head(out.hidden)
-                vm = sb.mask[mi].float()
-                vloss = (((v - sb.returns[mi]) ** 2) * vm).sum() / vm.sum().clamp(min=1)
+                vm = s.mask[mi].float()
+                vloss = (((v - old.returns[mi]) ** 2) * vm).sum() / vm.sum().clamp(min=1)
                 loss = loss + a.value_coef * vloss * (len(mi) / len(idx))
                 value_loss_total += float(vloss.detach()) * len(mi) / len(idx)
             loss.backward()
@@ -395,48 +393,44 @@ class Run:
         return out_m
 
     @torch.no_grad()
-    def probe(self, sb: StepBatch) -> dict[str, Any]:
-        """Entropy after the updates, on the same tokens, against the tabular prediction."""
-        after = self.forward(sb.rollout)
-        mask = sb.mask
-        trained = and_masks(mask, sb.keep, ~sb.extra["minibatch_dropped"])
+    def probe(self, s: Scored, old: OldPolicy, trained: torch.Tensor) -> Probed:
+        """Stage 9: entropy after the updates, on the same tokens, against the tabular prediction for the
+        tokens that ``trained``."""
+        after = self.forward(s.rollout)
+        mask = s.mask
         w = agg_weights(trained, self.cfg.algo.agg)
-        pred = tabular_prediction(sb.stats.s_centered, sb.adv, w)
-        actual = after.stats.entropy - sb.stats.entropy
+        pred = tabular_prediction(old.stats.s_centered, old.adv, w)
+        actual = after.stats.entropy - old.stats.entropy
         m = probe_metrics(pred, actual, mask) if self.cfg.probe.enabled else {}
-        log_r = (after.logp - sb.old_logp).double()
+        log_r = (after.logp - old.logp).double()
         m["policy/approx_kl"] = masked_mean(torch.expm1(log_r) - log_r, mask)
-        sb.extra.update(pred=pred, actual=actual, ratio=torch.exp(log_r))
-        return m
+        return Probed(pred, actual, after.logp, torch.exp(log_r), m)
 
     def params_snapshot(self) -> dict[str, torch.Tensor]:
         return {n: p.detach().clone() for n, p in self.model.named_parameters()}
 
     @torch.no_grad()
-    def jvp_probe(self, sb: StepBatch, before: dict[str, torch.Tensor]) -> dict[str, Any]:
+    def jvp_probe(self, s: Scored, probed: Probed, before: dict[str, torch.Tensor]) -> dict[str, Any]:
         """The network's first-order ΔH per token (∇θH·Δθ by forward-mode AD at the pre-update parameters,
         along the step's actual update) against the actual ΔH that ``probe`` measured on the same tokens."""
         delta = {n: p.detach() - before[n] for n, p in self.model.named_parameters()}
-        _, pred = entropy_jvp(self.model, sb.rollout, self.cfg.rollout.temperature, before, delta)
-        m = agreement_metrics(pred, sb.extra["actual"], sb.mask, "probe/jvp_")
-        m["probe/dH_jvp"] = masked_mean(pred, sb.mask)
+        _, pred = entropy_jvp(self.model, s.rollout, self.cfg.rollout.temperature, before, delta)
+        m = agreement_metrics(pred, probed.actual, s.mask, "probe/jvp_")
+        m["probe/dH_jvp"] = masked_mean(pred, s.mask)
         return m
 
-    def vanilla_counterfactual(self, sb: StepBatch) -> float | None:
+    def vanilla_counterfactual(self, s: Scored, old: OldPolicy) -> float | None:
         """From this exact state (parameters, optimizer, scheduler, RNGs, knob), take the vanilla update on
-        this batch, measure the batch-mean entropy change, then restore everything: training is unaffected."""
+        the same records, measure the batch-mean entropy change, then restore the state: training is
+        unaffected. The vanilla rule is a value passed to ``update``; nothing of the run is swapped."""
         saved = copy.deepcopy(self.state())
-        method, keep, extra = self.method, sb.keep, dict(sb.extra)
+        rule = self.rule(control.build_method("none"))
         try:
-            self.method = control.build_method("none")
-            self.loss_kwargs, self.uses_minibatch_masks, sb.keep = self._loss_kwargs(), False, None
-            self.update(sb)
+            self.update(s, dataclasses.replace(old, live=None), None, rule)
             with torch.no_grad():
-                after = self.forward(sb.rollout)
-            return masked_mean(after.stats.entropy - sb.stats.entropy, sb.mask)
+                after = self.forward(s.rollout)
+            return masked_mean(after.stats.entropy - old.stats.entropy, s.mask)
         finally:
-            self.method, sb.keep, sb.extra = method, keep, extra
-            self.uses_minibatch_masks = self.method.stage == "minibatch"
             self.load_state(saved)
 
     # ------------------------------------------------------------------ evaluation
@@ -458,81 +452,34 @@ class Run:
         return out
 
 
-# ----------------------------------------------------------------------------- logging
-
-
-class Logger:
-    """metrics.jsonl (+ TensorBoard, + W&B), samples.jsonl and token_records.jsonl, append-only."""
-
-    def __init__(self, out: Path, cfg: Config, purge_step: int | None):
-        # Lines are flushed as written (a kill loses none); fsync happens with each checkpoint (resume truncates
-        # the logs to the checkpoint's step anyway), not once per line.
-        self.metrics = rundir.JsonlWriter(out / "metrics.jsonl", fsync=False)
-        self.samples = rundir.JsonlWriter(out / "samples.jsonl", fsync=False)
-        self.records = rundir.JsonlWriter(out / "token_records.jsonl", fsync=False)
-        self.tb = self.wandb = None
-        if cfg.train.tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self.tb = SummaryWriter(str(out / "tb"), purge_step=purge_step)
-        if cfg.train.wandb:
-            try:
-                import wandb
-            except ImportError:
-                raise UserError("train.wandb is true but wandb is not installed; pip install wandb") from None
-            self.wandb = wandb.init(dir=str(out), config=config_to_dict(cfg), resume="allow")
-
-    def log(self, row: dict[str, Any]) -> None:
-        self.metrics.write(row)
-        step = row["step"]
-        scalars = {k: v for k, v in rundir.json_safe(row).items()
-                   if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step"}
-        if self.tb is not None:
-            try:
-                for k, v in scalars.items():
-                    self.tb.add_scalar(k, v, step)
-                self.tb.flush()
-            except Exception as e:  # noqa: BLE001 - TensorBoard is a view of metrics.jsonl, never its keeper
-                rundir.warn(f"TensorBoard logging stopped ({type(e).__name__}: {e}); metrics.jsonl goes on")
-                self.tb = None
-        if self.wandb is not None:
-            self.wandb.log(scalars, step=step)
-
-    def sync(self) -> None:
-        for w in (self.metrics, self.samples, self.records):
-            w.sync()
-
-    def close(self, quiet: bool = False) -> None:
-        """Close every writer; ``quiet`` (the run is already failing) keeps a full or read-only disk from
-        hiding the first error behind a second one."""
-        for close in (self.metrics.close, self.samples.close, self.records.close,
-                      self.tb.close if self.tb is not None else None,
-                      self.wandb.finish if self.wandb is not None else None):
-            if close is None:
-                continue
-            try:
-                close()
-            except Exception:
-                if not quiet:
-                    raise
-
-
 # ----------------------------------------------------------------------------- metrics of a step
 
 
-def batch_metrics(sb: StepBatch, task_correct: torch.Tensor, eos_id: int) -> dict[str, Any]:
-    st, m = sb.stats, sb.mask
-    keep = and_masks(m, sb.keep, ~sb.extra["minibatch_dropped"])
+def batch_metrics(s: Scored, old: OldPolicy, trained: torch.Tensor, zeroed: torch.Tensor,
+                  eos_id: int) -> dict[str, Any]:
+    m = s.mask
     n_valid = int(m.sum())
     return {
-        "reward/mean": float(sb.rewards.float().mean()),
-        "reward/accuracy": float(task_correct.float().mean()),
-        **stats_metrics(st, sb.adv, m),
-        "control/kept_frac": int((keep & m).sum()) / n_valid if n_valid else None,
-        "control/zeroed_frac": float(sb.extra["minibatch_dropped"].sum()) / n_valid if n_valid else None,
+        "reward/mean": float(s.rewards.float().mean()),
+        "reward/accuracy": float((s.rewards > 0).float().mean()),
+        **stats_metrics(old.stats, old.adv, m),
+        "control/kept_frac": int((trained & m).sum()) / n_valid if n_valid else None,
+        "control/zeroed_frac": float(zeroed.sum()) / n_valid if n_valid else None,
         "response/length": float(m.sum(-1).float().mean()),
-        "response/truncated_frac": truncated_frac(sb.rollout, eos_id),
+        "response/truncated_frac": truncated_frac(s.rollout, eos_id),
     }
+
+
+def lens_metrics(s: Scored, old: OldPolicy, probed: Probed, trained: torch.Tensor, rule: Rule) -> dict[str, Any]:
+    """Quadrant attribution of the tokens the method kept (``lens/``) and of those PPO's ratio clip left in
+    the gradient after the update (``lens_ppo/``)."""
+    agg = rule.loss_kwargs["agg"]
+    clipped = ppo_clipped_mask(probed.logp, old.logp, old.adv, s.mask, rule.loss_kwargs.get("eps_low"),
+                               rule.loss_kwargs.get("eps_high"))
+    out = control.lens_attribution(trained, old.adv, old.stats.s_centered, s.mask, agg=agg)
+    out.update({k.replace("lens/", "lens_ppo/"): v for k, v in control.lens_attribution(
+        ~clipped, old.adv, old.stats.s_centered, s.mask, agg=agg).items()})
+    return out
 
 
 def truncated_frac(rb: RolloutBatch, eos_id: int) -> float:
@@ -541,21 +488,18 @@ def truncated_frac(rb: RolloutBatch, eos_id: int) -> float:
     return float((~ended.any(-1)).float().mean())
 
 
-def token_records(sb: StepBatch, step: int, n: int, gen: torch.Generator) -> list[dict]:
+def token_records(s: Scored, old: OldPolicy, probed: Probed, trained: torch.Tensor, step: int, n: int,
+                  gen: torch.Generator) -> list[dict]:
     """A random sample of per-token records (S, S_c, A, r, predicted and actual ΔH, kept) for the plots."""
-    m = sb.mask
-    idx = m.nonzero()
+    idx = s.mask.nonzero()
     if idx.shape[0] == 0:
         return []
     pick = idx[torch.randperm(idx.shape[0], generator=gen)[:n]]
-    keep = and_masks(m, sb.keep, ~sb.extra["minibatch_dropped"])
-    rows = []
-    for b, t in pick.tolist():
-        rows.append({"step": step, "seq": b, "pos": t, "entropy": sb.stats.entropy[b, t], "logp": sb.stats.logp[b, t],
-                     "s_star": sb.stats.s_star[b, t], "s_centered": sb.stats.s_centered[b, t], "adv": sb.adv[b, t],
-                     "ratio": sb.extra["ratio"][b, t], "pred_dH": sb.extra["pred"][b, t],
-                     "actual_dH": sb.extra["actual"][b, t], "kept": bool(keep[b, t])})
-    return rows
+    st = old.stats
+    return [{"step": step, "seq": b, "pos": t, "entropy": st.entropy[b, t], "logp": st.logp[b, t],
+             "s_star": st.s_star[b, t], "s_centered": st.s_centered[b, t], "adv": old.adv[b, t],
+             "ratio": probed.ratio[b, t], "pred_dH": probed.pred[b, t], "actual_dH": probed.actual[b, t],
+             "kept": bool(trained[b, t])} for b, t in pick.tolist()]
 
 
 # ----------------------------------------------------------------------------- the loop
@@ -579,7 +523,7 @@ def train(cfg: Config, out: str | Path, *, resume: bool = False, on_step=None) -
                         python=sys.version.split()[0], torch=torch.__version__)
     if state is not None:
         run.load_state(state)
-    logger = Logger(out, cfg, purge_step=start + 1 if resume else None)
+    logger = rundir.Logger(out, cfg, purge_step=start + 1 if resume else None)
     handlers = _install_signal_handlers(run)
     last: dict[str, Any] = {}
     status = "failed"
@@ -635,8 +579,8 @@ def _resume_point(cfg: Config, out: Path) -> tuple[Path | None, dict[str, Any] |
     return ckpt, state
 
 
-def train_step(run: Run, logger: Logger) -> dict[str, Any]:
-    """One step: the ten stages of DESIGN.md's data path."""
+def train_step(run: Run, logger: rundir.Logger) -> dict[str, Any]:
+    """One step: the ten stages of DESIGN.md's data path, each a function of the records before it."""
     cfg, step = run.cfg, run.step
     t0 = time.perf_counter()
     # 1. prompts, G samples each
@@ -646,61 +590,52 @@ def train_step(run: Run, logger: Logger) -> dict[str, Any]:
     rb = run.rollout([ex.prompt for ex in group])
     t_gen = time.perf_counter()
     # 3. score
-    rewards = torch.tensor(run.task.rewards(rb.responses, group), dtype=torch.float32, device=run.device)
-    mask = rb.response_mask.clone()
-    if cfg.algo.drop_uniform_groups and cfg.algo.algorithm != "ppo":
-        mask &= ~uniform_groups(rewards, cfg.rollout.group_size)[:, None]
-    sb = StepBatch(rb, mask, rewards)
-    # 4-5. old-policy forward (TokenStats) and advantages; with one update per batch it is that update's
-    #      forward too (not when the counterfactual probe first takes a vanilla update from this state)
-    run.old_policy_pass(sb, live=run.single_update and not due(cfg.probe.counterfactual_every, step))
-    # 6a. autopilot (entropy target): the measured batch entropy sets the method's knob for this step
-    control_m = run.steer(sb)
-    # 6. the method's rollout-level masks (ClipB, ClipV, high-entropy, grad-mask), from old-policy stats
-    sb.keep = run.method.rollout_masks(sb.stats, sb.adv, sb.mask).keep
+    s = run.score(group, rb)
+    # 4-5. old-policy forward (TokenStats), reference log-probs, values and advantages; with one update per
+    #      batch it is that update's forward too (not when the counterfactual first takes a vanilla update)
+    counterfactual = due(cfg.probe.counterfactual_every, step)
+    old = run.old_policy(s, live=run.single_update and not counterfactual)
+    # 6. the autopilot sets the knob; the method's rollout-level masks (ClipB, ClipV, high-entropy, grad-mask)
+    sel = run.select(s, old)
+    rule = run.rule()
     t_fwd = time.perf_counter()
-    # 6b. probes that need the pre-update state: the parameters for the JVP, and the vanilla update from
-    #     this very state (taken, measured, and undone) for the counterfactual
+    # 6'. what the probes need from the pre-update state: the parameters for the JVP, and the vanilla update
+    #     from this very state (taken, measured, and undone) for the counterfactual
     before = run.params_snapshot() if due(cfg.probe.jvp_every, step) else None
-    dh_vanilla = run.vanilla_counterfactual(sb) if due(cfg.probe.counterfactual_every, step) else None
+    dh_vanilla = run.vanilla_counterfactual(s, old) if counterfactual else None
     t_cf = time.perf_counter()
-    # 7-8. policy_loss and optimizer updates (Clip-Cov / KL-Cov select per minibatch inside)
-    loss_m = run.update(sb)
+    # 7-8. policy_loss and the optimizer updates (Clip-Cov / KL-Cov select per minibatch inside)
+    upd = run.update(s, old, sel, rule)
+    trained = trained_mask(s, sel, upd)
     t_bwd = time.perf_counter()
-    # 9. probe: actual vs predicted entropy change on the same tokens (tabular; JVP and counterfactual
-    #    every k steps: this update is the method's, so its batch ΔH is dH_method)
-    probe_m = run.probe(sb)
+    # 9. probe: actual vs predicted entropy change on the same tokens (tabular; the JVP and the
+    #    counterfactual every k steps: this update is the method's, so its batch ΔH is dH_method)
+    probed = run.probe(s, old, trained)
+    probe_m = dict(probed.metrics)
     if before is not None:
-        probe_m.update(run.jvp_probe(sb, before))
-    if due(cfg.probe.counterfactual_every, step):
-        probe_m.update(counterfactual_metrics(masked_mean(sb.extra["actual"], sb.mask), dh_vanilla))
+        probe_m.update(run.jvp_probe(s, probed, before))
+    if counterfactual:
+        probe_m.update(counterfactual_metrics(masked_mean(probed.actual, s.mask), dh_vanilla))
     t_probe = time.perf_counter()
-    # 10. log
-    # Batch-level control fractions (over the whole rollout batch) win over the per-minibatch averages.
-    row: dict[str, Any] = {"step": step, **loss_m, **batch_metrics(sb, rewards > 0, run.tok.eos_token_id),
-                           **probe_m, **control_m}
-    clipped = ppo_clipped_mask(torch.log(sb.extra["ratio"]).float() + sb.old_logp, sb.old_logp, sb.adv, sb.mask,
-                               run.loss_kwargs.get("eps_low"), run.loss_kwargs.get("eps_high"))
-    keep_all = and_masks(sb.mask, sb.keep, ~sb.extra["minibatch_dropped"])
-    row.update(control.lens_attribution(keep_all, sb.adv, sb.stats.s_centered, sb.mask, agg=cfg.algo.agg))
-    row.update({k.replace("lens/", "lens_ppo/"): v for k, v in control.lens_attribution(
-        ~clipped, sb.adv, sb.stats.s_centered, sb.mask, agg=cfg.algo.agg).items()})
+    # 10. log (the batch-level control fractions win over the per-minibatch averages of the loss)
+    row: dict[str, Any] = {"step": step, **upd.metrics,
+                           **batch_metrics(s, old, trained, upd.zeroed, run.tok.eos_token_id),
+                           **probe_m, **sel.control, **lens_metrics(s, old, probed, trained, rule)}
     if cfg.eval.every and (step % cfg.eval.every == 0 or step == cfg.train.max_steps):
         te = time.perf_counter()
         row.update(run.evaluate())
         row["time/eval"] = time.perf_counter() - te
-    n_tok = int(rb.response_mask.sum())
     row.update({"time/generate": t_gen - t0, "time/forward": t_fwd - t_gen, "time/backward": t_bwd - t_cf,
-                "time/counterfactual": t_cf - t_fwd,
-                "time/probe": t_probe - t_bwd, "time/step": time.perf_counter() - t0,
-                "perf/tokens_per_s": n_tok / max(1e-9, t_probe - t0)})
+                "time/counterfactual": t_cf - t_fwd, "time/probe": t_probe - t_bwd,
+                "time/step": time.perf_counter() - t0,
+                "perf/tokens_per_s": int(rb.response_mask.sum()) / max(1e-9, t_probe - t0)})
     logger.log(row)
     if cfg.train.samples_every and step % cfg.train.samples_every == 0:
         logger.samples.write_many({"step": step, "prompt": ex.prompt, "response": r, "reward": float(rw)}
-                                  for ex, r, rw in zip(group, rb.responses, rewards.tolist()))
+                                  for ex, r, rw in zip(group, rb.responses, s.rewards.tolist()))
     if cfg.probe.records_every and step % cfg.probe.records_every == 0:
         gen = torch.Generator().manual_seed(cfg.train.seed * 7919 + step)
-        logger.records.write_many(token_records(sb, step, cfg.probe.records_per_step, gen))
+        logger.records.write_many(token_records(s, old, probed, trained, step, cfg.probe.records_per_step, gen))
     return row
 
 
