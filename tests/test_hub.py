@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from entropy_rft import models
+from entropy_rft import model_files, models
 from entropy_rft.errors import UserError
 from micro import make_micro_policy
 
@@ -242,7 +242,7 @@ def test_truncated_safetensors_named(tmp_path, policy_dir, monkeypatch):
     assert "truncated or corrupt" in _user_error(models.locate_policy, str(bad))
     # and should a broken file get past the cheap checks, loading it still gives one line naming it
     weights.write_bytes(data[: len(data) // 2])
-    monkeypatch.setattr(models, "folder_problem", lambda folder: None)
+    monkeypatch.setattr(model_files, "folder_problem", lambda folder: None)
     msg = _user_error(models.load_policy, str(bad))
     assert f"{weights} cannot be loaded (SafetensorError" in msg
 

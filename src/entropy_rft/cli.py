@@ -5,21 +5,23 @@ A command module defines ``NAME``, ``HELP``, ``add_arguments(parser)`` and ``run
 Every failure ends in one line on stderr, ``erft <cmd>: error: ...`` (bad input, exit 2; a resource such as a
 full disk, exit 1) or ``erft <cmd>: internal error: ...`` (a bug, exit 1). ``--debug`` (or ``ERFT_DEBUG=1``)
 re-raises instead, with the traceback. Command modules import torch and transformers lazily, inside
-``run``, so that bad input is refused before the heavy imports.
+``run``, so that bad input is refused before the heavy imports (and ``erft --help`` stays fast).
 """
 
 from __future__ import annotations
 
 import argparse
 import errno
-import importlib
 import os
 import sys
 
+from entropy_rft.commands import compare, experiment, fit_law, methods, probe, report, train
+from entropy_rft.commands import eval as eval_cmd
+from entropy_rft.commands import filter as filter_cmd
 from entropy_rft.errors import UserError
 
 # Subcommand modules, in the order ``erft --help`` lists them.
-COMMANDS = ["train", "eval", "compare", "report", "probe", "filter", "fit_law", "experiment", "methods"]
+COMMANDS = (train, eval_cmd, compare, report, probe, filter_cmd, fit_law, experiment, methods)
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -62,17 +64,6 @@ def debug_enabled(argv_flag: bool = False) -> bool:
     return argv_flag or os.environ.get("ERFT_DEBUG", "").strip().lower() in {"1", "true", "yes", "on"}
 
 
-def _load_commands() -> list:
-    mods = []
-    for name in COMMANDS:
-        try:
-            mods.append(importlib.import_module(f"entropy_rft.commands.{name}"))
-        except ModuleNotFoundError as e:
-            if e.name != f"entropy_rft.commands.{name}":
-                raise
-    return mods
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="erft",
@@ -81,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     debug_help = "On an error, show the Python traceback instead of one line (also: ERFT_DEBUG=1)."
     parser.add_argument("--debug", action="store_true", help=debug_help)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for mod in _load_commands():
+    for mod in COMMANDS:
         p = sub.add_parser(mod.NAME, help=mod.HELP, description=mod.HELP)
         mod.add_arguments(p)
         # Also accepted after the command (erft train --debug ...); SUPPRESS keeps the global flag's value.

@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 from entropy_rft.errors import UserError
+from entropy_rft.options import AGG_MODES, ENGINES, KL_ESTIMATORS, ROLLOUT_BACKENDS, or_list
 
 
 def _f(default: Any, help: str, **kw: Any) -> Any:
@@ -66,7 +67,7 @@ class AlgoConfig:
     eps_low: float | None = _f(0.2, "PPO ratio clip, lower side: r >= 1 - eps_low. null disables.")
     eps_high: float | None = _f(0.2, "PPO ratio clip, upper side: r <= 1 + eps_high (clip-higher: 0.28, DAPO).")
     dual_clip: float | None = _f(None, "Dual clip c: bounds the loss of A<0 tokens by -A*c (arXiv 1912.09729).")
-    agg: str = _f("token-mean", "Loss aggregation: token-mean, seq-mean-token-mean or seq-mean-token-sum-norm.")
+    agg: str = _f("token-mean", f"Loss aggregation: {or_list(AGG_MODES)}.")
     minibatches: int = _f(2, "Optimizer minibatches per rollout batch; >1 lets the ratio leave 1, so PPO "
                           "clipping, clip-higher, Clip-Cov's exclusion and KL-Cov act.")
     ppo_epochs: int = _f(1, "Passes over the rollout batch.")
@@ -74,7 +75,7 @@ class AlgoConfig:
     drop_uniform_groups: bool = _f(False, "Drop groups whose rewards are all equal (DAPO dynamic sampling).")
     adv_eps: float = _f(1e-6, "Epsilon added to the group std in GRPO normalisation.")
     ref_kl_coef: float = _f(0.0, "KL to the frozen base policy (papers: 0). >0 loads a reference model.")
-    ref_kl_estimator: str = _f("k3", "KL estimator: k1 or k3 (Schulman's approximations).")
+    ref_kl_estimator: str = _f("k3", f"KL estimator: {or_list(KL_ESTIMATORS)} (Schulman's approximations).")
     gamma: float = _f(1.0, "PPO discount.")
     lam: float = _f(0.95, "PPO GAE lambda.")
     value_coef: float = _f(0.5, "PPO value-loss weight.")
@@ -175,7 +176,8 @@ class Config:
     probe: ProbeConfig = field(default_factory=ProbeConfig)
     autopilot: AutopilotConfig = field(default_factory=AutopilotConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
-    engine: str = _f("native", "Training engine: 'native' (our single-process trainer).")
+    engine: str = _f("native", "Training engine: 'native' (our single-process trainer) or 'trl' (TRL's "
+                     "GRPOTrainer with our methods; GRPO / Dr.GRPO only).")
 
     def method_params(self) -> dict:
         """The selected method's parameters: the config's preset for it, then explicit params."""
@@ -386,9 +388,6 @@ def _check(cond: bool, field_name: str, msg: str) -> None:
         raise UserError(f"config field '{field_name}' {msg}")
 
 
-# The sampler names of ``entropy_rft.rollout.BACKENDS``, repeated here so that validating a config does not import
-# torch (tests/test_bad_inputs.py checks that the two agree).
-ROLLOUT_BACKENDS = ("auto", "static", "kv", "hf")
 # Device strings the trainer accepts: cpu, cuda, cuda:N, mps, xpu, xpu:N (availability: entropy_rft.preflight).
 DEVICE_RE = re.compile(r"^(cpu|mps|(cuda|xpu)(:\d+)?)$")
 MAX_SEED = 2**32 - 1
@@ -436,8 +435,7 @@ def validate(cfg: Config, *, check_method: bool = True) -> None:
         v = getattr(a, name)
         _check(v is None or v >= 0, f"algo.{name}", f"must be >= 0 or null, got {v}")
     _check(a.dual_clip is None or a.dual_clip > 1, "algo.dual_clip", f"must be > 1 or null, got {a.dual_clip}")
-    _check(a.agg in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"), "algo.agg",
-           f"must be token-mean, seq-mean-token-mean or seq-mean-token-sum-norm; got {a.agg!r}")
+    _check(a.agg in AGG_MODES, "algo.agg", f"must be {or_list(AGG_MODES)}; got {a.agg!r}")
     _check(a.minibatches >= 1, "algo.minibatches", f"must be >= 1, got {a.minibatches}")
     n_seq = r.prompts_per_step * r.group_size
     _check(a.minibatches <= n_seq, "algo.minibatches",
@@ -445,7 +443,8 @@ def validate(cfg: Config, *, check_method: bool = True) -> None:
     _check(a.ppo_epochs >= 1, "algo.ppo_epochs", f"must be >= 1, got {a.ppo_epochs}")
     _check(a.grad_accum >= 1, "algo.grad_accum", f"must be >= 1, got {a.grad_accum}")
     _check(a.ref_kl_coef >= 0, "algo.ref_kl_coef", f"must be >= 0, got {a.ref_kl_coef}")
-    _check(a.ref_kl_estimator in ("k1", "k3"), "algo.ref_kl_estimator", f"must be k1 or k3, got {a.ref_kl_estimator!r}")
+    _check(a.ref_kl_estimator in KL_ESTIMATORS, "algo.ref_kl_estimator",
+           f"must be {or_list(KL_ESTIMATORS)}, got {a.ref_kl_estimator!r}")
     _check(0 <= a.gamma <= 1, "algo.gamma", f"must be in [0, 1], got {a.gamma}")
     _check(0 <= a.lam <= 1, "algo.lam", f"must be in [0, 1], got {a.lam}")
     _check(a.adv_eps >= 0, "algo.adv_eps", f"must be >= 0, got {a.adv_eps}")
@@ -471,7 +470,7 @@ def validate(cfg: Config, *, check_method: bool = True) -> None:
     _check(e.temperature > 0, "eval.temperature", f"must be > 0, got {e.temperature}")
     _check(cfg.model.dtype in ("float32", "bfloat16", "float16"), "model.dtype",
            f"must be float32, bfloat16 or float16; got {cfg.model.dtype!r}")
-    _check(cfg.engine in ("native", "trl"), "engine", f"must be 'native' or 'trl', got {cfg.engine!r}")
+    _check(cfg.engine in ENGINES, "engine", f"must be {or_list(tuple(map(repr, ENGINES)))}, got {cfg.engine!r}")
     _check(cfg.probe.records_every >= 0, "probe.records_every", f"must be >= 0, got {cfg.probe.records_every}")
     _check(cfg.probe.records_per_step >= 0, "probe.records_per_step",
            f"must be >= 0, got {cfg.probe.records_per_step}")

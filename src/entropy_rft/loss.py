@@ -14,16 +14,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from entropy_rft.control._common import (
-    AGG_MODES,
-    agg_weights,
-    broadcast_advantages,
-    check_agg,
-    check_bool_like,
-    check_like,
-    check_mask,
-    is_number,
-)
+from entropy_rft.options import AGG_MODES, KL_ESTIMATORS
+from entropy_rft.tensor_checks import broadcast_advantages, check_bool_like, check_like, check_mask, is_number
 
 __all__ = [
     "AGG_MODES",
@@ -36,7 +28,32 @@ __all__ = [
     "ppo_clipped_mask",
 ]
 
-KL_ESTIMATORS = ("k1", "k2", "k3")
+
+def _check_agg(agg: str, mask: Tensor) -> None:
+    """``agg`` is one of ``AGG_MODES``; the per-sequence modes need a ``[B, T]`` mask."""
+    if agg not in AGG_MODES:
+        raise ValueError(f"agg must be one of {list(AGG_MODES)}, got {agg!r}")
+    if agg != "token-mean" and mask.dim() < 2:
+        raise ValueError(f"agg={agg!r} needs a mask shaped [B, T], got {tuple(mask.shape)}")
+
+
+def agg_weights(m: Tensor, agg: str = "token-mean", dtype: torch.dtype = torch.float32) -> Tensor:
+    """Per-token weights w with ``aggregate(ℓ, m, agg) == Σ w·ℓ`` (zeros when nothing counts).
+
+    - ``token-mean``: w = 1/Σm;
+    - ``seq-mean-token-mean``: w = 1/(n_seq · Σ_t m_b), n_seq = sequences with Σ_t m > 0;
+    - ``seq-mean-token-sum-norm`` (Dr.GRPO): w = 1/(n_seq · T), T = ``m.shape[-1]``.
+    """
+    check_mask(m, "m")
+    _check_agg(agg, m)
+    mf = m.to(dtype)
+    if agg == "token-mean":
+        return mf / mf.sum().clamp(min=1.0)
+    per_seq = mf.sum(-1, keepdim=True)
+    n_seq = (per_seq > 0).sum().clamp(min=1).to(dtype)
+    if agg == "seq-mean-token-mean":
+        return mf / per_seq.clamp(min=1.0) / n_seq
+    return mf / (n_seq * m.shape[-1])
 
 
 def aggregate(token_loss: Tensor, m: Tensor, agg: str = "token-mean") -> Tensor:
@@ -165,7 +182,7 @@ def policy_loss(
     _check_eps(eps_high, "eps_high")
     if dual_clip is not None and (not is_number(dual_clip) or not dual_clip > 1):
         raise ValueError(f"dual_clip must be None or a number > 1, got {dual_clip!r}")
-    check_agg(agg, mask)
+    _check_agg(agg, mask)
     _check_coef(kl_cov_coef, "kl_cov_coef")
     _check_coef(ref_kl_coef, "ref_kl_coef")
     _check_coef(entropy_coef, "entropy_coef")

@@ -21,8 +21,7 @@ import torch
 from torch import Tensor
 
 from entropy_rft.fast_llama import StaticDecoder, position_ids, unsupported_reason
-
-BACKENDS = ("auto", "static", "kv", "hf")
+from entropy_rft.options import ROLLOUT_BACKENDS as BACKENDS
 
 
 @dataclass

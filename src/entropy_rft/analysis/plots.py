@@ -35,7 +35,8 @@ QUADRANT_LABELS = {
 DPI = 90
 
 
-def _png(fig) -> bytes:
+def figure_png(fig) -> bytes:
+    """The figure as PNG bytes (integer ticks on 'step' and 'k' axes); closes the figure."""
     for ax in fig.axes:  # steps and k are integers
         if ax.get_xlabel() in ("step", "k"):
             ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
@@ -96,7 +97,7 @@ def fig_entropy(runs: Sequence[RunData]) -> bytes | None:
     ax.set_title("Policy entropy: training batch (solid), validation samples (dashed, o)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    return _png(fig)
+    return figure_png(fig)
 
 
 def fig_accuracy_reward(runs: Sequence[RunData]) -> bytes | None:
@@ -135,7 +136,7 @@ def fig_accuracy_reward(runs: Sequence[RunData]) -> bytes | None:
     ax2.set_xlabel("step")
     ax2.set_ylabel("accuracy")
     ax2.grid(alpha=0.3)
-    return _png(fig)
+    return figure_png(fig)
 
 
 # ----------------------------------------------------------------------------- probe and S_c
@@ -188,7 +189,7 @@ def fig_probe_scatter(runs: Sequence[RunData]) -> bytes | None:
     ax.ticklabel_format(style="sci", scilimits=(-3, 3))
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="best")
-    return _png(fig)
+    return figure_png(fig)
 
 
 def fig_sc_hist(runs: Sequence[RunData]) -> bytes | None:
@@ -219,7 +220,7 @@ def fig_sc_hist(runs: Sequence[RunData]) -> bytes | None:
     ax.set_ylabel("tokens (log scale)" if log else "tokens")
     ax.set_title("Distribution of the centred entropy discriminator S_c (recorded tokens)")
     ax.legend(fontsize=7)
-    return _png(fig)
+    return figure_png(fig)
 
 
 # ----------------------------------------------------------------------------- lens
@@ -282,7 +283,7 @@ def fig_lens(runs: Sequence[RunData]) -> bytes | None:
     ax2.set_ylabel("Σ −w·A·r·S_c of removed tokens (per step)")
     ax2.set_title("First-order entropy change the removed tokens carried")
     ax2.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
-    return _png(fig)
+    return figure_png(fig)
 
 
 # ----------------------------------------------------------------------------- evaluation figures
@@ -333,7 +334,7 @@ def fig_pass_at_k(runs: Sequence[RunData]) -> bytes | None:
     ax.set_ylim(0, 1.02)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    return _png(fig)
+    return figure_png(fig)
 
 
 def fig_pass_rate_hist(runs: Sequence[RunData]) -> bytes | None:
@@ -364,7 +365,7 @@ def fig_pass_rate_hist(runs: Sequence[RunData]) -> bytes | None:
     ax.set_title("Pass-rate histogram: GRPO vs entropy-control methods (final evaluation)")
     ax.grid(alpha=0.3, axis="y")
     ax.legend(fontsize=8)
-    return _png(fig)
+    return figure_png(fig)
 
 
 def fig_law(fits: Sequence[dict], runs: Sequence[RunData]) -> bytes | None:
@@ -389,7 +390,7 @@ def fig_law(fits: Sequence[dict], runs: Sequence[RunData]) -> bytes | None:
     ax.grid(alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=7)
-    return _png(fig)
+    return figure_png(fig)
 
 
 # ----------------------------------------------------------------------------- deeper probes and the autopilot
@@ -442,7 +443,7 @@ def fig_probe_levels(runs: Sequence[RunData]) -> bytes | None:
         ax.grid(alpha=0.3)
     ax1.legend(handles=style + [plt.Line2D([], [], color=colors[lab], lw=2, label=lab)
                                 for lab in methods_in_order(runs)], fontsize=7, loc="lower right")
-    return _png(fig)
+    return figure_png(fig)
 
 
 def fig_counterfactual(runs: Sequence[RunData]) -> bytes | None:
@@ -471,7 +472,7 @@ def fig_counterfactual(runs: Sequence[RunData]) -> bytes | None:
     ax1.legend(fontsize=8)
     ax2.set_title("Batch-mean ΔH: method (o), vanilla (x, dashed)")
     ax2.set_ylabel("batch-mean ΔH (nats)")
-    return _png(fig)
+    return figure_png(fig)
 
 
 def fig_autopilot(runs: Sequence[RunData], band: float = 0.15) -> bytes | None:
@@ -503,4 +504,4 @@ def fig_autopilot(runs: Sequence[RunData], band: float = 0.15) -> bytes | None:
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    return _png(fig)
+    return figure_png(fig)

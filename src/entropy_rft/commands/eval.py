@@ -180,7 +180,7 @@ def histogram_png(results: list[dict[str, Any]]) -> bytes:
     """One panel per dataset: the share of questions with c of n samples right, one bar group per model."""
     import numpy as np
 
-    from entropy_rft.analysis.plots import _png, plt
+    from entropy_rft.analysis.plots import figure_png, plt
 
     datasets = list(dict.fromkeys(r["dataset"] for r in results))
     models = list(dict.fromkeys(r["model"] for r in results))
@@ -199,7 +199,7 @@ def histogram_png(results: list[dict[str, Any]]) -> bytes:
         ax.set_ylabel("share of questions")
     axes[0][0].legend(fontsize=7)
     fig.suptitle("Pass-rate histograms")
-    return _png(fig)
+    return figure_png(fig)
 
 
 # ----------------------------------------------------------------------------- the command

@@ -84,7 +84,7 @@ def count_correct(model, tok, task, examples, *, n: int, temperature: float, max
 def histogram_png(counts: list[int], n: int, min_pass: float, max_pass: float) -> bytes:
     import numpy as np
 
-    from entropy_rft.analysis.plots import _png, plt
+    from entropy_rft.analysis.plots import figure_png, plt
 
     hist = np.bincount(np.asarray(counts, dtype=int), minlength=n + 1)
     kept = [keep_question(c, n, min_pass, max_pass) for c in range(n + 1)]
@@ -94,7 +94,7 @@ def histogram_png(counts: list[int], n: int, min_pass: float, max_pass: float) -
     ax.set_ylabel("questions")
     ax.set_title(f"Pass rates: {sum(h for h, k in zip(hist, kept) if k)} kept (blue), "
                  f"{sum(h for h, k in zip(hist, kept) if not k)} dropped (grey)")
-    return _png(fig)
+    return figure_png(fig)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from entropy_rft.errors import UserError
+from entropy_rft.options import ENGINES
 
 NAME = "train"
 HELP = "Train a policy with GRPO/PPO and an entropy-control method (see `erft methods`)."
@@ -23,7 +24,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "cosine:H0:H1[:STEPS]. Methods with a knob only (`erft methods`).")
     p.add_argument("--model", help="'default', 'smollm2-135m', a local HF folder or a hub id.")
     p.add_argument("--task", help="Task name or 'module:Class'.")
-    p.add_argument("--engine", choices=["native", "trl"], help="Training engine (default: native).")
+    p.add_argument("--engine", choices=ENGINES, help="Training engine (default: native).")
     p.add_argument("--max-steps", type=int, help="Total steps of the run (also when resuming).")
     p.add_argument("--out", help="Run directory (default: runs/<method>).")
     p.add_argument("--seed", type=int, help="Run seed.")

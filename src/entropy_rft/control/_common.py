@@ -1,58 +1,23 @@
-"""Shared input checks and masked statistics for the control and loss modules (private)."""
+"""Shared input checks and masked statistics for the control modules (private).
+
+The generic tensor checks live in :mod:`entropy_rft.tensor_checks` and the aggregation weights in
+:mod:`entropy_rft.loss`; they are imported here too, for the control modules and ``advantages``."""
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor
 
+from entropy_rft.loss import agg_weights  # noqa: F401  (re-exported for control.lens)
+from entropy_rft.tensor_checks import (  # noqa: F401  (re-exported for the control modules and advantages)
+    broadcast_advantages,
+    check_bool_like,
+    check_like,
+    check_mask,
+    is_number,
+)
+
 ADVANTAGE_SIGNS = ("any", "negative", "positive")
-AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
-
-
-def check_mask(mask: Tensor, name: str = "mask") -> None:
-    """Require a bool tensor (the response mask, or a keep/zeroed/exclude mask)."""
-    if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
-        raise ValueError(f"{name} must be a bool tensor, got {getattr(mask, 'dtype', type(mask))}")
-
-
-def check_like(x: Tensor, mask: Tensor, name: str) -> None:
-    """Require ``x`` to have exactly the shape of ``mask``."""
-    if not isinstance(x, Tensor):
-        raise ValueError(f"{name} must be a tensor, got {type(x).__name__}")
-    if x.shape != mask.shape:
-        raise ValueError(f"{name} must have the shape of mask {tuple(mask.shape)}, got {tuple(x.shape)}")
-
-
-def check_bool_like(x: Tensor | None, mask: Tensor, name: str) -> None:
-    """Optional bool tensor shaped like ``mask``."""
-    if x is None:
-        return
-    check_mask(x, name)
-    check_like(x, mask, name)
-
-
-def broadcast_advantages(advantages: Tensor, mask: Tensor) -> Tensor:
-    """Expand advantages to ``mask.shape``: per-token (``mask.shape``), per-sequence (``mask.shape[:-1]``,
-    e.g. ``[B]``, or ``mask.shape[:-1] + (1,)``, e.g. ``[B, 1]``), or a 0-d scalar. Other shapes, which
-    would broadcast by accident (a ``[T]`` vector across rows), are rejected.
-    """
-    if not isinstance(advantages, Tensor):
-        raise ValueError(f"advantages must be a tensor, got {type(advantages).__name__}")
-    shape = tuple(advantages.shape)
-    seq = tuple(mask.shape[:-1])
-    if shape == tuple(mask.shape) or shape == ():
-        return advantages.expand(mask.shape)
-    if mask.dim() >= 1 and shape in (seq, seq + (1,)):
-        return advantages.reshape(seq + (1,)).expand(mask.shape)
-    raise ValueError(
-        f"advantages must be shaped like mask {tuple(mask.shape)}, per sequence {seq} or {seq + (1,)}, "
-        f"or a scalar; got {shape}"
-    )
-
-
-def is_number(value: object) -> bool:
-    """A real int or float (bools excluded)."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def check_mu(value: float | None, name: str) -> None:
@@ -118,29 +83,3 @@ def count_for_ratio(ratio: float, n: int) -> int:
     if ratio == 0 or n == 0:
         return 0
     return min(max(int(ratio * n), 1), n)
-
-
-def check_agg(agg: str, mask: Tensor) -> None:
-    if agg not in AGG_MODES:
-        raise ValueError(f"agg must be one of {list(AGG_MODES)}, got {agg!r}")
-    if agg != "token-mean" and mask.dim() < 2:
-        raise ValueError(f"agg={agg!r} needs a mask shaped [B, T], got {tuple(mask.shape)}")
-
-
-def agg_weights(m: Tensor, agg: str = "token-mean", dtype: torch.dtype = torch.float32) -> Tensor:
-    """Per-token weights w with ``aggregate(ℓ, m, agg) == Σ w·ℓ`` (zeros when nothing counts).
-
-    - ``token-mean``: w = 1/Σm;
-    - ``seq-mean-token-mean``: w = 1/(n_seq · Σ_t m_b), n_seq = sequences with Σ_t m > 0;
-    - ``seq-mean-token-sum-norm`` (Dr.GRPO): w = 1/(n_seq · T), T = ``m.shape[-1]``.
-    """
-    check_mask(m, "m")
-    check_agg(agg, m)
-    mf = m.to(dtype)
-    if agg == "token-mean":
-        return mf / mf.sum().clamp(min=1.0)
-    per_seq = mf.sum(-1, keepdim=True)
-    n_seq = (per_seq > 0).sum().clamp(min=1).to(dtype)
-    if agg == "seq-mean-token-mean":
-        return mf / per_seq.clamp(min=1.0) / n_seq
-    return mf / (n_seq * m.shape[-1])
