@@ -59,11 +59,11 @@ def trl_step_times(setup: Setup, out: Path, steps: int, method: str | None) -> l
     from trl import GRPOConfig, GRPOTrainer
 
     from entropy_rft.integrations.trl import EntropyControlGRPOTrainer
-    from entropy_rft.models import load_policy
+    from entropy_rft.policies import load_policy
 
     model, tok = load_policy(setup.policy)
     if setup.policy == "default":  # TRL rebuilds its reference from config._name_or_path: give it the folder
-        from entropy_rft.models import resolve_policy
+        from entropy_rft.policies import resolve_policy
 
         model.config._name_or_path = str(resolve_policy("default"))
     args = GRPOConfig(output_dir=str(out), use_cpu=True, bf16=False, per_device_train_batch_size=PROMPTS * GROUP,

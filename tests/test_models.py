@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from entropy_rft import models, sft
+from entropy_rft import models, policies, sft
 from entropy_rft.tasks.countdown import CountdownTask
 
 # Small enough to build in about a second.
@@ -133,7 +133,7 @@ def test_micro_build_is_a_loadable_hf_folder(cache):
     assert info["recipe"] == sft.RECIPE_VERSION and info["params"] > 0
     assert 0.0 <= info["eval"]["pass@1"] <= 1.0 and info["eval"]["entropy"] > 0
 
-    model, tok = models.load_policy("default", build_kwargs=MICRO)
+    model, tok = policies.load_policy("default", build_kwargs=MICRO)
     assert type(model).__name__ == "LlamaForCausalLM" and not model.training
     assert model.config.tie_word_embeddings and model.config.vocab_size == len(tok) == 21
     ids = tok(["358>24:"], return_tensors="pt").input_ids
@@ -156,7 +156,7 @@ def test_micro_build_deterministic_per_seed(tmp_path):
 
 def test_quick_eval_fields(cache):
     torch.set_num_threads(1)
-    model, tok = models.load_policy("default", build_kwargs=MICRO)
+    model, tok = policies.load_policy("default", build_kwargs=MICRO)
     task = CountdownTask()
     val = task.split(0)[1][:6]
     m = sft.quick_eval(model, tok, task, val, n_samples=4, temperature=1.0, seed=1)
@@ -175,7 +175,7 @@ def _build_worker(cache_dir: str, barrier, queue) -> None:
     os.environ["HF_HUB_OFFLINE"] = "1"
     torch.set_num_threads(1)
     barrier.wait(timeout=60)
-    model, _ = models.load_policy("default", build_kwargs={**MICRO, "progress": False})
+    model, _ = policies.load_policy("default", build_kwargs={**MICRO, "progress": False})
     folder = sft.default_policy_dir(**MICRO)
     queue.put((os.getpid(), models.read_build_info(folder)["pid"], _weights_digest(model)))
 
@@ -245,3 +245,9 @@ def test_smollm2_tokenizer_round_trip(smollm2):
     assert tok("<|im_start|>user").input_ids[0] == 1
     chat = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
     assert chat.endswith("<|im_start|>assistant\n")
+
+
+def test_loading_never_builds_the_default_policy():
+    """Building the default policy is an explicit step (entropy_rft.policies), not a side effect of loading."""
+    with pytest.raises(ValueError, match="policies.load_policy"):
+        models.load_policy("default")

@@ -412,22 +412,15 @@ def build_smollm2(cache_dir: str | os.PathLike | None = None) -> Path:
 
 # ----------------------------------------------------------------------------- load_policy
 
-def resolve_policy(
-    name_or_path: str,
-    *,
-    build_kwargs: dict[str, Any] | None = None,
-    cache_dir: str | os.PathLike | None = None,
-) -> str:
-    """The folder (or hub id) that ``name_or_path`` refers to, building a built-in one if needed."""
-    if name_or_path == DEFAULT_NAME:
-        from entropy_rft.sft import build_default_policy
-
-        return str(build_default_policy(cache_dir, **(build_kwargs or {})))
-    if build_kwargs:
-        raise ValueError(f"build_kwargs only apply to {DEFAULT_NAME!r}, not {name_or_path!r}")
-    if name_or_path == SMOLLM2_NAME:
+def _builtin_folder(name: str, cache_dir: str | os.PathLike | None) -> str:
+    """The folder of a name this module can make itself (SmolLM2, converted from its wheel); the default
+    policy is built one layer up (``entropy_rft.policies``), so a plain load never trains a model."""
+    if name == DEFAULT_NAME:
+        raise ValueError(f"{DEFAULT_NAME!r} is built by entropy_rft.policies.load_policy (or resolve_policy); "
+                         "models.load_policy loads folders, hub ids and smollm2-135m")
+    if name == SMOLLM2_NAME:
         return str(build_smollm2(cache_dir))
-    return str(name_or_path)
+    return name
 
 
 def _dtype(dtype: str | torch.dtype | None) -> torch.dtype | str | None:
@@ -449,7 +442,7 @@ def load_policy(
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load a policy and its tokenizer with ``from_pretrained``.
 
-    ``name_or_path`` is ``"default"`` (built on first use), ``"smollm2-135m"`` (converted on first use),
+    ``name_or_path`` is ``"smollm2-135m"`` (converted on first use),
     a local folder, or a hub id (from the Hugging Face cache, or downloaded; see :func:`locate_policy`).
     ``dtype`` defaults to float32. The model is returned in eval mode on ``device``; the tokenizer pads on
     the left and always has a pad token (falling back to EOS).
@@ -459,8 +452,10 @@ def load_policy(
     """
     name = str(name_or_path)
     torch_dtype = _dtype(dtype) or torch.float32
+    if build_kwargs:
+        raise ValueError(f"build_kwargs only apply to {DEFAULT_NAME!r}: use entropy_rft.policies.load_policy")
     located = locate_policy(name)
-    where = resolve_policy(located, build_kwargs=build_kwargs, cache_dir=cache_dir)
+    where = _builtin_folder(located, cache_dir)
     local = Path(where).is_dir()
     hub_kwargs: dict[str, Any] = {} if local else {"cache_dir": str(hub_cache_dir())}
     try:

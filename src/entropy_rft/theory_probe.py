@@ -97,7 +97,7 @@ def synthetic_logits(positions: int, vocab_sizes: Sequence[int], seed: int) -> l
 
 def _load_model(name: str, device: str):
     try:
-        from entropy_rft.models import load_policy
+        from entropy_rft.policies import load_policy
     except ImportError:
         load_policy = None
     try:

@@ -134,7 +134,7 @@ class Run:
     def __init__(self, cfg: Config, out: Path, start_step: int = 0):
         from transformers.utils import logging as hf_logging
 
-        from entropy_rft.models import load_policy
+        from entropy_rft.policies import load_policy
 
         hf_logging.disable_progress_bar()
 

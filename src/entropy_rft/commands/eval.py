@@ -117,7 +117,7 @@ def run_models(run_dir: Path, checkpoints: bool) -> list[dict[str, Any]]:
 
 
 def load_model(spec: dict[str, Any], device: str, dtype: str):
-    from entropy_rft.models import load_policy
+    from entropy_rft.policies import load_policy
 
     if "checkpoint" in spec:
         from entropy_rft import rundir

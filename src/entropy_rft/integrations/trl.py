@@ -646,7 +646,7 @@ def train_trl(cfg, out: str | Path, resume: bool = False) -> dict[str, Any]:
 
     from entropy_rft import rundir
     from entropy_rft.config import config_to_dict
-    from entropy_rft.models import load_policy
+    from entropy_rft.policies import load_policy
     from entropy_rft.tasks import build_task
 
     out = Path(out)
