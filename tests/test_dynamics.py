@@ -20,6 +20,7 @@ from entropy_rft.dynamics import (
     cov_advantage_s_centered,
     cov_logp_advantage,
     exact_entropy_change,
+    first_order_entropy_change,
     fused_logp,
     masked_cov,
     off_policy_factor,
@@ -365,6 +366,51 @@ def test_predictions_offpolicy_and_batch_metrics():
     assert batch_predicted_entropy_change(st_, alpha, mask) == pytest.approx((-0.5 + 1.0 + 3.0) / 3)
     assert batch_predicted_entropy_change(st_, alpha) == pytest.approx((-0.5 + 1.0 + 3.0 - 8.0) / 4)
     assert batch_predicted_entropy_change(st_, alpha, torch.zeros(4, dtype=torch.bool)) is None
+
+
+def test_first_order_entropy_change_per_token_and_batch_by_hand():
+    # Thm 3.3 with weights and the off-policy factor: dH_t = -w_t A_t r_t S_c,t.
+    s_c = torch.tensor([1.0, -2.0, 3.0, 4.0])
+    adv = torch.tensor([0.5, 0.5, -1.0, 2.0])
+    w = torch.tensor([0.25, 0.25, 0.5, 0.0])
+    r = torch.tensor([2.0, 1.0, 0.5, 1.0])
+    mask = torch.tensor([True, True, True, False])
+    plain = first_order_entropy_change(s_c, adv)
+    assert torch.equal(plain.per_token, torch.tensor([-0.5, 1.0, 3.0, -8.0]))
+    assert plain.batch == pytest.approx((-0.5 + 1.0 + 3.0 - 8.0) / 4)  # unweighted: the mean
+    full = first_order_entropy_change(s_c, adv, weights=w, ratio=r, mask=mask)
+    assert torch.equal(full.per_token, torch.tensor([-0.25, 0.25, 0.75, 0.0]))  # 0 off the mask
+    assert full.batch == pytest.approx(-0.25 + 0.25 + 0.75)  # weighted: the sum
+    clipped = torch.tensor([False, True, False, False])
+    part = first_order_entropy_change(s_c, adv, weights=w, ratio=r, mask=mask, clipped=clipped)
+    assert torch.equal(part.per_token, torch.tensor([-0.25, 0.0, 0.75, 0.0]))
+    assert part.batch == pytest.approx(0.5)
+    assert first_order_entropy_change(s_c, adv, mask=torch.zeros(4, dtype=torch.bool)).batch is None
+    with pytest.raises(ValueError, match="mask must have shape"):
+        first_order_entropy_change(s_c, adv, mask=torch.ones(3, dtype=torch.bool))
+
+
+def test_every_caller_of_theorem_3_3_gets_first_order_entropy_change_bit_for_bit():
+    from entropy_rft import control, metrics, probe
+    from entropy_rft.loss import agg_weights
+
+    g = torch.Generator().manual_seed(7)
+    st_ = token_stats(torch.randn(4, 6, 30, generator=g) * 3, torch.randint(0, 30, (4, 6), generator=g))
+    mask = torch.rand(4, 6, generator=g) < 0.8
+    adv = torch.randn(4, 6, generator=g)
+    one = first_order_entropy_change
+    assert torch.equal(predicted_entropy_change(st_, adv), one(st_.s_centered, adv).per_token)
+    assert batch_predicted_entropy_change(st_, adv, mask) == one(st_.s_centered, adv, mask=mask).batch
+    assert metrics.stats_metrics(st_, adv, mask)["dynamics/pred_dH"] == one(st_.s_centered, adv, mask=mask).batch
+    w = agg_weights(mask, "seq-mean-token-mean")
+    assert torch.equal(probe.tabular_prediction(st_.s_centered, adv, w),
+                       one(st_.s_centered.double(), adv, weights=w).per_token)
+    ratio = torch.rand(4, 6, generator=g) + 0.5
+    lens = control.lens_attribution(mask, adv, st_.s_centered, mask, ratio=ratio, agg="seq-mean-token-mean")
+    f64 = torch.float64
+    dh = one(st_.s_centered.to(f64), adv.to(f64), weights=agg_weights(mask, "seq-mean-token-mean", f64),
+             ratio=ratio.to(f64), mask=mask)
+    assert lens["lens/dH_total"] == dh.batch
 
 
 def test_covariances_population_over_valid_tokens():

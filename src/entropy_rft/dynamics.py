@@ -1,5 +1,8 @@
 """Entropy dynamics of softmax policies, as code (Paper A, Wang et al. 2026; Paper B, Cui et al. 2025).
 
+This docstring is the one place where the formulas stand, by the paper's result numbers (Paper A numbers its
+results, not its equations; ../shared/papers.md restates them). Every other module cites them from here.
+
 For one position: logits z over the vocabulary, p = softmax(z / T), entropy H = -sum_i p_i log p_i, and the
 sampled token k. Everything here is a pure tensor function that knows nothing about models or training.
 
@@ -7,9 +10,20 @@ sampled token k. Everything here is a pure tensor function that knows nothing ab
 - Its on-policy expectation (Thm 3.3):              E_{i~p}[S_i] = H sum_i p_i^2 + sum_i p_i^2 log p_i
 - Centered discriminator (Thm 3.3):                 S_c = S_k - E_p[S]
 - Single-logit update z -> z + eps e_k (Thm 3.2):   dH = -eps S_k + O(eps^2)
-- GRPO logit step z -> z + alpha (e_k - p) (3.3):   dH = -alpha S_c + O(alpha^2)
+- GRPO logit step z -> z + alpha (e_k - p) (3.3):   dH = -alpha S_c + O(alpha^2), alpha = lr r A
 - Off-policy (importance ratio r):                  factor r S_c
+- Thm 3.3 per token of a batch step:                dH_t = -w_t A_t r_t S_c,t (lr dropped), w_t the loss's
+                                                    aggregation weight (0 for a token without gradient)
+- Thm 3.3 batch form:                               sum_t dH_t (weighted); unweighted, the mean over
+                                                    valid tokens of -A_t S_c,t
 - Corollary 3.4:                                    E_{k~p}[S_c] = 0 exactly
+- Corollary 3.5:                                    batch mean of S_c ~ 0 on-policy
+
+Where they are computed: S, E_p[S], S_c in ``token_stats`` (``TokenStats``); Thm 3.2 in
+``single_logit_entropy_change``; Thm 3.3, per token and per batch, in ``first_order_entropy_change``, the
+single implementation of its prediction: ``predicted_entropy_change``, ``batch_predicted_entropy_change``,
+``probe.tabular_prediction``, ``control.lens_attribution`` and ``metrics.stats_metrics`` all call it;
+the exact float64 check of both theorems in ``exact_entropy_change``.
 
 All statistics are float32 whatever the input dtype, with the temperature applied as sampling applies it
 (``z / T``). Statistics that need the whole vocabulary are computed in one pass over chunks of rows; the
@@ -27,6 +41,7 @@ import torch
 from torch import Tensor
 
 __all__ = [
+    "FirstOrderChange",
     "FusedOut",
     "TokenStats",
     "batch_predicted_entropy_change",
@@ -34,6 +49,7 @@ __all__ = [
     "cov_logp_advantage",
     "default_chunk_rows",
     "exact_entropy_change",
+    "first_order_entropy_change",
     "fused_logp",
     "masked_cov",
     "off_policy_factor",
@@ -282,12 +298,81 @@ def token_stats(
 # ------------------------------------------------------------------------------------- first-order theory
 
 
+@dataclass(frozen=True)
+class FirstOrderChange:
+    """What ``first_order_entropy_change`` returns (Thm 3.3, up to the learning-rate factor).
+
+    per_token: dH_t = -(w_t A_t r_t) S_c,t, the inputs' broadcast shape and promoted dtype; 0 off ``mask`` and
+               on ``clipped`` tokens (no gradient, no first-order change) when those are given.
+    mask:      the valid tokens (None: all), already checked against ``S_c``'s shape.
+    weighted:  whether aggregation weights were given (this picks the batch form).
+    """
+
+    per_token: Tensor
+    mask: Tensor | None
+    weighted: bool
+
+    @property
+    def batch(self) -> float | None:
+        """The batch's first-order dH in float64: sum_t dH_t when weighted (the weights carry the loss's
+        normalisation), else the mean of dH_t over the valid tokens. None when no token is valid (a metric
+        written as JSON null, never NaN)."""
+        valid = torch.ones_like(self.per_token, dtype=torch.bool) if self.mask is None else self.mask
+        n = int(valid.sum())
+        if n == 0:
+            return None
+        dh = torch.broadcast_to(self.per_token.to(torch.float64), valid.shape)
+        if self.weighted:
+            return float(dh.sum())
+        return float(dh[valid].sum() / n)
+
+
+def first_order_entropy_change(
+    s_centered: Tensor,
+    advantages: Tensor | float,
+    *,
+    weights: Tensor | float | None = None,
+    ratio: Tensor | float | None = None,
+    mask: Tensor | None = None,
+    clipped: Tensor | None = None,
+) -> FirstOrderChange:
+    """First-order entropy change of one policy-gradient step, per token and per batch (Paper A, Thm 3.3).
+
+    The surrogate r A log p_k moves token t's logits by alpha_t (e_k - p) with alpha_t = lr w_t r_t A_t, so
+    dH_t = -alpha_t S_c,t + O(alpha^2), S_c = S_k - E_p[S] (see the module docstring). The lr factor is left
+    out: fold it into ``advantages`` (or pass a whole step size alpha there) to get absolute units.
+
+    s_centered: S_c per token (``TokenStats.s_centered``).
+    advantages: A_t (or alpha_t), broadcastable to ``s_centered``.
+    weights:    the loss aggregation weights w_t (``loss.agg_weights``); None: unweighted, and the batch form
+                is the mean over valid tokens.
+    ratio:      the importance ratio r_t (the off-policy factor); None: on-policy, r = 1.
+    mask:       valid tokens, shaped like ``s_centered``; None: all. Invalid tokens carry 0 in ``per_token``.
+    clipped:    tokens whose gradient is clipped away (e.g. ``loss.ppo_clipped_mask``); they carry 0.
+
+    The arithmetic is dH_t = -(((w_t A_t) r_t) S_c,t) in the inputs' promoted dtype, with no cast: a caller
+    that wants float64 passes float64 (or casts ``s_centered``), so each caller keeps its precision.
+    """
+    alpha = advantages if weights is None else weights * advantages
+    if ratio is not None:
+        alpha = alpha * ratio
+    per_token = -(alpha * s_centered)
+    valid = None if mask is None else _valid(mask, s_centered)
+    keep = valid
+    if clipped is not None:
+        unclipped = ~_valid(clipped, s_centered)
+        keep = unclipped if keep is None else keep & unclipped
+    if keep is not None:
+        per_token = torch.where(keep, per_token, torch.zeros_like(per_token))
+    return FirstOrderChange(per_token=per_token, mask=valid, weighted=weights is not None)
+
+
 def predicted_entropy_change(stats: TokenStats, alpha: Tensor | float) -> Tensor:
     """First-order entropy change of a GRPO logit step z -> z + alpha (e_k - p): -alpha S_c (Thm 3.3).
 
-    alpha = lr * r * A per token (broadcast against the stats' shape).
+    alpha = lr * r * A per token (broadcast against the stats' shape). ``first_order_entropy_change``.
     """
-    return -alpha * stats.s_centered
+    return first_order_entropy_change(stats.s_centered, alpha).per_token
 
 
 def single_logit_entropy_change(stats: TokenStats, eps: Tensor | float) -> Tensor:
@@ -314,14 +399,9 @@ def batch_predicted_entropy_change(
     """Batch-level first-order change: mean over valid tokens of -alpha_t S_c,t (Thm 3.3, averaged).
 
     Returns a Python float, or None when there is no valid token (a metric written as JSON null, never NaN).
+    ``first_order_entropy_change(...).batch``.
     """
-    valid = _valid(mask, stats.s_centered)
-    n = int(valid.sum())
-    if n == 0:
-        return None
-    pred = predicted_entropy_change(stats, alpha).to(torch.float64)
-    pred = torch.broadcast_to(pred, valid.shape)
-    return float(pred[valid].sum() / n)
+    return first_order_entropy_change(stats.s_centered, alpha, mask=mask).batch
 
 
 def masked_cov(x: Tensor, y: Tensor, mask: Tensor | None = None) -> float | None:

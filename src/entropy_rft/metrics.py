@@ -25,7 +25,8 @@ def masked_std(x: Tensor, mask: Tensor) -> float | None:
 
 
 def stats_metrics(st: TokenStats, adv: Tensor, mask: Tensor) -> dict[str, float | None]:
-    """Entropy, the discriminators S and S_c (Corollary 3.5: mean S_c ~ 0) and the covariances of a batch.
+    """Entropy, the discriminators S and S_c (Corollary 3.5: mean S_c ~ 0), the covariances of a batch and
+    Thm 3.3's first-order batch ΔH, the mean of -A·S_c (formulas: ``entropy_rft.dynamics``).
 
     ``adv`` is per token [B, R]; ``mask`` the valid response tokens.
     """
@@ -38,5 +39,5 @@ def stats_metrics(st: TokenStats, adv: Tensor, mask: Tensor) -> dict[str, float 
         "dynamics/s_expected_mean": masked_mean(st.s_expected, mask),
         "dynamics/cov_logp_adv": dynamics.cov_logp_advantage(st.logp, adv, mask),
         "dynamics/cov_adv_s_centered": dynamics.cov_advantage_s_centered(adv, st.s_centered, mask),
-        "dynamics/pred_dH": dynamics.batch_predicted_entropy_change(st, adv, mask),
+        "dynamics/pred_dH": dynamics.first_order_entropy_change(st.s_centered, adv, mask=mask).batch,
     }

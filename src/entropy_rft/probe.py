@@ -1,10 +1,11 @@
 """Per update: the entropy change the theory predicted against the one that happened.
 
 After a step's optimizer updates, the trainer recomputes the entropy of the same batch tokens. The
-tabular first-order prediction (Paper A, Theorem 3.3) for token t is ``-w_t * A_t * S_c_t``, where
-``w_t`` is the weight the loss gave the token (0 when a method dropped or zeroed it; the aggregation
-weight otherwise). The ratio is 1 at the start of the step (on-policy), so it does not appear. Adam's
-step is not ``lr * grad``, so only signs and correlations are comparable, not magnitudes.
+tabular first-order prediction is Paper A's Theorem 3.3 per token, ``dynamics.first_order_entropy_change``
+(the formula and its derivation are in ``entropy_rft.dynamics``), with ``w_t`` the weight the loss gave the
+token (0 when a method dropped or zeroed it; the aggregation weight otherwise). The ratio is 1 at the start
+of the step (on-policy), so it does not appear. Adam's step is not ``lr * grad``, so only signs and
+correlations are comparable, not magnitudes.
 
 Levels reported (see feasibility.md for why one number misleads):
 
@@ -29,6 +30,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from entropy_rft.dynamics import first_order_entropy_change
+
 
 def pearson(x: Tensor, y: Tensor) -> float | None:
     """Pearson correlation of two 1-D tensors; None when either is constant or empty."""
@@ -42,8 +45,9 @@ def pearson(x: Tensor, y: Tensor) -> float | None:
 
 
 def tabular_prediction(s_centered: Tensor, advantages: Tensor, weights: Tensor) -> Tensor:
-    """First-order ΔH per token, up to the learning-rate scale: -w·A·S_c (Theorem 3.3, r = 1)."""
-    return -(weights * advantages * s_centered.double())
+    """First-order ΔH per token, up to the learning-rate scale: -w·A·S_c in float64 (Theorem 3.3, r = 1;
+    ``dynamics.first_order_entropy_change``)."""
+    return first_order_entropy_change(s_centered.double(), advantages, weights=weights).per_token
 
 
 def probe_metrics(pred: Tensor, actual: Tensor, mask: Tensor) -> dict[str, float | None]:

@@ -1,9 +1,9 @@
 """The "unified lens" of Wang et al. 2026 (arXiv 2602.03392, Sec. 5), made measurable.
 
 For any keep-mask, report which tokens it removes in the quadrants sign(A) × sign(S_c), and the first-order
-entropy change those tokens carried. By Theorem 3.3 one gradient step on token t moves the entropy by
-dH_t = −α_t·S_c,t with α_t = lr·w_t·r_t·A_t, where w_t is the weight the aggregation gives the token; a
-PPO-clipped token has no gradient and carries 0. We report Σ −w·A·r·S_c (the lr factor dropped).
+entropy change those tokens carried: Theorem 3.3 per token with the aggregation weights and the off-policy
+factor, −w·A·r·S_c (lr dropped; a PPO-clipped token has no gradient and carries 0), as
+``dynamics.first_order_entropy_change`` computes it (formulas: ``entropy_rft.dynamics``).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from entropy_rft.control._common import (
     check_like,
     check_mask,
 )
+from entropy_rft.dynamics import first_order_entropy_change
 
 __all__ = ["QUADRANTS", "lens_attribution"]
 
@@ -76,11 +77,9 @@ def lens_attribution(
     quads = _quadrant_masks(adv, s_c)
 
     w = agg_weights(mask, agg, torch.float64)
-    r = torch.ones_like(adv) if ratio is None else ratio.detach().to(torch.float64)
-    contrib = -w * adv * r * s_c
-    if clipped is not None:
-        contrib = torch.where(clipped, torch.zeros_like(contrib), contrib)
-    contrib = torch.where(mask, contrib, torch.zeros_like(contrib))
+    r = None if ratio is None else ratio.detach().to(torch.float64)
+    dh = first_order_entropy_change(s_c, adv, weights=w, ratio=r, mask=mask, clipped=clipped)
+    contrib = dh.per_token
 
     out: dict[str, float | None] = {}
     out["lens/drop_frac"] = float(dropped.sum()) / n if n else None
@@ -92,5 +91,5 @@ def lens_attribution(
         out[f"lens/dH_dropped/{q}"] = float(contrib[dropped & qm].sum()) if n else None
     out["lens/dH_dropped"] = float(contrib[dropped].sum()) if n else None
     out["lens/dH_kept"] = float(contrib[kept].sum()) if n else None
-    out["lens/dH_total"] = float(contrib.sum()) if n else None
+    out["lens/dH_total"] = dh.batch
     return out
