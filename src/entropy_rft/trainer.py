@@ -102,14 +102,6 @@ def uniform_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
     return (g == g[:, :1]).all(-1).repeat_interleave(group_size)
 
 
-def and_masks(*masks: torch.Tensor | None) -> torch.Tensor | None:
-    out = None
-    for m in masks:
-        if m is not None:
-            out = m if out is None else out & m
-    return out
-
-
 def _rows(m: torch.Tensor | None, idx: torch.Tensor) -> torch.Tensor | None:
     return None if m is None else m[idx]
 
@@ -337,20 +329,14 @@ class Run:
         elif rule.minibatch_masks:  # accumulation: select over the whole minibatch first
             with torch.no_grad():
                 cur = self.forward(s.rollout.select(idx)).logp
-        # Clip-Cov / KL-Cov select over the whole minibatch, from its current (detached) log-probs.
-        mb_masks = control.Masks()
-        if rule.minibatch_masks:
-            clipped = ppo_clipped_mask(cur, old.logp[idx], old.adv[idx], mb_mask,
-                                       rule.loss_kwargs.get("eps_low"), rule.loss_kwargs.get("eps_high"))
-            mb_masks = rule.method.minibatch_masks(cur, old.logp[idx], old.adv[idx], mb_mask, clipped=clipped,
-                                                   generator=self.gens["method"])
+        # The one selection rule (control.select_minibatch): Clip-Cov / KL-Cov over the whole minibatch.
+        mb_masks, counted, _ = control.select_minibatch(
+            cur if rule.minibatch_masks else None, old.logp[idx], old.adv[idx], mb_mask,
+            None if keep is None else keep[idx], rule.method, rule.loss_kwargs.get("eps_low"),
+            rule.loss_kwargs.get("eps_high"), self.gens["method"])
         if zeroed is not None and mb_masks.zeroed is not None:
             zeroed[idx] |= mb_masks.zeroed & mb_mask
-        keep_mb = and_masks(None if keep is None else keep[idx], mb_masks.keep)
-        counted = mb_mask if keep_mb is None else mb_mask & keep_mb
-        # Each micro-batch's loss is normalised over itself; scaling it by (its tokens' minibatch-level
-        # aggregation weights) / (their micro-batch-level weights) makes the sum equal the minibatch loss.
-        mb_weights = agg_weights(counted, a.agg)
+        mb_weights = agg_weights(counted, a.agg)  # minibatch-level weights, for control.microbatch_loss_scale
 
         self.optim.zero_grad(set_to_none=True)
         metrics: list[dict] = []
@@ -361,13 +347,12 @@ class Run:
             out = first if first is not None else self.forward(s.rollout.select(mi), with_entropy=need_ent)
             loss, met = policy_loss(
                 out.logp, old.logp[mi], old.adv[mi], s.mask[mi],
-                keep=_rows(keep_mb, local), zeroed=_rows(mb_masks.zeroed, local),
+                keep=_rows(mb_masks.keep, local), zeroed=_rows(mb_masks.zeroed, local),
                 kl_cov_select=_rows(mb_masks.kl_cov_select, local),
                 ref_logp=None if old.ref_logp is None else old.ref_logp[mi],
                 entropy=out.entropy, **rule.loss_kwargs)
             if len(micro) > 1:  # re-weight so the accumulated gradient equals the whole minibatch's loss
-                own = float(agg_weights(counted[local], a.agg).sum())
-                loss = loss * (float(mb_weights[local].sum()) / own if own > 0 else 0.0)
+                loss = loss * control.microbatch_loss_scale(mb_weights[local], counted[local], a.agg)
             if self.value_head is not None:
                 v = self.value_head(out.hidden)
                 vm = s.mask[mi].float()

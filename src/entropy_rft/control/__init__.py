@@ -1,4 +1,5 @@
-"""Entropy-control methods: pure mask functions, the method registry, and the quadrant lens.
+"""Entropy-control methods: pure mask functions, the method registry, the quadrant lens, and the one
+minibatch selection rule every engine calls (``select_minibatch``, ``microbatch_loss_scale``).
 
 ``from entropy_rft import control; control.clip_b_mask(...)``. See DESIGN.md ("Semantics of the mask
 functions") and papers.md for the rules.
@@ -37,6 +38,7 @@ from entropy_rft.control.registry import (
     param,
     register_method,
 )
+from entropy_rft.control.selection import MinibatchSelection, microbatch_loss_scale, select_minibatch
 
 __all__ = [
     "clip_b_mask",
@@ -55,6 +57,9 @@ __all__ = [
     "available_methods",
     "method_info",
     "get_method_class",
+    "select_minibatch",
+    "microbatch_loss_scale",
+    "MinibatchSelection",
     "NoControl",
     "ClipB",
     "ClipBPaper",

@@ -14,10 +14,11 @@ adds is only *where* TRL's pipeline gets them:
   statistics of every process are all-gathered (``integrations.dist``) and the unchanged ``control``
   functions run on the concatenation. Selected once per generation batch, from old-policy statistics.
 - ``_compute_loss`` replaces TRL's per-token loss by ``policy_loss`` with those masks. At the start of each
-  optimizer step (TRL's gradient-accumulation window) the minibatch-stage methods (Clip-Cov, KL-Cov) select
-  over the window's micro-batches of *all* processes, from the current log-probs (the stored old ones when
-  no update happened since generation, else one no-grad forward), with a generator seeded from
-  ``args.seed`` and identical on every rank. Each micro-batch loss is re-weighted so that the accumulated,
+  optimizer step (TRL's gradient-accumulation window) ``control.select_minibatch`` (the one rule of all
+  engines) runs over the window's micro-batches of *all* processes: Clip-Cov and KL-Cov select there,
+  from the current log-probs (the stored old ones when no update happened since generation, else one
+  no-grad forward), with a generator seeded from ``args.seed`` and identical on every rank. Each
+  micro-batch loss is re-weighted (``control.microbatch_loss_scale``) so that the accumulated,
   DDP-averaged gradient is exactly that of the window's loss under ``agg`` over the global counted tokens.
 
 What stays per micro-batch: only when an optimizer window spans more than one generation batch (that is
@@ -40,12 +41,12 @@ import torch
 from torch import Tensor
 
 from entropy_rft import control, dynamics
-from entropy_rft.control import Masks, Method
+from entropy_rft.control import Masks, Method, MinibatchSelection, microbatch_loss_scale, select_minibatch
 from entropy_rft.dynamics import TokenStats
 from entropy_rft.forward import supports_fused
 from entropy_rft.integrations._compat import in_range
 from entropy_rft.integrations.dist import all_gather_rows, all_reduce_sum, rank_and_world
-from entropy_rft.loss import agg_weights, policy_loss, ppo_clipped_mask
+from entropy_rft.loss import agg_weights, policy_loss
 from entropy_rft.metrics import stats_metrics
 
 # TRL versions this integration was tested with: it overrides private methods of GRPOTrainer, whose
@@ -58,6 +59,7 @@ __all__ = [
     "check_trl_version",
     "global_loss_scales",
     "global_minibatch_masks",
+    "global_minibatch_selection",
     "global_rollout_batch",
     "train_trl",
 ]
@@ -193,26 +195,46 @@ def _split_rows(x: Tensor | None, like: list[Tensor]) -> list[Tensor | None]:
     return out
 
 
-def global_minibatch_masks(method: Method, cur: list[Tensor], old: list[Tensor], adv: list[Tensor],
-                           mask: list[Tensor], loss_kwargs: dict[str, Any],
-                           generator: torch.Generator | None) -> list[Masks]:
-    """Minibatch-stage masks (Clip-Cov, KL-Cov) over one optimizer step's micro-batches of all ranks.
+def global_minibatch_selection(method: Method, cur: list[Tensor] | None, old: list[Tensor], adv: list[Tensor],
+                               mask: list[Tensor], keep: list[Tensor | None], loss_kwargs: dict[str, Any],
+                               generator: torch.Generator | None) -> list[MinibatchSelection]:
+    """``control.select_minibatch`` over one optimizer step's micro-batches of all ranks.
 
-    Each argument lists this rank's micro-batches ([b_j, T_j]; ``adv`` [b_j]). PPO-clipped tokens are
-    computed as the native trainer does (``ppo_clipped_mask`` with the loss's eps). Returns one ``Masks``
-    per local micro-batch.
+    Each argument lists this rank's micro-batches ([b_j, T_j]; ``adv`` [b_j]; ``keep`` the rollout keep,
+    or None). A minibatch-stage method (Clip-Cov, KL-Cov) needs ``cur``: the micro-batches are all-gathered
+    (``integrations.dist``) and the rule runs once on the concatenation; any other method selects nothing
+    per minibatch, so the rule runs on each local micro-batch as it is. Returns one selection per local
+    micro-batch.
     """
+    eps = loss_kwargs.get("eps_low"), loss_kwargs.get("eps_high")
     if method.stage != "minibatch":
-        return [Masks() for _ in mask]
+        return [select_minibatch(None, o, a, m, k, method, *eps, generator) for o, a, m, k in zip(old, adv, mask, keep)]
     g_cur, rows = all_gather_rows(_cat_rows([c.detach().float() for c in cur], 0.0), 0.0)
     g_old, _ = all_gather_rows(_cat_rows([o.float() for o in old], 0.0), 0.0)
     g_mask, _ = all_gather_rows(_cat_rows(mask, False), False)
     g_adv, _ = all_gather_rows(torch.cat([a.float() for a in adv]), 0.0)
-    clipped = ppo_clipped_mask(g_cur, g_old, g_adv, g_mask, loss_kwargs.get("eps_low"), loss_kwargs.get("eps_high"))
-    m = method.minibatch_masks(g_cur, g_old, g_adv, g_mask, clipped=clipped, generator=generator)
+    g_keep = None
+    if any(k is not None for k in keep):
+        g_keep, _ = all_gather_rows(_cat_rows([m if k is None else k for m, k in zip(mask, keep)], False), False)
+    sel = select_minibatch(g_cur, g_old, g_adv, g_mask, g_keep, method, *eps, generator)
     width = g_mask.shape[1]
-    keep, zeroed, sel = (_split_rows(_local(x, rows, width), mask) for x in (m.keep, m.zeroed, m.kl_cov_select))
-    return [Masks(k, z, s) for k, z, s in zip(keep, zeroed, sel)]
+
+    def split(m: Masks) -> list[Masks]:
+        parts = (_split_rows(_local(x, rows, width), mask) for x in (m.keep, m.zeroed, m.kl_cov_select))
+        return [Masks(k, z, s) for k, z, s in zip(*parts)]
+
+    counted = _split_rows(_local(sel.counted, rows, width), mask)
+    return [MinibatchSelection(m, c, x) for m, c, x in zip(split(sel.masks), counted, split(sel.method))]
+
+
+def global_minibatch_masks(method: Method, cur: list[Tensor], old: list[Tensor], adv: list[Tensor],
+                           mask: list[Tensor], loss_kwargs: dict[str, Any],
+                           generator: torch.Generator | None) -> list[Masks]:
+    """The method's minibatch-stage masks (Clip-Cov, KL-Cov) over one optimizer step's micro-batches of all
+    ranks (``global_minibatch_selection`` without a rollout keep). Returns one ``Masks`` per local
+    micro-batch."""
+    return [s.method for s in global_minibatch_selection(method, cur, old, adv, mask, [None] * len(mask),
+                                                         loss_kwargs, generator)]
 
 
 def global_loss_scales(counted: list[Tensor], agg: str, width: int | None = None) -> list[float]:
@@ -221,7 +243,8 @@ def global_loss_scales(counted: list[Tensor], agg: str, width: int | None = None
 
     ``counted[j]`` is micro-batch j's counting mask (mask & keep), at the width it has in ``policy_loss``.
     ``width`` is the common padded length T for ``seq-mean-token-sum-norm`` (Dr.GRPO's constant; default:
-    the widest micro-batch). The weights come from ``loss.agg_weights`` on the gathered masks.
+    the widest micro-batch). The minibatch-level weights come from ``loss.agg_weights`` on the gathered
+    masks; each factor is ``control.microbatch_loss_scale`` times the world size (DDP's average).
     """
     _, world = rank_and_world()
     w = max([width or 0] + [c.shape[1] for c in counted])
@@ -229,10 +252,8 @@ def global_loss_scales(counted: list[Tensor], agg: str, width: int | None = None
     mine = agg_weights(g, agg, torch.float64)[rows]
     scales, r = [], 0
     for c in counted:
-        target = mine[r : r + c.shape[0]].sum()
+        scales.append(microbatch_loss_scale(mine[r : r + c.shape[0]], c, agg) * world)
         r += c.shape[0]
-        own = agg_weights(c, agg, torch.float64).sum()
-        scales.append(float(target / own) * world if own > 0 else 0.0)
     return scales
 
 
@@ -257,8 +278,13 @@ def batch_metrics(gb: GlobalBatch, truncated: Tensor | None = None) -> dict[str,
 
 class _Window(NamedTuple):
     start: int
-    masks: list[Masks]
+    selections: list[MinibatchSelection]  # per micro-batch: masks with the rollout keep, counted, the method's
     scales: list[float]
+
+    @property
+    def masks(self) -> list[Masks]:
+        """The method's own minibatch masks per micro-batch (for inspection)."""
+        return [s.method for s in self.selections]
 
 
 class EntropyControlGRPOTrainer(GRPOTrainer):
@@ -423,7 +449,7 @@ class EntropyControlGRPOTrainer(GRPOTrainer):
         """Minibatch-stage masks and loss scales of one optimizer step (global over ranks)."""
         masks = [self._loss_mask(m) for m in micro]
         gen_every = self.args.steps_per_generation * self.num_iterations
-        mb = [Masks() for _ in micro]
+        cur = None
         if self.method.stage == "minibatch":
             if start % gen_every == 0:  # no update since generation: current log-probs are the old ones
                 cur = [m["old_per_token_logps"] for m in micro]
@@ -432,15 +458,13 @@ class EntropyControlGRPOTrainer(GRPOTrainer):
             else:
                 with torch.no_grad():
                     cur = [self._policy_pass(model, *self._model_inputs(m), None, False).logp for m in micro]
-            mb = global_minibatch_masks(self.method, cur, [m["old_per_token_logps"] for m in micro],
-                                        [m["advantages"] for m in micro], masks, self.loss_kwargs,
-                                        self.method_generator)
-        counted = []
-        for m, mk, x in zip(micro, masks, mb):
-            c = mk & m["erft_keep"]
-            counted.append(c if x.keep is None else c & x.keep)
+        sel = global_minibatch_selection(self.method, cur, [m["old_per_token_logps"] for m in micro],
+                                         [m["advantages"] for m in micro], masks, [m["erft_keep"] for m in micro],
+                                         self.loss_kwargs, self.method_generator)
+        counted = [x.counted for x in sel]
         scales = global_loss_scales(counted, self.agg, self.max_completion_length)
         if (start % gen_every) < self.args.steps_per_generation:  # first pass over this generation batch
+            mb = [x.masks for x in sel]
             live = [c if x.zeroed is None else c & ~x.zeroed for c, x in zip(counted, mb)]
             zeroed = [torch.zeros_like(c) if x.zeroed is None else x.zeroed & c for c, x in zip(counted, mb)]
             local = torch.tensor([sum(float(k.sum()) for k in masks), sum(float(v.sum()) for v in live),
@@ -451,7 +475,7 @@ class EntropyControlGRPOTrainer(GRPOTrainer):
             if glob[0] > 0:  # TRL's log: this optimizer step's fractions (metrics.jsonl: the whole batch's)
                 self._metrics["train"]["control/kept_frac"].append(float(glob[1] / glob[0]))
                 self._metrics["train"]["control/zeroed_frac"].append(float(glob[2] / glob[0]))
-        return _Window(start, mb, scales)
+        return _Window(start, sel, scales)
 
     @staticmethod
     def _model_inputs(inputs: dict[str, Any]) -> tuple[Tensor, Tensor, int]:
@@ -464,22 +488,20 @@ class EntropyControlGRPOTrainer(GRPOTrainer):
         mask = self._loss_mask(inputs)
         out = self._policy_pass(model, *self._model_inputs(inputs), None, self.method.needs_entropy_grad())
         training = self.model.training and "erft_keep" in inputs
-        keep, masks, scale = (inputs["erft_keep"] if training else None), Masks(), 1.0
-        if training:
+        masks, scale = Masks(), 1.0  # evaluation: no selection
+        if training:  # the window's selection (control.select_minibatch): rollout keep ∧ minibatch masks
             win = self._window_inputs()
             if win is None:  # fallback: this micro-batch is the window (global over ranks)
                 w = self._build_window(model, self._step, [inputs], out.logp.detach())
-                masks, scale = w.masks[0], w.scales[0] / self._grad_accum()
+                masks, scale = w.selections[0].masks, w.scales[0] / self._grad_accum()
             else:
                 start, micro = win
                 if self._erft_window is None or self._erft_window.start != start:
                     self._erft_window = self._build_window(model, start, micro, out.logp.detach())
                 j = self._step - start
-                masks, scale = self._erft_window.masks[j], self._erft_window.scales[j]
-        if masks.keep is not None:
-            keep = masks.keep if keep is None else keep & masks.keep
+                masks, scale = self._erft_window.selections[j].masks, self._erft_window.scales[j]
         loss, met = policy_loss(out.logp, inputs["old_per_token_logps"] if "old_per_token_logps" in inputs
-                                else out.logp.detach(), inputs["advantages"], mask, keep=keep,
+                                else out.logp.detach(), inputs["advantages"], mask, keep=masks.keep,
                                 zeroed=masks.zeroed, kl_cov_select=masks.kl_cov_select,
                                 ref_logp=inputs.get("ref_per_token_logps"), entropy=out.entropy,
                                 **self.loss_kwargs)

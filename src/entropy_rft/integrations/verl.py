@@ -2,8 +2,9 @@
 old-policy TokenStats from the actor's forward to the loss.
 
 Tested with verl 0.9.x (model-engine workers, ``trainer.use_v1``). Thin by design: the statistics come from
-``dynamics.token_stats``, the masks from ``control`` (the method registry), the loss from ``loss.policy_loss``;
-nothing in verl is patched or forked. Three layers, each usable without the next:
+``dynamics.token_stats``, the masks from ``control`` (the method registry, and ``control.select_minibatch``,
+the minibatch rule all engines share), the loss from ``loss.policy_loss``; nothing in verl is patched or
+forked. Three layers, each usable without the next:
 
 1. **Policy losses** (``verl.trainer.ppo.core_algos.register_policy_loss``). Importing this module registers
    every entropy-rft method as ``erft_<name>`` (``erft_clip_v``, ``erft_clip_cov``, ...) and, where verl has no
@@ -46,10 +47,10 @@ import torch
 from torch import Tensor
 
 from entropy_rft import control, dynamics
-from entropy_rft.control import Masks, Method
+from entropy_rft.control import Masks, Method, MinibatchSelection, microbatch_loss_scale, select_minibatch
 from entropy_rft.integrations._compat import in_range
 from entropy_rft.integrations.dist import all_gather_rows, rank_and_world
-from entropy_rft.loss import AGG_MODES, policy_loss, ppo_clipped_mask
+from entropy_rft.loss import AGG_MODES, policy_loss
 
 # verl versions this integration was tested with (the loss signature and engine internals change often).
 VERL_MIN, VERL_MAX_EXCLUSIVE = (0, 9, 0), (0, 10, 0)
@@ -174,53 +175,61 @@ def loss_kwargs_from_config(config: Any, method: Method, agg: str) -> dict[str, 
 
 def global_scale(counted: Tensor, agg: str, info: dict[str, Any] | None) -> float:
     """Factor that turns ``policy_loss``'s aggregate over this micro-batch's counted tokens into verl's
-    contribution to the global mini-batch loss (``core_algos.agg_loss`` with ``config.global_batch_info``):
+    contribution to the global mini-batch loss (``core_algos.agg_loss`` with ``config.global_batch_info``).
 
-    - token-mean: n_counted / batch_num_tokens · dp_size;
-    - seq-mean-token-mean: n_rows / global_batch_size · dp_size (rows with a counted token);
-    - seq-mean-token-sum-norm: n_rows · T / global_batch_size · dp_size / (loss_scale_factor or T).
-
+    verl gathers no masks: its global counts give this micro-batch's rows of the mini-batch-level weights
+    (token-mean: 1/batch_num_tokens per token; seq-mean-token-mean: 1/(global_batch_size · the row's tokens);
+    seq-mean-token-sum-norm: 1/(global_batch_size · (loss_scale_factor or T))), and the factor is
+    ``control.microbatch_loss_scale`` of those times dp_size (verl averages over data-parallel ranks).
     Without global information (single micro-batch, one rank) verl aggregates locally: factor 1 (and
     T / loss_scale_factor for the sum-norm mode).
     """
     info = info or {}
-    dp = int(info.get("dp_size") or 1)
-    n_tok = int(counted.sum())
-    n_rows = int((counted.sum(-1) > 0).sum())
     width = counted.shape[-1]
+    lsf = info.get("loss_scale_factor")
+    norm = float(lsf if lsf is not None else width)  # verl's constant of the sum-norm mode
+    total = info.get("batch_num_tokens" if agg == "token-mean" else "global_batch_size")
+    if total is None:
+        return width / norm if agg == "seq-mean-token-sum-norm" else 1.0
+    if not total:
+        return 0.0
+    c = counted.to(torch.float64)
     if agg == "token-mean":
-        total = info.get("batch_num_tokens")
-        return 1.0 if total is None else (n_tok / float(total) * dp if total else 0.0)
-    g = info.get("global_batch_size")
-    factor = 1.0 if g is None else (n_rows / float(g) * dp if g else 0.0)
-    if agg == "seq-mean-token-sum-norm":
-        lsf = info.get("loss_scale_factor")
-        factor *= width / float(lsf if lsf is not None else width)
-    return factor
-
-
-def _minibatch_masks(method: Method, logp: Tensor, old: Tensor, adv: Tensor, mask: Tensor,
-                     kw: dict[str, Any], generator: torch.Generator, info: dict[str, Any]) -> Masks:
-    """Clip-Cov / KL-Cov selection over this micro-batch of every data-parallel rank (per rank when the
-    process group is larger than the data-parallel group)."""
-    _, world = rank_and_world()
-    gather = world > 1 and int(info.get("dp_size") or 1) == world
-    cur = logp.detach().float()
-    if gather:
-        g_cur, rows = all_gather_rows(cur, 0.0)
-        g_old, _ = all_gather_rows(old.detach().float(), 0.0)
-        g_adv, _ = all_gather_rows(adv.detach().float(), 0.0)
-        g_mask, _ = all_gather_rows(mask, False)
+        weights = c / float(total)
+    elif agg == "seq-mean-token-mean":
+        weights = c / c.sum(-1, keepdim=True).clamp(min=1.0) / float(total)
     else:
-        g_cur, g_old, g_adv, g_mask, rows = cur, old.detach().float(), adv.detach().float(), mask, slice(None)
-    clipped = ppo_clipped_mask(g_cur, g_old, g_adv, g_mask, kw.get("eps_low"), kw.get("eps_high"))
-    m = method.minibatch_masks(g_cur, g_old, g_adv, g_mask, clipped=clipped, generator=generator)
+        weights = c / (float(total) * norm)
+    return microbatch_loss_scale(weights, counted, agg) * int(info.get("dp_size") or 1)
+
+
+def _minibatch_selection(method: Method, logp: Tensor, old: Tensor, adv: Tensor, mask: Tensor, keep: Tensor | None,
+                         kw: dict[str, Any], generator: torch.Generator | None,
+                         info: dict[str, Any]) -> MinibatchSelection:
+    """``control.select_minibatch`` on this micro-batch of every data-parallel rank (all-gathered; per rank
+    when the process group is larger than the data-parallel group), scattered back to this rank's rows.
+    Only a minibatch-stage method (Clip-Cov, KL-Cov) needs the gather."""
+    _, world = rank_and_world()
+    gather = method.stage == "minibatch" and world > 1 and int(info.get("dp_size") or 1) == world
+    cur, old, adv = logp.detach().float(), old.detach().float(), adv.detach().float()
+    if not gather:
+        return select_minibatch(cur, old, adv, mask, keep, method, kw.get("eps_low"), kw.get("eps_high"), generator)
+    g_cur, rows = all_gather_rows(cur, 0.0)
+    g_old, _ = all_gather_rows(old, 0.0)
+    g_adv, _ = all_gather_rows(adv, 0.0)
+    g_mask, _ = all_gather_rows(mask, False)
+    g_keep = None if keep is None else all_gather_rows(keep, False)[0]
+    sel = select_minibatch(g_cur, g_old, g_adv, g_mask, g_keep, method, kw.get("eps_low"), kw.get("eps_high"),
+                           generator)
     width = mask.shape[-1]
 
     def local(x: Tensor | None) -> Tensor | None:
         return None if x is None else x[rows, :width]
 
-    return Masks(local(m.keep), local(m.zeroed), local(m.kl_cov_select))
+    def masks(m: Masks) -> Masks:
+        return Masks(local(m.keep), local(m.zeroed), local(m.kl_cov_select))
+
+    return MinibatchSelection(masks(sel.masks), local(sel.counted), masks(sel.method))
 
 
 def make_policy_loss(method_name: str):
@@ -246,17 +255,14 @@ def make_policy_loss(method_name: str):
                                "actor_rollout_ref.actor.calculate_entropy=True and use trainer_mode=erft_sync")
         kw = loss_kwargs_from_config(config, method, loss_agg_mode)
         info = dict(_cfg(config, "global_batch_info", {}) or {})
-        masks = Masks()
+        gen = None  # the selection rule is control.select_minibatch; only Clip-Cov draws from the generator
         if method.stage == "minibatch":
             gen = _GENERATOR.setdefault(method_name, torch.Generator().manual_seed(2))
-            masks = _minibatch_masks(method, log_prob, old_log_prob, advantages, mask, kw, gen, info)
-        keep = extras.keep.bool() if extras.keep is not None else None
-        if masks.keep is not None:
-            keep = masks.keep if keep is None else keep & masks.keep
-        loss, met = policy_loss(log_prob, old_log_prob, advantages, mask, keep=keep, zeroed=masks.zeroed,
+        masks, counted, _ = _minibatch_selection(method, log_prob, old_log_prob, advantages, mask,
+                                                 None if extras.keep is None else extras.keep.bool(), kw, gen, info)
+        loss, met = policy_loss(log_prob, old_log_prob, advantages, mask, keep=masks.keep, zeroed=masks.zeroed,
                                 kl_cov_select=masks.kl_cov_select,
                                 entropy=extras.entropy if method.needs_entropy_grad() else None, **kw)
-        counted = mask if keep is None else mask & keep
         metrics = {k: float(v) for k, v in met.items() if v is not None}
         return loss * global_scale(counted, loss_agg_mode, info), metrics
 
