@@ -288,3 +288,14 @@ def test_prompt_dataset_uses_conversations_only_with_a_chat_template(policy_dir)
     assert ds[3]["prompt"] == [{"role": "user", "content": str(chat_train[3].prompt)}]
     assert ds[3]["erft_index"] == 3
     assert erft_trl.prompt_dataset(plain_train, tok)[0]["prompt"] == plain_train[0].prompt
+
+
+@pytest.mark.parametrize("on", [False, True])
+def test_grpo_config_follows_erfts_gradient_checkpointing(tmp_path, on):
+    """GRPOConfig turns gradient checkpointing on by default; the erft config decides, as on the native engine
+    (TRL's peak memory and step time are otherwise not comparable with ours)."""
+    from entropy_rft.config import load_config
+    from entropy_rft.integrations.trl import grpo_config
+
+    cfg = load_config(None, [f"model.gradient_checkpointing={str(on).lower()}", "engine=trl"])
+    assert grpo_config(cfg, tmp_path, 1).gradient_checkpointing is on

@@ -594,6 +594,8 @@ def grpo_config(cfg, out: Path, world: int) -> GRPOConfig:
         save_total_limit=t.keep_checkpoints, seed=t.seed, data_seed=t.seed,
         report_to=["tensorboard"] if t.tensorboard else [],
         disable_tqdm=not t.progress, disable_dropout=True, dataloader_num_workers=0, log_completions=False,
+        # GRPOConfig turns checkpointing on by default; erft's setting decides, as on the native engine.
+        gradient_checkpointing=cfg.model.gradient_checkpointing,
     )
 
 
