@@ -41,7 +41,7 @@ def test_ppo_clip_golden_loss_grad_and_metrics():
     assert met["clip/ratio_frac"] == pytest.approx(0.5)
     assert met["ratio/mean"] == pytest.approx(1.0)
     assert met["ratio/max"] == pytest.approx(1.5)
-    assert met["control/kept_frac"] == 1.0
+    assert met["loss/counted_frac"] == 1.0
     for v in met.values():
         assert v is None or (isinstance(v, float) and not math.isnan(v))
 
@@ -118,7 +118,7 @@ def test_keep_vs_zeroed_counts_and_gradients():
     drop_last = torch.tensor([[T, T, T, F]])
     loss, met = policy_loss(lp, old, -L4, M4, keep=drop_last)
     assert loss.item() == pytest.approx((1 + 2 + 3) / 3)  # token leaves the count
-    assert met["control/kept_frac"] == pytest.approx(0.75)
+    assert met["loss/counted_frac"] == pytest.approx(0.75)
     loss.backward()
     # d/dlogp of -A*r = l (r = 1), divided by the count 3; 0 on the dropped token.
     assert lp.grad.tolist()[0] == pytest.approx([1 / 3, 2 / 3, 3 / 3, 0.0])
@@ -126,8 +126,8 @@ def test_keep_vs_zeroed_counts_and_gradients():
     lp, old = _onpolicy()
     loss, met = policy_loss(lp, old, -L4, M4, zeroed=~drop_last)
     assert loss.item() == pytest.approx((1 + 2 + 3 + 0) / 4)  # token still counts
-    assert met["control/zeroed_frac"] == pytest.approx(0.25)
-    assert met["control/kept_frac"] == 1.0
+    assert met["loss/zeroed_frac"] == pytest.approx(0.25)
+    assert met["loss/counted_frac"] == 1.0
     loss.backward()
     assert lp.grad.tolist()[0] == pytest.approx([1 / 4, 2 / 4, 3 / 4, 0.0])
 

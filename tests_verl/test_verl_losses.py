@@ -106,7 +106,7 @@ def test_rollout_methods_equal_verl_vanilla_on_kept_tokens(name, agg):
     assert torch.allclose(ours, ref, atol=1e-6)
     lib, _ = policy_loss(logp, old, adv, mask, keep=keep, eps_low=0.2, eps_high=0.2, dual_clip=3.0, agg=agg)
     assert torch.allclose(ours, lib, atol=1e-6)
-    assert met["control/kept_frac"] == pytest.approx(float((mask & keep).sum()) / float(mask.sum()))
+    assert met["loss/counted_frac"] == pytest.approx(float((mask & keep).sum()) / float(mask.sum()))
 
 
 def test_clip_v_keeps_positive_outlier():
@@ -152,7 +152,7 @@ def test_clip_cov_zeroes_every_candidate_when_ratio_is_one():
     ours, met = get_policy_loss_fn("erft_clip_cov")(old, logp, adv, mask.float(), "token-mean", cfg)
     ref, _ = policy_loss(logp, old, adv, mask, zeroed=cand, dual_clip=3.0)
     assert torch.allclose(ours, ref, atol=1e-6)
-    assert met["control/zeroed_frac"] == pytest.approx(float(cand.sum()) / float(mask.sum()))
+    assert met["loss/zeroed_frac"] == pytest.approx(float(cand.sum()) / float(mask.sum()))
     # independent: verl vanilla over the live tokens, renormalised to the full count
     n_live, n = float((mask & ~cand).sum()), float(mask.sum())
     live = verl_vanilla(old, logp, adv, mask & ~cand, "token-mean", cfg) * n_live / n

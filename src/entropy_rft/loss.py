@@ -168,8 +168,9 @@ def policy_loss(
     sum to ``loss/total``), ``loss/entropy_bonus`` (= −entropy_coef·agg(H)), ``kl/ref`` (the raw
     aggregated estimate), ``clip/ratio_low_frac``, ``clip/ratio_high_frac``, ``clip/ratio_frac``,
     ``clip/dual_frac`` (token fractions where that clip removes the gradient), ``ratio/mean``,
-    ``ratio/max``, ``ratio/min``, ``control/kept_frac`` (Σm/Σmask), ``control/zeroed_frac`` and
-    ``control/kl_cov_selected_frac`` (over counted tokens), ``tokens/counted``.
+    ``ratio/max``, ``ratio/min``, ``loss/counted_frac`` (Σm/Σmask: zeroed tokens count; not
+    ``control/kept_frac``, the share that trains), ``loss/zeroed_frac`` and ``control/kl_cov_selected_frac``
+    (over counted tokens), ``tokens/counted`` (names: ``entropy_rft.metric_names``).
     """
     check_mask(mask)
     check_like(logp, mask, "logp")
@@ -267,8 +268,8 @@ def policy_loss(
             "ratio/mean": float(rm.to(torch.float64).mean()) if n else None,
             "ratio/max": float(rm.max()) if n else None,
             "ratio/min": float(rm.min()) if n else None,
-            "control/kept_frac": n / n_valid if n_valid else None,
-            "control/zeroed_frac": _frac(zeroed, m, n) if zeroed is not None else None,
+            "loss/counted_frac": n / n_valid if n_valid else None,
+            "loss/zeroed_frac": _frac(zeroed, m, n) if zeroed is not None else None,
             "control/kl_cov_selected_frac": _frac(kl_cov_select, m, n) if kl_cov_select is not None else None,
             "tokens/counted": float(n),
         })

@@ -85,7 +85,7 @@ from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 AGG_FOR_LOSS_TYPE = {"dapo": "token-mean", "bnpo": "token-mean", "grpo": "seq-mean-token-mean",
                      "dr_grpo": "seq-mean-token-sum-norm"}
 # policy_loss metrics that are per micro-batch counts; the trainer logs batch-level ones instead.
-_BATCH_LEVEL = ("control/kept_frac", "control/zeroed_frac", "tokens/counted")
+_BATCH_LEVEL = ("loss/counted_frac", "loss/zeroed_frac", "tokens/counted")
 
 
 # ----------------------------------------------------------------------------- the statistics forward

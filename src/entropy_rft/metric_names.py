@@ -1,0 +1,157 @@
+"""The one table of metric names: every key an engine writes to ``metrics.jsonl``, its meaning and its unit.
+
+Native trainer and TRL engine use the same name for the same figure and never two names for one figure; a
+name means one thing everywhere. Patterned families are one entry: ``{k}`` is a sample count (eval's K),
+``{q}`` one of the lens quadrants (``control.lens.QUADRANTS``). README's "Metrics" section is
+``glossary_markdown()`` (checked by ``tests/test_metric_names.py``). Torch-free (layer 0).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import NamedTuple
+
+__all__ = ["METRICS", "QUADRANTS", "Metric", "glossary_markdown", "is_known", "lookup"]
+
+# The lens quadrants: sign of the advantage (pos/neg/zero) × sign of S_c (spos, sneg: S_c <= 0).
+QUADRANTS = ("pos_spos", "pos_sneg", "neg_spos", "neg_sneg", "zero")
+
+
+class Metric(NamedTuple):
+    meaning: str
+    unit: str
+
+
+_VALID = "valid response tokens"
+
+METRICS: dict[str, Metric] = {
+    "step": Metric("the erft step the row belongs to (0-based native, 1-based TRL)", "count"),
+    # rewards and responses
+    "reward/mean": Metric("mean reward of the step's sampled responses", "reward"),
+    "reward/accuracy": Metric("share of the step's responses with a positive reward", "fraction"),
+    "response/length": Metric("mean response length", "tokens"),
+    "response/truncated_frac": Metric("share of responses that hit the length limit without EOS", "fraction"),
+    # token statistics of the old policy (metrics.stats_metrics)
+    "entropy/mean": Metric(f"mean token entropy of the sampling policy over the {_VALID}", "nats"),
+    "dynamics/s_star_mean": Metric("mean of S* = p·(H + log p) of the sampled token (Lemma 3.1)", "nats"),
+    "dynamics/s_star_std": Metric("population std of S*", "nats"),
+    "dynamics/s_centered_mean": Metric("mean of S_c = S* − E_p[S] (Corollary 3.5: ~0)", "nats"),
+    "dynamics/s_centered_std": Metric("population std of S_c", "nats"),
+    "dynamics/s_expected_mean": Metric("mean of E_p[S]", "nats"),
+    "dynamics/cov_logp_adv": Metric("Cov(log π, A) over the valid tokens (Paper B)", "nats·adv"),
+    "dynamics/cov_adv_s_centered": Metric("Cov(A, S_c) over the valid tokens", "nats·adv"),
+    "dynamics/pred_dH": Metric("Thm 3.3's first-order batch ΔH: mean of −A·S_c (no lr scale)", "nats·adv"),
+    # the surrogate loss (loss.policy_loss; native: mean over minibatches)
+    "loss/total": Metric("total policy loss (surrogate + KL-Cov + ref-KL + entropy bonus)", "loss"),
+    "loss/pg": Metric("policy-gradient surrogate term", "loss"),
+    "loss/kl_cov": Metric("KL-Cov penalty term (null unless KL-Cov)", "loss"),
+    "loss/kl_ref": Metric("reference-KL penalty term, coefficient included (null without a reference)", "loss"),
+    "loss/entropy_bonus": Metric("entropy-bonus term, −coef·H aggregated (null without a bonus)", "loss"),
+    "loss/value": Metric("value-head loss (PPO with a critic)", "loss"),
+    "loss/counted_frac": Metric("per loss call: share of its valid tokens that count in the loss (not dropped "
+                                "by a keep-mask; zeroed tokens still count), averaged over minibatches",
+                                "fraction"),
+    "loss/zeroed_frac": Metric("per loss call: share of its counted tokens zeroed (Clip-Cov), averaged over "
+                               "minibatches (null without zeroing)", "fraction"),
+    "kl/ref": Metric("KL(π‖π_ref) estimate, aggregated, no coefficient (null without a reference)", "nats"),
+    "tokens/counted": Metric("tokens counted in one loss call (mean over minibatches)", "tokens"),
+    "clip/ratio_low_frac": Metric("share of counted tokens clipped at 1 − ε_low (A < 0)", "fraction"),
+    "clip/ratio_high_frac": Metric("share of counted tokens clipped at 1 + ε_high (A > 0)", "fraction"),
+    "clip/ratio_frac": Metric("share of counted tokens clipped at either bound", "fraction"),
+    "clip/dual_frac": Metric("share of counted tokens hit by dual-clip (null without dual-clip)", "fraction"),
+    "ratio/mean": Metric("mean importance ratio π/π_old over counted tokens", "ratio"),
+    "ratio/max": Metric("largest importance ratio over counted tokens", "ratio"),
+    "ratio/min": Metric("smallest importance ratio over counted tokens", "ratio"),
+    "optim/grad_norm": Metric("gradient norm before clipping (null without clipping)", "norm"),
+    "optim/lr": Metric("learning rate after the step", "lr"),
+    "policy/approx_kl": Metric(f"k3 estimate of KL(π_old‖π_new) over the {_VALID}, after the update", "nats"),
+    # control (methods and autopilot)
+    "control/kept_frac": Metric(f"share of the {_VALID} whose loss enters the gradient: not dropped by a "
+                                "keep-mask and not zeroed (records.trained_mask)", "fraction"),
+    "control/zeroed_frac": Metric(f"share of the {_VALID} zeroed by the method (Clip-Cov)", "fraction"),
+    "control/rollout_kept_frac": Metric(f"TRL only: share of the {_VALID} kept by the rollout-level keep-mask, "
+                                        "before minibatch selection and zeroing", "fraction"),
+    "control/kl_cov_selected_frac": Metric("share of counted tokens KL-Cov penalises (null unless KL-Cov)",
+                                           "fraction"),
+    "control/knob": Metric("the autopilot's current method knob", "knob"),
+    "control/entropy_target": Metric("the autopilot's entropy target at this step", "nats"),
+    "control/entropy_smoothed": Metric("the autopilot's smoothed entropy", "nats"),
+    "control/entropy_error": Metric("target − smoothed entropy", "nats"),
+    "control/integral": Metric("the autopilot's integral term", "nats·steps"),
+    # probes
+    "probe/dH_actual": Metric(f"actual batch-mean entropy change of the step over the {_VALID}", "nats"),
+    "probe/dH_pred": Metric("tabular first-order prediction, batch mean (no lr scale)", "nats·adv"),
+    "probe/sign_agreement": Metric("share of tokens where sign(pred ΔH) = sign(actual ΔH)", "fraction"),
+    "probe/sign_agreement_weighted": Metric("sign agreement weighted by |pred ΔH|", "fraction"),
+    "probe/corr": Metric("per-token Pearson correlation of predicted and actual ΔH", "correlation"),
+    "probe/batch_sign_agree": Metric("1 when dH_pred and dH_actual have the same sign, else 0", "flag"),
+    "probe/dH_jvp": Metric("the network's first-order ΔH along the update (JVP), batch mean", "nats"),
+    "probe/jvp_corr": Metric("per-token correlation of the JVP prediction and actual ΔH", "correlation"),
+    "probe/jvp_sign_agreement": Metric("share of tokens where the JVP prediction's sign is right", "fraction"),
+    "probe/jvp_sign_agreement_weighted": Metric("JVP sign agreement weighted by |prediction|", "fraction"),
+    "probe/jvp_rel_err": Metric("‖jvp − actual‖ / ‖actual‖ over tokens", "ratio"),
+    "probe/dH_method": Metric("batch-mean ΔH of the method's update (counterfactual steps)", "nats"),
+    "probe/dH_vanilla": Metric("batch-mean ΔH of the vanilla update from the same state", "nats"),
+    "probe/dH_method_effect": Metric("dH_method − dH_vanilla: the method's own effect", "nats"),
+    # evaluation
+    "eval/avg@{k}": Metric("mean accuracy over K samples per validation prompt", "fraction"),
+    "eval/pass@{k}": Metric("unbiased Pass@k over the validation prompts (k = 1 and k = K)", "fraction"),
+    "eval/maj@{k}": Metric("majority-vote accuracy over K samples", "fraction"),
+    "eval/distinct_correct": Metric("mean number of distinct correct answers per prompt", "count"),
+    "eval/pass_rate_hist": Metric("prompts with c = 0..K correct samples (a list)", "count"),
+    "eval/entropy": Metric("mean token entropy of the evaluation samples", "nats"),
+    "eval/response_tokens": Metric("mean evaluation response length", "tokens"),
+    # lens (Wang et al. 2026): D = the tokens the method dropped or zeroed; lens_ppo: those PPO's clip dropped
+    "lens/drop_frac": Metric(f"|D| / N over the N {_VALID}", "fraction"),
+    "lens/drop_frac/{q}": Metric("|D ∩ quadrant| / N (they sum to lens/drop_frac)", "fraction"),
+    "lens/drop_rate/{q}": Metric("|D ∩ quadrant| / |quadrant| (null when empty)", "fraction"),
+    "lens/dH_dropped": Metric("first-order ΔH (Σ −w·A·S_c) of the dropped tokens", "nats·adv"),
+    "lens/dH_dropped/{q}": Metric("first-order ΔH of the dropped tokens in a quadrant", "nats·adv"),
+    "lens/dH_kept": Metric("first-order ΔH of the kept tokens", "nats·adv"),
+    "lens/dH_total": Metric("first-order ΔH of all valid tokens", "nats·adv"),
+    "lens_ppo/drop_frac": Metric("as lens/drop_frac, D = tokens PPO's ratio clip left out after the update",
+                                 "fraction"),
+    "lens_ppo/drop_frac/{q}": Metric("as lens/drop_frac/{q}, for PPO's clip", "fraction"),
+    "lens_ppo/drop_rate/{q}": Metric("as lens/drop_rate/{q}, for PPO's clip", "fraction"),
+    "lens_ppo/dH_dropped": Metric("as lens/dH_dropped, for PPO's clip", "nats·adv"),
+    "lens_ppo/dH_dropped/{q}": Metric("as lens/dH_dropped/{q}, for PPO's clip", "nats·adv"),
+    "lens_ppo/dH_kept": Metric("as lens/dH_kept, for PPO's clip", "nats·adv"),
+    "lens_ppo/dH_total": Metric("as lens/dH_total, for PPO's clip", "nats·adv"),
+    # time and throughput (volatile)
+    "time/generate": Metric("rollout time", "s"),
+    "time/forward": Metric("scoring, old-policy forward, reference, advantages and selection time", "s"),
+    "time/counterfactual": Metric("pre-update probes: JVP snapshot and vanilla counterfactual (~0 when not due)", "s"),
+    "time/backward": Metric("update (loss, backward, optimizer) time", "s"),
+    "time/probe": Metric("probe time", "s"),
+    "time/eval": Metric("evaluation time (steps with an evaluation)", "s"),
+    "time/step": Metric("wall time of the whole step", "s"),
+    "perf/tokens_per_s": Metric("response tokens per second of the step (before eval)", "tokens/s"),
+}
+
+_FILL = {"k": r"[0-9]+", "q": "(?:" + "|".join(QUADRANTS) + ")"}
+
+
+def _pattern(name: str) -> re.Pattern[str]:
+    parts = re.split(r"\{(\w+)\}", name)
+    return re.compile("".join(re.escape(p) if i % 2 == 0 else _FILL[p] for i, p in enumerate(parts)) + r"\Z")
+
+
+_PATTERNS = {name: _pattern(name) for name in METRICS if "{" in name}
+
+
+def lookup(key: str) -> str | None:
+    """The table entry (a name or a pattern) that ``key`` is, or None when it is not a metric."""
+    if key in METRICS:
+        return key
+    return next((name for name, rx in _PATTERNS.items() if rx.match(key)), None)
+
+
+def is_known(key: str) -> bool:
+    return lookup(key) is not None
+
+
+def glossary_markdown() -> str:
+    """README's metric glossary: one table row per entry, in the table's order."""
+    rows = ["| metric | meaning | unit |", "|---|---|---|"]
+    rows += [f"| `{name}` | {m.meaning} | {m.unit} |" for name, m in METRICS.items()]
+    return "\n".join(rows) + "\n"

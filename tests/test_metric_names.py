@@ -1,0 +1,111 @@
+"""One metric table: every key either engine writes to metrics.jsonl is in ``entropy_rft.metric_names`` (one
+name, one meaning), every entry is written by some run, and README's glossary is the table."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from entropy_rft import metric_names
+from entropy_rft.config import load_config
+from entropy_rft.launch import start
+from micro import make_micro_policy, micro_overrides
+
+ROOT = Path(__file__).resolve().parents[1]
+PROBES = {"probe.jvp_every": 2, "probe.counterfactual_every": 2, "eval.every": 2, "train.max_steps": 3,
+          "train.tensorboard": "false", "train.samples_every": 0, "probe.records_every": 0}
+NATIVE = {
+    "autopilot": {"method.name": "clip_v", "method.entropy_target": "0.8x"},
+    "ppo_clip_cov": {"method.name": "clip_cov", "algo.algorithm": "ppo", "algo.ref_kl_coef": 0.01},
+}
+
+
+def rows_of(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def micro_model(tmp_path_factory) -> Path:
+    return make_micro_policy(tmp_path_factory.mktemp("micro") / "policy")
+
+
+@pytest.fixture(scope="module")
+def native_rows(micro_model, tmp_path_factory) -> dict[str, list[dict]]:
+    out = {}
+    for name, sets in NATIVE.items():
+        run = tmp_path_factory.mktemp("native") / name
+        start(load_config(None, micro_overrides(micro_model, **{**PROBES, **sets})), run)
+        out[name] = rows_of(run)
+    return out
+
+
+@pytest.fixture(scope="module")
+def trl_rows(micro_model, tmp_path_factory) -> list[dict]:
+    pytest.importorskip("trl")
+    sets = micro_overrides(micro_model, **{"eval.every": 0, "train.tensorboard": "false", "train.max_steps": 2,
+                                          "train.checkpoint_every": 2})
+    cfg = load_config(None, sets, extra={"engine": "trl", "method": {
+        "name": "clip_cov", "params": {"ratio": 0.1, "lb": -5.0, "ub": 5.0}}})
+    run = tmp_path_factory.mktemp("trl") / "run"
+    start(cfg, run)
+    return rows_of(run)
+
+
+def keys(rows: list[dict]) -> set[str]:
+    return set().union(*(r.keys() for r in rows))
+
+
+def test_every_native_key_is_in_the_table(native_rows):
+    written = set().union(*(keys(r) for r in native_rows.values()))
+    assert not sorted(k for k in written if not metric_names.is_known(k))
+    # probes, eval, the autopilot and PPO's value loss were all due at least once
+    for k in ("probe/jvp_corr", "probe/dH_method_effect", "eval/pass@4", "control/knob", "loss/value",
+              "lens_ppo/drop_rate/zero", "loss/counted_frac"):
+        assert k in written, k
+
+
+def test_every_trl_key_is_in_the_table_without_an_alias(native_rows, trl_rows):
+    written = keys(trl_rows)
+    assert not sorted(k for k in written if not metric_names.is_known(k))
+    native = set().union(*(keys(r) for r in native_rows.values()))
+    # the one TRL-only name is a distinct figure (the rollout-level keep-mask alone), not a native one renamed
+    assert written - native <= {"control/rollout_kept_frac"}
+    assert {"control/kept_frac", "control/zeroed_frac", "loss/total", "entropy/mean"} <= written
+
+
+def test_every_table_entry_is_written_by_some_engine(native_rows, trl_rows):
+    written = set().union(*(keys(r) for r in native_rows.values())) | keys(trl_rows)
+    used = {metric_names.lookup(k) for k in written}
+    assert not sorted(set(metric_names.METRICS) - used)
+
+
+def test_kept_frac_is_the_share_that_trains(native_rows):
+    """control/kept_frac excludes Clip-Cov's zeroed tokens; loss/counted_frac (no keep-mask here) does not."""
+    rows = [r for r in native_rows["ppo_clip_cov"] if r.get("control/zeroed_frac")]
+    assert rows
+    for r in rows:
+        assert r["control/kept_frac"] == pytest.approx(1.0 - r["control/zeroed_frac"])
+        assert r["loss/counted_frac"] == 1.0
+
+
+def test_table_entries_are_well_formed():
+    from entropy_rft.control.lens import QUADRANTS
+
+    assert metric_names.QUADRANTS == QUADRANTS
+    for name, m in metric_names.METRICS.items():
+        assert m.meaning and m.unit, name
+        assert metric_names.lookup(name.replace("{k}", "8").replace("{q}", "zero")) == name
+    assert metric_names.lookup("eval/pass@16") == "eval/pass@{k}"
+    assert not metric_names.is_known("lens/drop_frac/sideways") and not metric_names.is_known("eval/pass@")
+    assert math.isfinite(len(metric_names.glossary_markdown()))
+
+
+def test_readme_glossary_is_the_table():
+    text = (ROOT / "README.md").read_text()
+    begin, end = "<!-- metrics:begin -->\n", "<!-- metrics:end -->"
+    assert text.count(begin) == 1 and text.count(end) == 1
+    section = text[text.index(begin) + len(begin): text.index(end)]
+    assert section == metric_names.glossary_markdown()
