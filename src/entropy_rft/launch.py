@@ -30,10 +30,6 @@ def _train(cfg: Config, out: Path, *, resume: bool) -> dict[str, Any]:
     return train(cfg, out, resume=resume)
 
 
-def run_status(out: str | Path) -> dict[str, Any]:
-    return rundir.read_status(out)
-
-
 def _preflight(cfg: Config, out: str | Path | None) -> None:
     """Check the whole request (task, model, device, output path) before anything is written."""
     try:
@@ -65,7 +61,7 @@ def held_steps(out: Path) -> int:
     """The steps a run directory already holds: its newest checkpoint's, or the finished run's."""
     ckpt = rundir.latest_checkpoint(out)
     held = rundir.checkpoint_step(ckpt) if ckpt is not None else 0
-    status = run_status(out)
+    status = rundir.read_status(out)
     if status.get("status") == "finished" and isinstance(status.get("step"), int):
         held = max(held, status["step"])
     return held
@@ -96,7 +92,7 @@ def resume(out: str | Path, *, max_steps: int | None = None) -> dict[str, Any]:
             rundir.atomic_write_text(out / "config.yaml", yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
         else:
             _preflight(cfg, None)
-        status = run_status(out)
+        status = rundir.read_status(out)
         if status.get("status") == "finished" and int(status.get("step", 0)) >= cfg.train.max_steps:
             return {"step": status.get("step"), "already_finished": True}
         return _train(cfg, out, resume=True)

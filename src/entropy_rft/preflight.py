@@ -61,9 +61,8 @@ def check_train(cfg: Any, out: str | os.PathLike | None) -> None:
     check_device(cfg.model.device, "config field 'model.device'", "--set model.device=cpu")
     check_task(cfg.task.name, cfg.task.params)
     check_optional_packages(cfg)
-    _check_model_path(cfg.model.name)
-    validate_method(cfg)  # imports torch: after the cheap checks
     check_model(cfg.model.name)
+    validate_method(cfg)  # imports torch: after the cheap checks
 
 
 # ----------------------------------------------------------------------------- the output folder
@@ -343,36 +342,15 @@ def check_optional_packages(cfg: Any) -> None:
                         "--engine native")
 
 
-def _check_model_path(name: str) -> None:
-    """The mistakes in a model name that need no import: empty, or a path (never a hub id) that is not there."""
-    if not isinstance(name, str) or not name.strip():
-        raise UserError("--model is empty (config field 'model.name'); pass --model default, a model folder or a "
-                        "hub id")
-    p = Path(name).expanduser()
-    if name.startswith(("/", "./", "../", "~")) and not os.path.lexists(p):
-        raise UserError(f"--model {name!r}: no such folder ({p.absolute()}); pass a local model folder, a hub id "
-                        "(org/name) or a built-in name (default, smollm2-135m)")
-
-
 def check_model(name: str) -> None:
-    """The policy can be found (``models.locate_policy``: built-in name, model folder, cached hub id); no
-    weights are loaded. Without ``locate_policy`` (older models.py), a missing or non-model local folder."""
+    """The policy can be found (``model_files.locate_policy``: built-in name, model folder, cached hub id). It
+    imports neither torch nor transformers, and loads no weights."""
     key = ("model", name, _folder_stamp(name))
     if key in _passed:
         return
-    _check_model_path(name)
-    p = Path(name).expanduser()
-    from entropy_rft import models
+    from entropy_rft.model_files import locate_policy
 
-    locate = getattr(models, "locate_policy", None)
-    if locate is not None:
-        locate(name)
-    else:
-        if p.exists() and not (p / "config.json").is_file():
-            raise UserError(f"model {name!r}: not a model folder (no config.json); pass the folder that holds "
-                            "config.json and the weights")
-        if not p.exists() and name.startswith((".", "/", "~")):
-            raise UserError(f"model {name!r}: no such folder; pass --model default, a model folder or a hub id")
+    locate_policy(name)
     _passed.add(key)
 
 

@@ -301,12 +301,8 @@ RUN_TEMP_PREFIXES = (".final_", ".config.yaml.", ".run.json.", ".metrics.jsonl."
 
 def is_run_dir(out: str | Path) -> bool:
     """True when ``out`` holds a ``run.json`` written by erft (our schema, or the fields of older versions)."""
-    p = Path(out) / "run.json"
-    try:
-        info = json.loads(p.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    return isinstance(info, dict) and (info.get("schema") == SCHEMA or {"status", "max_steps"} <= info.keys()
+    info = read_status(out)
+    return bool(info) and (info.get("schema") == SCHEMA or {"status", "max_steps"} <= info.keys()
                                        or {"status", "step"} <= info.keys())
 
 

@@ -75,8 +75,7 @@ def check_sampling_args(args: argparse.Namespace) -> None:
 
     if args.batch_size < 1:
         raise UserError(f"--batch-size must be >= 1, got {args.batch_size}")
-    if args.threads < 0:
-        raise UserError(f"--threads must be >= 0 (0 keeps torch's default), got {args.threads}")
+    preflight.check_threads(args.threads)
     if args.seed < 0:
         raise UserError(f"--seed must be >= 0, got {args.seed}")
     if not math.isfinite(args.temperature):
