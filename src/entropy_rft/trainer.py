@@ -148,6 +148,7 @@ class Run:
         self.train_set, self.val_set = self.task.split(cfg.train.seed)
         # Prompts that cannot fit the context with the response budget are refused before any step (the
         # evaluation set, and the first training prompts; each step checks its own, see sample_prompts).
+        self.fitting_prompts: set[tuple] = set()  # checked once each, not every step
         self.check_prompts([ex.prompt for ex in [*self.val_set[: cfg.eval.prompts], *self.train_set[:256]]])
         self.method = control.build_method(cfg.method.name, **cfg.method_params())
         target = parse_target(cfg.method.entropy_target)
@@ -235,8 +236,14 @@ class Run:
         from entropy_rft.preflight import check_prompt_lengths
         from entropy_rft.prompts import encode_prompt
 
-        check_prompt_lengths([len(encode_prompt(self.tok, p)) for p in prompts], self.cfg.rollout.max_new_tokens,
+        new = {(type(p), str(p), getattr(p, "system", None)): p for p in prompts}
+        new = {k: p for k, p in new.items() if k not in self.fitting_prompts}
+        if not new:
+            return
+        check_prompt_lengths([len(encode_prompt(self.tok, p)) for p in new.values()],
+                             self.cfg.rollout.max_new_tokens,
                              getattr(self.model.config, "max_position_embeddings", None), truncate=False)
+        self.fitting_prompts.update(new)
 
     def sample_prompts(self) -> list[Example]:
         n = self.cfg.rollout.prompts_per_step
