@@ -5,7 +5,7 @@ PIP     := $(PY) -m pip --disable-pip-version-check
 STAMP   := .venv/.erft-installed
 JOBS    ?= auto
 
-.PHONY: run test test-verl lint bench setup clean browser
+.PHONY: run run-real test test-verl lint bench setup clean browser
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || python3 -m venv .venv
@@ -20,6 +20,16 @@ setup: $(STAMP)
 run: $(STAMP)
 	.venv/bin/erft compare --methods none,clip_v --out runs/default
 	.venv/bin/erft report runs/default --out runs/default/report
+
+# The real-LM demonstration (not part of CI; about an hour on 2 CPU cores): SmolLM2-135M-Instruct's base
+# figures with `erft eval`, then GRPO and ClipV from it on reasoning-gym's one-digit products, compared and reported.
+REAL := configs/smollm2_products.yaml
+run-real: $(STAMP)
+	.venv/bin/erft eval --model smollm2-135m --dataset rg:products --task-param 'params={min_digits: 1, max_digits: 1}' \
+		--task-param answer_format=number --task-param val_size=32 --samples 8 --max-new-tokens 64 --batch-size 64 \
+		--out runs/smollm2/base_eval
+	.venv/bin/erft compare --config $(REAL) --methods none,clip_v --out runs/smollm2
+	.venv/bin/erft report runs/smollm2 --out runs/smollm2/report
 
 # The report test renders report.html in headless Chromium from Debian's package (no browser downloads).
 browser:

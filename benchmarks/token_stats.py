@@ -2,10 +2,13 @@
 
     .venv/bin/python benchmarks/token_stats.py [--rows 1024] [--vocab 151936] [--dim 576] [--threads 1]
 
-Time: every method runs in this process, interleaved, best of --repeats. Peak memory: each method runs once
-in a fresh subprocess that builds its inputs, resets the kernel's high-water mark (/proc/self/clear_refs),
-runs, and reports VmHWM minus the RSS before the run, i.e. the extra peak resident memory the method needs.
-Targets (issue 2): token_stats <= 1.2x logsumexp time; its extra peak <= 5% of the logits; the fused
+Every measurement runs in a fresh subprocess that builds its inputs and runs one method only, so no method
+sees an allocator state left by another (glibc's dynamic mmap threshold, raised by freeing a mid-sized block,
+changed these figures by 2.4x before: issue 15). In the child: a warm-up on two rows; one full run with the
+kernel's high-water mark reset (/proc/self/clear_refs), giving the extra peak resident memory (VmHWM minus
+the RSS before the run); then --repeats timed runs, best kept. The parent runs --rounds rounds, each method
+once per round in turn (interleaved: machine noise hits every method alike), and keeps each method's best.
+Targets (issues 2, 15): token_stats <= 1.2x logsumexp time; its extra peak <= 5% of the logits; the fused
 hidden-state path >= 4x lower extra peak than the materialised path, at <= 1.3x its time.
 """
 
@@ -13,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import subprocess
 import sys
@@ -20,7 +24,8 @@ import time
 
 import torch
 
-from entropy_rft.dynamics import fused_logp, token_stats
+from entropy_rft.dynamics import token_stats
+from entropy_rft.fused import fused_logp
 
 # ------------------------------------------------------------------------------------------ the methods
 
@@ -101,7 +106,7 @@ def _status(field: str) -> int:
         return int(re.search(rf"{field}:\s+(\d+)", f.read()).group(1)) * 1024
 
 
-def child(method: str, rows: int, vocab: int, dim: int, threads: int) -> None:
+def child(method: str, rows: int, vocab: int, dim: int, threads: int, repeats: int) -> None:
     torch.set_num_threads(threads)
     if method in LOGIT_METHODS:
         args = logit_inputs(rows, vocab)
@@ -116,59 +121,62 @@ def child(method: str, rows: int, vocab: int, dim: int, threads: int) -> None:
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # reset VmHWM to the current RSS
     before = _status("VmRSS")
+    _reset_grads(args)
     fn(*args)
-    print(json.dumps({"extra_peak": _status("VmHWM") - before}))
+    extra = _status("VmHWM") - before
+    best = float("inf")
+    for _ in range(repeats):
+        _reset_grads(args)
+        t0 = time.perf_counter()
+        fn(*args)
+        best = min(best, time.perf_counter() - t0)
+    print(json.dumps({"extra_peak": extra, "time": best}))
 
 
-def measure_memory(method: str, a: argparse.Namespace) -> int | None:
-    cmd = [sys.executable, __file__, "--child", method, "--rows", str(a.rows), "--vocab", str(a.vocab),
-           "--dim", str(a.dim), "--hidden-rows", str(a.hidden_rows), "--threads", str(a.threads)]
-    if method in HIDDEN_METHODS:
-        cmd[cmd.index("--rows") + 1] = str(a.hidden_rows)
+def _reset_grads(args) -> None:
+    for x in args:
+        if isinstance(x, torch.Tensor) and x.requires_grad:
+            x.grad = None
+
+
+def measure(method: str, a: argparse.Namespace) -> dict | None:
+    """{"extra_peak": bytes, "time": s} of one method in a fresh subprocess (see the module docstring)."""
+    rows = a.hidden_rows if method in HIDDEN_METHODS else a.rows
+    repeats = max(1, a.repeats - 1) if method in HIDDEN_METHODS else a.repeats
+    cmd = [sys.executable, __file__, "--child", method, "--rows", str(rows), "--vocab", str(a.vocab),
+           "--dim", str(a.dim), "--threads", str(a.threads), "--repeats", str(repeats)]
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=900).stdout
     except (subprocess.SubprocessError, OSError) as e:
-        print(f"memory measurement of {method} failed: {e}", file=sys.stderr)
+        print(f"measurement of {method} failed: {e}", file=sys.stderr)
         return None
-    return int(json.loads(out.strip().splitlines()[-1])["extra_peak"])
+    return json.loads(out.strip().splitlines()[-1])
 
 
-# ------------------------------------------------------------------------------------------------ time
+def measure_all(names: list[str], a: argparse.Namespace) -> tuple[dict[str, float], dict[str, int | None]]:
+    """Interleaved rounds of fresh-process measurements: best time per method, extra peak of the first."""
+    times = {n: float("inf") for n in names}
+    mem: dict[str, int | None] = {n: None for n in names}
+    for _ in range(a.rounds):
+        for n in names:
+            r = measure(n, a)
+            if r is not None:
+                times[n] = min(times[n], r["time"])
+                mem[n] = r["extra_peak"] if mem[n] is None else mem[n]
+    return times, mem
 
 
-def best_time(fns: dict, args_for, repeats: int) -> dict[str, float]:
-    """Interleaved timing: every round runs every method once; the best round per method is kept."""
-    best = {k: float("inf") for k in fns}
-    for name, fn in fns.items():  # warm-up (and compilation)
-        fn(*args_for(name))
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            args = args_for(name)
-            t0 = time.perf_counter()
-            fn(*args)
-            best[name] = min(best[name], time.perf_counter() - t0)
-    return best
+# ------------------------------------------------------------------------------------------- accuracy
 
 
-def time_logit_methods(names: list[str], a: argparse.Namespace) -> tuple[float, dict[str, float]]:
-    z, ids = logit_inputs(a.rows, a.vocab)
-    # correctness guard: the figures are only worth reading if the methods agree
-    ref = m_naive_stats(z[:16].double(), ids[:16])
-    got = token_stats(z[:16], ids[:16])
-    err = max(float((got.entropy.double() - ref[0]).abs().max()),
-              float((got.s_centered.double() - ref[4]).abs().max()))
-    return err, best_time({n: LOGIT_METHODS[n] for n in names}, lambda n: (z, ids), a.repeats)
-
-
-def time_hidden_methods(a: argparse.Namespace) -> dict[str, float]:
-    h, w, hid = hidden_inputs(a.hidden_rows, a.vocab, a.dim)
-
-    def hidden_args(name):
-        h.grad = None
-        w.grad = None
-        return h, w, hid
-
-    return best_time(HIDDEN_METHODS, hidden_args, max(1, a.repeats - 1))
+def accuracy_guard(a: argparse.Namespace) -> float:
+    """Max abs error of token_stats against the float64 naive pass on 16 rows (the figures are only worth
+    reading if the methods agree). Runs in the parent, after which the parent times nothing."""
+    z, ids = logit_inputs(16, a.vocab)
+    ref = m_naive_stats(z.double(), ids)
+    got = token_stats(z, ids)
+    return max(float((got.entropy.double() - ref[0]).abs().max()),
+               float((got.s_centered.double() - ref[4]).abs().max()))
 
 
 def _row(table, what, value, target, ok):
@@ -217,55 +225,59 @@ def main() -> int:
     ap.add_argument("--vocab", type=int, default=151936)
     ap.add_argument("--dim", type=int, default=576)
     ap.add_argument("--hidden-rows", type=int, default=1024, help="tokens for the fused vs materialised path")
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=3, help="timed runs per fresh process (best kept)")
+    ap.add_argument("--rounds", type=int, default=2, help="interleaved rounds of fresh processes per method")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--compile", action="store_true", help="also measure token_stats(compile=True) (slow start)")
+    ap.add_argument("--part", choices=["all", "logits", "hidden"], default="all",
+                    help="measure the logits methods, the hidden-state (fused) path, or both")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
-        child(a.child, a.rows, a.vocab, a.dim, a.threads)
+        child(a.child, a.rows, a.vocab, a.dim, a.threads, a.repeats)
         return 0
     torch.set_num_threads(a.threads)
     logit_bytes = a.rows * a.vocab * 4
     names = ["logsumexp", "entropy_only", "naive_stats", "token_stats"] + (
         ["token_stats_compiled"] if a.compile else [])
     print(f"logits {a.rows} x {a.vocab} float32 ({logit_bytes / 2**20:.0f} MiB), {a.threads} thread(s), "
-          f"torch {torch.__version__}")
-    err, times = time_logit_methods(names, a)
-    mem = {n: measure_memory(n, a) for n in names}
-    htimes = time_hidden_methods(a)
-    hmem = {n: measure_memory(n, a) for n in HIDDEN_METHODS}
-
-    print("\nmethod                 time (s)   / logsumexp   extra peak RSS   / logits")
-    for n in names:
-        m = mem[n]
-        ms = "n/a" if m is None else f"{m / 2**20:8.1f} MiB   {m / logit_bytes:7.1%}"
-        print(f"{n:22s} {times[n]:8.3f}   {times[n] / times['logsumexp']:8.2f}x   {ms}")
-    print(f"\nhidden path: N={a.hidden_rows} tokens, D={a.dim}, V={a.vocab}, forward + backward of logp.sum()")
-    for n in HIDDEN_METHODS:
-        m = hmem[n]
-        ms = "n/a" if m is None else f"{m / 2**20:8.1f} MiB"
-        print(f"{n:22s} {htimes[n]:8.3f} s   extra peak {ms}")
-
+          f"torch {torch.__version__}, load average {os.getloadavg()[0]:.2f}; each method in fresh processes, "
+          f"{a.rounds} interleaved rounds x best of {a.repeats}")
     table: list[tuple[str, str, str, str]] = []
-    r = times["token_stats"] / times["logsumexp"]
-    _row(table, "token_stats time / logsumexp time", f"{r:.2f}x", "<= 1.2x", r <= 1.2)
-    if a.compile:
-        rc = times["token_stats_compiled"] / times["logsumexp"]
-        _row(table, "token_stats(compile) time / logsumexp", f"{rc:.2f}x", "<= 1.2x", rc <= 1.2)
-    if mem["token_stats"] is not None:
-        f = mem["token_stats"] / logit_bytes
-        _row(table, "token_stats extra peak / logits", f"{f:.1%}", "<= 5%", f <= 0.05)
-    if None not in hmem.values():
-        mr = hmem["materialised"] / max(hmem["fused"], 1)
-        _row(table, "materialised / fused extra peak", f"{mr:.2f}x", ">= 4x", mr >= 4)
-    tr = htimes["fused"] / htimes["materialised"]
-    _row(table, "fused time / materialised time", f"{tr:.2f}x", "<= 1.3x", tr <= 1.3)
+    if a.part in ("all", "logits"):
+        times, mem = measure_all(names, a)
+        print("\nmethod                 time (s)   / logsumexp   extra peak RSS   / logits")
+        for n in names:
+            m = mem[n]
+            ms = "n/a" if m is None else f"{m / 2**20:8.1f} MiB   {m / logit_bytes:7.1%}"
+            print(f"{n:22s} {times[n]:8.3f}   {times[n] / times['logsumexp']:8.2f}x   {ms}")
+        r = times["token_stats"] / times["logsumexp"]
+        _row(table, "token_stats time / logsumexp time", f"{r:.2f}x", "<= 1.2x", r <= 1.2)
+        if a.compile:
+            rc = times["token_stats_compiled"] / times["logsumexp"]
+            _row(table, "token_stats(compile) time / logsumexp", f"{rc:.2f}x", "<= 1.2x", rc <= 1.2)
+        if mem["token_stats"] is not None:
+            f = mem["token_stats"] / logit_bytes
+            _row(table, "token_stats extra peak / logits", f"{f:.1%}", "<= 5%", f <= 0.05)
+    if a.part in ("all", "hidden"):
+        htimes, hmem = measure_all(list(HIDDEN_METHODS), a)
+        print(f"\nhidden path: N={a.hidden_rows} tokens, D={a.dim}, V={a.vocab}, forward + backward of logp.sum()")
+        for n in HIDDEN_METHODS:
+            m = hmem[n]
+            ms = "n/a" if m is None else f"{m / 2**20:8.1f} MiB"
+            print(f"{n:22s} {htimes[n]:8.3f} s   extra peak {ms}")
+        if None not in hmem.values():
+            mr = hmem["materialised"] / max(hmem["fused"], 1)
+            _row(table, "materialised / fused extra peak", f"{mr:.2f}x", ">= 4x", mr >= 4)
+        tr = htimes["fused"] / htimes["materialised"]
+        _row(table, "fused time / materialised time", f"{tr:.2f}x", "<= 1.3x", tr <= 1.3)
+    err = accuracy_guard(a)
     if torch.cuda.is_available():
         table += gpu_figures(a)
     else:
         table.append(("GPU figures", "no CUDA device here", "", "n/a"))
-    print(f"\ntoken_stats vs float64 naive (16 rows): max abs err {err:.2e}")
+    print(f"\ntoken_stats vs float64 naive (16 rows): max abs err {err:.2e}; load average now "
+          f"{os.getloadavg()[0]:.2f}")
     print(f"\n{'measure':42s} {'measured':>12s} {'target':>10s}  result")
     for what, value, target, res in table:
         print(f"{what:42s} {value:>12s} {target:>10s}  {res}")

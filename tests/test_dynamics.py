@@ -193,6 +193,48 @@ def test_chunking_invariance_and_non_contiguous_input():
     assert torch.equal(c.s_centered, a.s_centered[:, :-1])
 
 
+def test_reused_chunk_buffers_leave_nothing_behind():
+    """token_stats and the fused path reuse one set of chunk buffers for every chunk (issue 15): a chunk of
+    extreme rows (masked -inf, +-1e4, a single finite entry) between ordinary ones, and a short last chunk,
+    give the same values as each row alone (fresh buffers), and the float64 reference's."""
+    g = torch.Generator().manual_seed(12)
+    logits = torch.randn(11, 257, generator=g) * 3
+    logits[3, ::2] = NEG_INF
+    logits[4, :5] = torch.tensor([1e4, -1e4, 0.0, 3.0, -1e4])
+    logits[5] = NEG_INF
+    logits[5, 7] = 2.0
+    logits[6] = -1e4
+    ids = torch.randint(0, 257, (11,), generator=g)
+    ids[3] = 1  # a masked sampled token
+    alone = [token_stats(logits[i : i + 1], ids[i : i + 1], 0.8) for i in range(11)]
+    for dtype in (torch.float32, torch.bfloat16):
+        z = logits.to(dtype)
+        ref = reference(z.double(), ids, 0.8)
+        for chunk in (2, 3, 4, 11):  # 11 rows: every chunk size leaves a short last chunk, or none
+            st_ = token_stats(z, ids, 0.8, chunk_size=chunk)
+            for name in ("entropy", "s_star", "s_expected", "s_centered"):
+                assert bool(torch.isfinite(getattr(st_, name)).all()), (dtype, chunk, name)
+            assert_close_to_reference(st_, ref, z, 0.8)
+            if dtype == torch.float32:
+                for name in ("entropy", "logp", "s_star", "s_expected", "s_centered"):
+                    one = torch.cat([getattr(a, name) for a in alone])
+                    assert torch.equal(getattr(st_, name), one), (chunk, name)
+    # the fused path through its reused buffers (4-token chunks, a short last one) against token_stats
+    hidden, weight = torch.randn(11, 16, generator=g), torch.randn(257, 16, generator=g) * 2
+    out = fused_logp(hidden, weight, ids, 0.8, chunk_size=4).stats
+    ts = token_stats(hidden @ weight.T, ids, 0.8)
+    for name in ("entropy", "logp", "s_star", "s_expected", "s_centered"):
+        assert torch.allclose(getattr(out, name), getattr(ts, name), atol=2e-5), name
+
+
+def test_fused_path_lives_in_fused_and_is_re_exported():
+    from entropy_rft import fused
+
+    assert dyn.fused_logp is fused.fused_logp and dyn.FusedOut is fused.FusedOut
+    with pytest.raises(AttributeError):
+        _ = dyn.no_such_name
+
+
 def test_default_chunk_keeps_temporaries_small():
     assert dyn.default_chunk_rows(1024, 151936) * 151936 * 4 <= 0.05 * 1024 * 151936 * 4 / 4
     assert dyn.default_chunk_rows(3, 10) == 3
@@ -465,6 +507,41 @@ def test_fused_matches_materialised_values_and_grads(dtype, tol, use_bias, tempe
     for name in ("entropy", "logp", "s_star", "s_expected", "s_centered"):
         assert torch.allclose(getattr(out.stats, name), getattr(ts, name), atol=2e-5), name
         assert not getattr(out.stats, name).requires_grad
+
+
+@pytest.mark.parametrize("chunk,vocab_chunk", [(3, 7), (5, 1), (100, 13), (4, 40)])
+def test_fused_tiles_over_the_vocabulary(chunk, vocab_chunk):
+    """The fused path sums the vocabulary block by block with an online max: any tiling gives the
+    materialised values and gradients (float64, 1e-10), also with masked (-inf bias) entries and a block that
+    is entirely masked for some rows, and its stats agree with token_stats."""
+    g = torch.Generator().manual_seed(13)
+    hidden = torch.randn(2, 7, 12, generator=g, dtype=torch.float64).requires_grad_()
+    weight = (torch.randn(40, 12, generator=g, dtype=torch.float64) * 2).requires_grad_()
+    bias = torch.randn(40, generator=g, dtype=torch.float64)
+    bias[:9] = NEG_INF  # the first vocab blocks are all -inf for every row
+    bias[20:23] = NEG_INF
+    bias.requires_grad_()
+    ids = torch.randint(9, 40, (2, 7), generator=g)
+    ids[0, 0] = 0  # a masked sampled token: log p = -inf
+    out = fused_logp(hidden, weight, ids, 0.7, bias=bias, chunk_size=chunk, vocab_chunk=vocab_chunk,
+                     with_entropy=True)
+    z_ref = hidden @ weight.T + bias
+    lp_all = torch.log_softmax(z_ref / 0.7, -1)
+    lp_ref = lp_all.gather(-1, ids.unsqueeze(-1)).squeeze(-1)
+    safe = torch.where(torch.isfinite(lp_all), lp_all, torch.zeros_like(lp_all))  # no nan in 0 * -inf
+    ent_ref = -(safe.exp() * safe * torch.isfinite(lp_all)).sum(-1)
+    assert float(out.logp.detach()[0, 0]) == NEG_INF
+    ok = torch.isfinite(lp_ref)
+    assert torch.allclose(out.logp[ok], lp_ref[ok], atol=1e-10, rtol=1e-10)
+    assert torch.allclose(out.entropy, ent_ref, atol=1e-10, rtol=1e-10)
+    wl = torch.randn(2, 7, generator=g, dtype=torch.float64) * ok
+    g_f = torch.autograd.grad((torch.where(ok, out.logp, 0) * wl).sum() + out.entropy.sum(), [hidden, weight])
+    g_r = torch.autograd.grad((torch.where(ok, lp_ref, 0) * wl).sum() + ent_ref.sum(), [hidden, weight])
+    for a, b in zip(g_f, g_r):
+        assert torch.allclose(a, b, atol=1e-10, rtol=1e-10), float((a - b).abs().max())
+    ts = token_stats(z_ref.detach(), ids, 0.7)
+    for name in ("entropy", "s_star", "s_expected", "s_centered"):
+        assert torch.allclose(getattr(out.stats, name), getattr(ts, name), atol=2e-6), name
 
 
 def test_fused_gradcheck_float64_and_no_entropy_mode():

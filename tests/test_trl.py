@@ -25,6 +25,8 @@ from entropy_rft.config import load_config  # noqa: E402
 from entropy_rft.errors import UserError  # noqa: E402
 from entropy_rft.forward import policy_forward  # noqa: E402
 from entropy_rft.integrations import trl as erft_trl  # noqa: E402
+from entropy_rft.integrations import window  # noqa: E402
+from entropy_rft.integrations.stats_forward import fused_policy_out  # noqa: E402
 from entropy_rft.loss import policy_loss, ppo_clipped_mask  # noqa: E402
 from entropy_rft.models import load_policy  # noqa: E402
 from entropy_rft.rollout import RolloutBatch  # noqa: E402
@@ -100,7 +102,7 @@ def test_stats_match_trl_fused_head_and_native_forward(policy_dir):
     am = torch.cat([torch.ones_like(prompt), cmask.long()], 1)
     temp = 0.7
     with torch.no_grad():
-        ours = erft_trl.fused_policy_out(model, ids, am, comp.shape[1], temp)
+        ours = fused_policy_out(model, ids, am, comp.shape[1], temp)
         rb = RolloutBatch(prompt, torch.ones_like(prompt, dtype=torch.bool), comp, cmask, [""] * len(comp))
         native = policy_forward(model, rb, temp)
         ref = copy.deepcopy(model)
@@ -130,7 +132,7 @@ def test_masks_and_loss_equal_native(policy_dir, tmp_path, method):
     # the integration's path: old-policy pass, global rollout masks, then _compute_loss (window of one)
     with torch.no_grad():
         old = trainer._policy_pass(model, ids, am, comp.shape[1], None, False)
-    gb = erft_trl.global_rollout_batch(trainer.method, old.stats, adv, cmask)
+    gb = window.global_rollout_batch(trainer.method, old.stats, adv, cmask)
     keep = cmask.clone() if gb.masks.keep is None else gb.masks.keep & cmask
     inputs = {"prompt_ids": prompt, "prompt_mask": torch.ones_like(prompt), "completion_ids": comp,
               "completion_mask": cmask.long(), "advantages": adv, "old_per_token_logps": old.logp.detach(),
@@ -186,7 +188,7 @@ def test_loss_scales_make_accumulation_equal_whole_batch(agg):
         adv = torch.randn(b, generator=g)
         parts.append((lp, old, mask, keep, adv))
     width = 9
-    scales = erft_trl.global_loss_scales([m & k for _, _, m, k, _ in parts], agg, width)
+    scales = window.global_loss_scales([m & k for _, _, m, k, _ in parts], agg, width)
     acc = sum(s * policy_loss(lp, old, adv, m, keep=k, agg=agg)[0] for s, (lp, old, m, k, adv) in zip(scales, parts))
 
     def pad(x, v):

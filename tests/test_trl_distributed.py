@@ -5,7 +5,7 @@ machine; the process group is the same one ``accelerate launch`` sets up: env://
 
 1. holds an uneven slice of one synthetic batch (different row counts and padded widths) and checks that
    ClipB/ClipV (with cap)/80-20 keep-masks, Clip-Cov's random pick and KL-Cov's top-k from
-   ``integrations.trl`` equal the single-process masks on the whole batch, that the per-rank computation
+   ``integrations.window`` equal the single-process masks on the whole batch, that the per-rank computation
    would differ (so the check can fail), and that the re-weighted micro-batch losses, summed over micro-
    batches and averaged over ranks as DDP does, equal the whole-batch loss;
 2. runs EntropyControlGRPOTrainer for two steps under the same process group and checks that the keep-mask
@@ -60,7 +60,7 @@ def synthetic(seed: int = 11):
 def check_synthetic(rank: int) -> None:
     from entropy_rft import control
     from entropy_rft.dynamics import TokenStats
-    from entropy_rft.integrations import trl as erft_trl
+    from entropy_rft.integrations import window
     from entropy_rft.integrations.dist import all_reduce_sum
     from entropy_rft.loss import policy_loss, ppo_clipped_mask
 
@@ -73,7 +73,7 @@ def check_synthetic(rank: int) -> None:
                          ("clip_v", {"mu": 0.3, "max_frac": 0.1, "advantage_sign": "any"}),
                          ("high_entropy", {"top_q": 0.3})):
         m = control.build_method(name, **params)
-        gb = erft_trl.global_rollout_batch(m, local, adv[sl], mask[sl, :w])
+        gb = window.global_rollout_batch(m, local, adv[sl], mask[sl, :w])
         got = gb.masks.keep[gb.rows, :w] & mask[sl, :w]
         want = m.rollout_masks(st, adv, mask).keep[sl, :w] & mask[sl, :w]
         assert torch.equal(got, want), (rank, name)
@@ -86,9 +86,9 @@ def check_synthetic(rank: int) -> None:
     kw = {"eps_low": 0.2, "eps_high": 0.2}
     for name, params in (("clip_cov", {"ratio": 0.2, "lb": -5.0, "ub": 5.0}), ("kl_cov", {"ratio": 0.15})):
         m = control.build_method(name, **params)
-        got = erft_trl.global_minibatch_masks(m, [st.logp[r, :w] for r in micro], [old[r, :w] for r in micro],
-                                              [adv[r] for r in micro], [mask[r, :w] for r in micro], kw,
-                                              torch.Generator().manual_seed(5))
+        got = window.global_minibatch_masks(m, [st.logp[r, :w] for r in micro], [old[r, :w] for r in micro],
+                                            [adv[r] for r in micro], [mask[r, :w] for r in micro], kw,
+                                            torch.Generator().manual_seed(5))
         clipped = ppo_clipped_mask(st.logp, old, adv, mask, 0.2, 0.2)
         want = m.minibatch_masks(st.logp, old, adv, mask, clipped=clipped, generator=torch.Generator().manual_seed(5))
         field = "zeroed" if name == "clip_cov" else "kl_cov_select"
@@ -99,7 +99,7 @@ def check_synthetic(rank: int) -> None:
     keep = torch.rand(12, 9, generator=torch.Generator().manual_seed(3)) < 0.85
     for agg in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"):
         counted = [mask[r, :w] & keep[r, :w] for r in micro]
-        scales = erft_trl.global_loss_scales(counted, agg, 9)
+        scales = window.global_loss_scales(counted, agg, 9)
         mine = sum(c * policy_loss(st.logp[r, :w], old[r, :w], adv[r], mask[r, :w], keep=keep[r, :w], agg=agg)[0]
                    for c, r in zip(scales, micro))
         total = all_reduce_sum(mine.detach().double().reshape(1)) / WORLD
@@ -115,17 +115,18 @@ def check_trainer(rank: int, policy_dir: str, tmp: str) -> None:
     from entropy_rft import control
     from entropy_rft.dynamics import TokenStats
     from entropy_rft.integrations import trl as erft_trl
+    from entropy_rft.integrations import window
     from entropy_rft.models import load_policy
 
     record = []
-    original = erft_trl.global_rollout_batch
+    original = window.global_rollout_batch
 
     def recording(method, stats, adv, mask):
         gb = original(method, stats, adv, mask)
         record.append((stats, adv, mask, gb))
         return gb
 
-    erft_trl.global_rollout_batch = recording
+    window.global_rollout_batch = recording
     model, tok = load_policy(policy_dir)
     args = GRPOConfig(output_dir=os.path.join(tmp, "trl"), use_cpu=True, bf16=False, per_device_train_batch_size=4,
                       num_generations=4, max_completion_length=5, max_steps=2, report_to=[], save_strategy="no",

@@ -19,6 +19,7 @@ from entropy_rft.commands import compare, experiment, fit_law, methods, probe, r
 from entropy_rft.commands import eval as eval_cmd
 from entropy_rft.commands import filter as filter_cmd
 from entropy_rft.errors import UserError
+from entropy_rft.threads import prefer_passive_wait
 
 # Subcommand modules, in the order ``erft --help`` lists them.
 COMMANDS = (train, eval_cmd, compare, report, probe, filter_cmd, fit_law, experiment, methods)
@@ -108,6 +109,9 @@ def main(argv: list[str] | None = None) -> int:
     # Our own progress bars speak for long work; the hub's per-file bars are noise here.
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # Idle OpenMP threads sleep instead of spinning, so two busy processes on shared cores do not collapse
+    # (benchmarks/threads.py); read once when torch loads, so it is set before any command imports torch.
+    prefer_passive_wait()
     parser = build_parser()
     args = parser.parse_args(argv)
     debug = debug_enabled(bool(getattr(args, "debug", False)))

@@ -115,6 +115,8 @@ class EvalConfig:
     prompts: int = _f(256, "Validation prompts.")
     samples: int = _f(8, "Samples per validation prompt (K of Pass@K).")
     temperature: float = _f(1.0, "Evaluation sampling temperature (Paper A: 0.7 on math benchmarks).")
+    batch_size: int = _f(512, "Sequences sampled together in an evaluation; the progress bar moves after each "
+                         "batch (smaller: more often, less memory).")
 
 
 @dataclass
@@ -161,7 +163,9 @@ class TrainConfig:
     tensorboard: bool = _f(True, "Write TensorBoard events to <out>/tb.")
     wandb: bool = _f(False, "Also log to Weights & Biases (needs `pip install wandb`).")
     progress: bool = _f(True, "Show a progress bar.")
-    threads: int = _f(0, "torch.set_num_threads on CPU; 0 keeps torch's default.")
+    threads: int = _f(0, "CPU threads for torch; 0: automatic (entropy_rft.threads.choose_threads: 1 thread "
+                      "for models under 50M parameters, which also avoids OpenMP's collapse when the cores are "
+                      "shared with other busy processes; else the cores, at most 8).")
 
 
 @dataclass
@@ -178,6 +182,8 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     engine: str = _f("native", "Training engine: 'native' (our single-process trainer) or 'trl' (TRL's "
                      "GRPOTrainer with our methods; GRPO / Dr.GRPO only).")
+    tuned_for: str = _f("", "The model this config's settings (token budget, learning rate, method presets) were "
+                        "tuned for; a run of another model warns that it inherits them. Empty: no check.")
 
     def method_params(self) -> dict:
         """The selected method's parameters: the config's preset for it, then explicit params."""
@@ -285,8 +291,26 @@ def config_to_dict(cfg: Config) -> dict:
     return dataclasses.asdict(cfg)
 
 
-def default_config_path() -> Path:
-    return Path(str(resources.files("entropy_rft") / "configs" / "default.yaml"))
+def default_config_path(model: str | None = None) -> Path:
+    """The built-in config: the model's own for a built-in model that has one (``smollm2-135m``), else the
+    default policy's (``configs/default.yaml``)."""
+    base = resources.files("entropy_rft") / "configs"
+    if model and (base / f"{model}.yaml").is_file():
+        return Path(str(base / f"{model}.yaml"))
+    return Path(str(base / "default.yaml"))
+
+
+def _requested_model(overrides: list[str], extra: dict | None) -> str | None:
+    """The model a command line asks for (``--model`` or ``--set model.name=``), read before any config."""
+    name = None
+    for item in overrides:
+        path, value = parse_override(item)
+        if path == ["model", "name"] or (path == ["model"] and isinstance(value, dict) and "name" in value):
+            name = value if path == ["model", "name"] else value["name"]
+    model = (extra or {}).get("model")
+    if isinstance(model, dict) and model.get("name"):
+        name = model["name"]
+    return name if isinstance(name, str) else None
 
 
 def load_yaml(path: str | Path) -> dict:
@@ -371,9 +395,12 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
                 extra: dict | None = None, *, check_method: bool = True) -> Config:
-    """Load the built-in default (or ``path``), apply ``--set`` overrides, then ``extra`` (the dedicated CLI
-    flags such as ``--method``, which win), and validate (``check_method``: see :func:`config_from_dict`)."""
-    data = load_yaml(path if path is not None else default_config_path())
+    """Load ``path`` (or the built-in config: the requested model's own, see :func:`default_config_path`), apply
+    ``--set`` overrides, then ``extra`` (the dedicated CLI flags such as ``--method``, which win), and validate
+    (``check_method``: see :func:`config_from_dict`)."""
+    if path is None:
+        path = default_config_path(_requested_model(overrides or [], extra))
+    data = load_yaml(path)
     data = apply_overrides(data, overrides or [])
     if extra:
         data = deep_merge(data, extra)
@@ -464,9 +491,10 @@ def validate(cfg: Config, *, check_method: bool = True) -> None:
     _check(t.keep_checkpoints >= 1, "train.keep_checkpoints", f"must be >= 1, got {t.keep_checkpoints}")
     _check(t.samples_every >= 0, "train.samples_every", f"must be >= 0, got {t.samples_every}")
     _check(0 <= t.seed <= MAX_SEED, "train.seed", f"must be in 0..{MAX_SEED}, got {t.seed}")
-    _check(t.threads >= 0, "train.threads", f"must be >= 0 (0 keeps torch's default), got {t.threads}")
+    _check(t.threads >= 0, "train.threads", f"must be >= 0 (0: automatic, see train.threads), got {t.threads}")
     _check(e.every >= 0, "eval.every", f"must be >= 0, got {e.every}")
     _check(e.prompts >= 1 and e.samples >= 1, "eval.prompts", "and eval.samples must be >= 1")
+    _check(e.batch_size >= e.samples, "eval.batch_size", f"must be >= eval.samples ({e.samples}), got {e.batch_size}")
     _check(e.temperature > 0, "eval.temperature", f"must be > 0, got {e.temperature}")
     _check(cfg.model.dtype in ("float32", "bfloat16", "float16"), "model.dtype",
            f"must be float32, bfloat16 or float16; got {cfg.model.dtype!r}")

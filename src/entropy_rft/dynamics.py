@@ -27,22 +27,22 @@ the exact float64 check of both theorems in ``exact_entropy_change``.
 
 All statistics are float32 whatever the input dtype, with the temperature applied as sampling applies it
 (``z / T``). Statistics that need the whole vocabulary are computed in one pass over chunks of rows; the
-full ``[tokens, V]`` float32 softmax is never materialised. ``fused_logp`` goes one step further and never
-materialises the logits at all: it works from the hidden states and the LM-head weight.
+full ``[tokens, V]`` float32 softmax is never materialised. ``entropy_rft.fused.fused_logp`` goes one step
+further and never materialises the logits at all: it works from the hidden states and the LM-head weight
+(re-exported here as ``dynamics.fused_logp`` and ``dynamics.FusedOut``).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal, NamedTuple
+from typing import Literal
 
 import torch
 from torch import Tensor
 
 __all__ = [
     "FirstOrderChange",
-    "FusedOut",
     "TokenStats",
     "batch_predicted_entropy_change",
     "cov_advantage_s_centered",
@@ -50,7 +50,6 @@ __all__ = [
     "default_chunk_rows",
     "exact_entropy_change",
     "first_order_entropy_change",
-    "fused_logp",
     "masked_cov",
     "off_policy_factor",
     "predicted_entropy_change",
@@ -84,20 +83,6 @@ class TokenStats:
     s_star: Tensor
     s_expected: Tensor
     s_centered: Tensor
-
-
-class FusedOut(NamedTuple):
-    """What ``fused_logp`` returns.
-
-    logp:    log p_k of the sampled tokens, shape ``[...]``, with grad w.r.t. hidden, weight (and bias);
-             float32 (float64 for float64 inputs).
-    entropy: H with grad, shape ``[...]`` when ``with_entropy=True`` (for an entropy bonus), else None.
-    stats:   TokenStats of the same positions, float32, no grad.
-    """
-
-    logp: Tensor
-    entropy: Tensor | None
-    stats: TokenStats
 
 
 # --------------------------------------------------------------------------------------------- validation
@@ -179,33 +164,40 @@ def _stats_from_moments(y_k: Tensor, s0: Tensor, s1: Tensor, s2: Tensor, s3: Ten
     return logp, entropy, s_star, s_expected, log_s0
 
 
-def _rows_stats(y: Tensor, ids: Tensor) -> tuple[Tensor, ...]:
+def _rows_stats(y: Tensor, ids: Tensor, scratch: Tensor | None = None) -> tuple[Tensor, ...]:
     """Statistics of rows of scaled logits ``y`` [r, V] (a scratch buffer; it is modified in place).
 
     With m = max_i y_i, e_i = exp(y_i - m), S0 = sum e, ybar = sum p (y - m) (so that p_i = e_i / S0):
       log p_i = (y_i - m) - log S0                  H = log S0 - ybar
       S_i = p_i (H + log p_i) = p_i (y_i - m - ybar)
       E_p[S] = sum p_i^2 (y_i - m - ybar) = (sum e^2 (y - m) - ybar sum e^2) / S0^2     (Thm 3.3)
+    scratch: [3, r, V] buffers in y's dtype for the temporaries (callers reuse one across chunks: fresh
+    chunk-sized temporaries are mmapped and page-faulted on every chunk by glibc's default malloc).
     Returns (logp, entropy, s_star, s_expected, lse), each [r], in y's dtype.
     """
     m = y.amax(dim=-1, keepdim=True)
     _check_rows_finite(m)
     y.sub_(m)  # y <- y - m <= 0 ; masked entries stay -inf
     y_k = y.gather(-1, ids.unsqueeze(-1)).squeeze(-1)
-    e = torch.exp(y)
+    logp, entropy, s_star, s_expected, log_s0 = _stats_from_moments(y_k, *_moments(y, scratch))
+    return logp, entropy, s_star, s_expected, m.squeeze(-1) + log_s0
+
+
+def _moments(y: Tensor, scratch: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Row sums S0 = sum e, S1 = sum e y, S2 = sum e^2, S3 = sum e^2 y of e = exp(y), for shifted logits y
+    [r, V] (<= 0; -inf entries are clamped in place to a finite floor if they turn up in a product)."""
+    e, ey, tmp = torch.empty((3, *y.shape), dtype=y.dtype, device=y.device) if scratch is None else scratch
+    torch.exp(y, out=e)
     s0 = e.sum(-1)
-    ey = e * y
-    s1 = ey.sum(-1)
-    s2 = (e * e).sum(-1)
-    s3 = (ey * e).sum(-1)
+    s1 = torch.mul(e, y, out=ey).sum(-1)
+    s2 = torch.mul(e, e, out=tmp).sum(-1)
+    s3 = torch.mul(ey, e, out=tmp).sum(-1)
     if not bool(torch.isfinite(s1).all()):
         # -inf entries give 0 * -inf = nan: they carry no mass, so clamp them to a finite floor and redo.
         y.clamp_(min=torch.finfo(y.dtype).min)
-        ey = torch.mul(e, y, out=ey)
-        s1 = ey.sum(-1)
-        s3 = (ey * e).sum(-1)
-    logp, entropy, s_star, s_expected, log_s0 = _stats_from_moments(y_k, s0, s1, s2, s3)
-    return logp, entropy, s_star, s_expected, m.squeeze(-1) + log_s0
+        s1 = torch.mul(e, y, out=ey).sum(-1)
+        s3 = torch.mul(ey, e, out=tmp).sum(-1)
+    return s0, s1, s2, s3
 
 
 def _stats_kernel(y: Tensor, ids: Tensor) -> tuple[Tensor, ...]:
@@ -269,13 +261,14 @@ def token_stats(
         chunk = int(chunk_size)
     outs = [torch.empty(rows, dtype=torch.float32, device=logits.device) for _ in range(4)]
     kernel = _compiled_kernel("inductor" if compile is True else str(compile)) if compile else None
-    buf = torch.empty(max(1, min(chunk, rows)), vocab, dtype=torch.float32, device=logits.device)
+    # one set of chunk buffers for the whole pass (the scaled logits and 3 temporaries), reused by every chunk
+    bufs = torch.empty(4, max(1, min(chunk, rows)), vocab, dtype=torch.float32, device=logits.device)
     offset = 0
     for block in _row_blocks(logits):
         for start in range(0, block.shape[0], chunk):
             zc = block[start : start + chunk]
             r = zc.shape[0]
-            y = buf[:r]
+            y = bufs[0, :r]
             if t == 1.0:
                 y.copy_(zc)
             elif zc.dtype == torch.float32:
@@ -284,7 +277,7 @@ def token_stats(
                 y.copy_(zc).div_(t)
             sl = slice(offset + start, offset + start + r)
             if kernel is None:
-                res = _rows_stats(y, ids[sl])
+                res = _rows_stats(y, ids[sl], bufs[1:, :r])
             else:
                 _check_rows_finite(y.amax(-1))
                 res = kernel(y, ids[sl])
@@ -474,147 +467,11 @@ def exact_entropy_change(
     return h1 - h0, pred
 
 
-# -------------------------------------------------------------------------------- fused hidden-state path
+def __getattr__(name: str):
+    """``dynamics.fused_logp`` and ``dynamics.FusedOut`` live in ``entropy_rft.fused`` (imported lazily: it
+    imports this module)."""
+    if name in ("fused_logp", "FusedOut"):
+        from entropy_rft import fused
 
-
-def _chunk_logits(h: Tensor, weight: Tensor, bias: Tensor | None, t: float, cd: torch.dtype) -> Tensor:
-    z = h @ weight.T
-    if bias is not None:
-        z = z + bias
-    z = z.to(cd)  # z is a fresh tensor here, so the in-place ops below are safe
-    return z.div_(t) if t != 1.0 else z
-
-
-class _FusedLogp(torch.autograd.Function):
-    """log p_k (and H) from hidden states and the LM head, in token chunks, recomputing logits in backward.
-
-    Gradients (z = (h W^T + b) / T, p = softmax(z)):
-      d log p_k / dz = e_k - p;   dH / dz_i = -p_i (log p_i + H) = -S_i   (the entropy discriminator).
-    """
-
-    @staticmethod
-    def forward(ctx, hidden, weight, bias, ids, temperature, chunk, cd):  # type: ignore[override]
-        n = hidden.shape[0]
-        dev = hidden.device
-        logp = torch.empty(n, dtype=cd, device=dev)
-        ent = torch.empty(n, dtype=cd, device=dev)
-        lse = torch.empty(n, dtype=cd, device=dev)
-        s_star = torch.empty(n, dtype=torch.float32, device=dev)
-        s_exp = torch.empty(n, dtype=torch.float32, device=dev)
-        with torch.no_grad():
-            for s in range(0, n, chunk):
-                z = _chunk_logits(hidden[s : s + chunk], weight, bias, temperature, cd)
-                lp, h_, ss, se, ls = _rows_stats(z, ids[s : s + chunk])
-                logp[s : s + chunk], ent[s : s + chunk], lse[s : s + chunk] = lp, h_, ls
-                s_star[s : s + chunk], s_exp[s : s + chunk] = ss, se
-        ctx.save_for_backward(hidden, weight, bias, ids, lse, ent)
-        ctx.temperature, ctx.chunk, ctx.cd = temperature, chunk, cd
-        ctx.mark_non_differentiable(s_star, s_exp)
-        return logp, ent, s_star, s_exp
-
-    @staticmethod
-    def backward(ctx, g_logp, g_ent, _g1, _g2):  # type: ignore[override]
-        hidden, weight, bias, ids, lse, ent = ctx.saved_tensors
-        t, chunk, cd = ctx.temperature, ctx.chunk, ctx.cd
-        need_h, need_w, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.needs_input_grad[2]
-        grad_h = torch.empty_like(hidden) if need_h else None
-        acc = torch.float64 if weight.dtype == torch.float64 else torch.float32
-        grad_w = torch.zeros(weight.shape, dtype=acc, device=weight.device) if need_w else None
-        grad_b = torch.zeros(weight.shape[0], dtype=acc, device=weight.device) if need_b else None
-        n = hidden.shape[0]
-        for s in range(0, n, chunk):
-            sl = slice(s, s + chunk)
-            hc = hidden[sl]
-            with torch.no_grad():
-                z = _chunk_logits(hc, weight, bias, t, cd)
-                logp_all = z.sub_(lse[sl].unsqueeze(-1))  # log p, in place
-                p = torch.exp(logp_all)
-                g = None
-                if g_logp is not None:
-                    gl = g_logp[sl].to(cd).unsqueeze(-1)
-                    g = p * (-gl)
-                    g.scatter_add_(-1, ids[sl].unsqueeze(-1), gl)
-                if g_ent is not None:
-                    # dH/dz_i = -p_i (log p_i + H) = -S_i
-                    term = logp_all.add_(ent[sl].unsqueeze(-1)).mul_(p).mul_(-g_ent[sl].to(cd).unsqueeze(-1))
-                    g = term if g is None else g.add_(term)
-                if g is None:
-                    g = torch.zeros_like(p)
-                if t != 1.0:
-                    g.div_(t)
-                if need_h:
-                    grad_h[sl] = (g.to(weight.dtype) @ weight).to(hidden.dtype)
-                if need_w:
-                    grad_w.addmm_(g.T.to(acc), hc.to(acc))
-                if need_b:
-                    grad_b.add_(g.sum(0).to(acc))
-        gw = grad_w.to(weight.dtype) if need_w else None
-        gb = grad_b.to(bias.dtype) if need_b else None
-        return grad_h, gw, gb, None, None, None, None
-
-
-def fused_logp(
-    hidden: Tensor,
-    weight: Tensor,
-    token_ids: Tensor,
-    temperature: float = 1.0,
-    *,
-    bias: Tensor | None = None,
-    chunk_size: int | None = None,
-    with_entropy: bool = False,
-) -> FusedOut:
-    """Sampled-token log-probs with grad, from hidden states and the LM-head weight, without the full logits.
-
-    hidden: [..., D] (any leading dims); weight: [V, D] (``model.get_output_embeddings().weight``);
-    token_ids: [...] matching ``hidden.shape[:-1]``; bias: optional [V].
-    The logits z = (hidden @ weight.T + bias) / temperature are formed ``chunk_size`` tokens at a time
-    (default: about 2^22 logits per chunk), in the input dtype for the matmul and float32 (float64 for
-    float64 inputs) after it, exactly as the materialised ``log_softmax(logits.float() / T)`` path; backward
-    recomputes each chunk's logits (as fused linear-cross-entropy kernels do), so peak memory is O(chunk V)
-    rather than O(N V). Returns ``FusedOut(logp, entropy, stats)``:
-    logp [...] with grad; entropy [...] with grad if ``with_entropy`` else None; stats a float32 TokenStats
-    without grad. Gradients: d log p_k/dz = e_k - p; dH/dz = -S (Lemma 3.1).
-    """
-    if not isinstance(hidden, Tensor) or not hidden.is_floating_point():
-        raise ValueError(f"hidden must be a floating-point tensor of shape [..., D], got {type(hidden).__name__}")
-    if not isinstance(weight, Tensor) or weight.dim() != 2 or not weight.is_floating_point():
-        raise ValueError("weight must be a floating-point [V, D] tensor (the LM-head weight)")
-    if hidden.dim() < 1 or hidden.shape[-1] != weight.shape[1]:
-        raise ValueError(
-            f"hidden must have shape [..., {weight.shape[1]}] to match weight [V, D]={tuple(weight.shape)}, "
-            f"got {tuple(hidden.shape)}"
-        )
-    vocab, dim = weight.shape
-    if bias is not None and tuple(bias.shape) != (vocab,):
-        raise ValueError(f"bias must have shape ({vocab},), got {tuple(bias.shape)}")
-    if not isinstance(token_ids, Tensor) or token_ids.is_floating_point():
-        raise ValueError(f"token_ids must be an integer tensor of shape {tuple(hidden.shape[:-1])}")
-    if tuple(token_ids.shape) != tuple(hidden.shape[:-1]):
-        raise ValueError(
-            f"token_ids must have shape {tuple(hidden.shape[:-1])} (hidden without D), got {tuple(token_ids.shape)}"
-        )
-    _check_ids_range(token_ids, vocab)
-    t = _check_temperature(temperature)
-    if chunk_size is None:
-        budget = _GPU_CHUNK_ELEMS // 4 if hidden.device.type != "cpu" else 1 << 22
-        chunk = max(1, budget // vocab)
-    elif int(chunk_size) < 1:
-        raise ValueError(f"chunk_size must be a positive number of tokens, got {chunk_size!r}")
-    else:
-        chunk = int(chunk_size)
-    cd = torch.float64 if hidden.dtype == torch.float64 else torch.float32
-    batch_shape = hidden.shape[:-1]
-    h2 = hidden.reshape(-1, dim)
-    ids = token_ids.reshape(-1).to(device=hidden.device, dtype=torch.long)
-    logp, ent, s_star, s_exp = _FusedLogp.apply(h2, weight, bias, ids, t, chunk, cd)
-    stats_ent = ent.detach().to(torch.float32).reshape(batch_shape)
-    s_star = s_star.reshape(batch_shape)
-    s_exp = s_exp.reshape(batch_shape)
-    stats = TokenStats(
-        entropy=stats_ent,
-        logp=logp.detach().to(torch.float32).reshape(batch_shape),
-        s_star=s_star,
-        s_expected=s_exp,
-        s_centered=s_star - s_exp,
-    )
-    return FusedOut(logp.reshape(batch_shape), ent.reshape(batch_shape) if with_entropy else None, stats)
+        return getattr(fused, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -97,12 +97,14 @@ def summarize(correct: Sequence[Sequence[float]], answers: Sequence[Sequence[str
 @torch.no_grad()
 def evaluate_policy(model, tokenizer, task, examples: Sequence, *, n_samples: int, temperature: float,
                     max_new_tokens: int, generator: torch.Generator | None = None, batch_size: int = 512,
-                    prefix: str = "eval/") -> dict[str, Any]:
+                    prefix: str = "eval/", on_progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
     """Sample ``n_samples`` responses per example (KV-cache sampler; ``temperature == 0`` is greedy), score them
     with the task's verifier and summarise: Avg@K, Pass@1/K, Maj@K, distinct correct answers, the pass-rate
     histogram, the mean token entropy of the sampling distribution (EOS included) and the response length.
 
     Returns the figures (slash names with ``prefix``) plus ``{prefix}samples``: a few (prompt, response, reward).
+    ``on_progress(done, total)`` is called with the prompts evaluated so far, before the first batch and after
+    each (``batch_size // n_samples`` prompts at a time).
     """
     from entropy_rft.forward import policy_forward
     from entropy_rft.rollout import sample
@@ -115,6 +117,8 @@ def evaluate_policy(model, tokenizer, task, examples: Sequence, *, n_samples: in
     answers: list[list[str | None]] = []
     ent_sum, n_tok, shown = 0.0, 0, []
     for i in range(0, len(examples), per_chunk):
+        if on_progress is not None:
+            on_progress(i, len(examples))
         part = examples[i : i + per_chunk]
         prompts = [ex.prompt for ex in part for _ in range(n_samples)]
         rb = sample(model, tokenizer, prompts, max_new_tokens=max_new_tokens, temperature=temperature,
@@ -129,6 +133,8 @@ def evaluate_policy(model, tokenizer, task, examples: Sequence, *, n_samples: in
             answers.append([task.canonical(r, ex) for r in resp])
             if len(shown) < 8:
                 shown.append({"prompt": ex.prompt, "response": resp[0], "reward": correct[-1][0]})
+    if on_progress is not None:
+        on_progress(len(examples), len(examples))
     out: dict[str, Any] = summarize(correct, answers, prefix=prefix)
     out[f"{prefix}entropy"] = ent_sum / max(1, n_tok)
     out[f"{prefix}response_tokens"] = n_tok / (len(examples) * n_samples)

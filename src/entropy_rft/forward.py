@@ -17,8 +17,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from entropy_rft.dynamics import TokenStats, fused_logp, token_stats
+from entropy_rft.dynamics import TokenStats, token_stats
 from entropy_rft.fast_llama import decoder_hidden, is_prefix_mask, response_hidden, unsupported_reason
+from entropy_rft.fused import fused_logp
 from entropy_rft.rollout import RolloutBatch, position_ids
 
 # Config attributes that make logits differ from hidden @ W.T; such models use the materialised path.

@@ -7,7 +7,7 @@ from typing import Any
 
 import yaml
 
-from entropy_rft import rundir
+from entropy_rft import checkpoints, rundir
 from entropy_rft.config import Config, config_to_dict
 from entropy_rft.errors import UserError
 
@@ -59,8 +59,8 @@ def start(cfg: Config, out: str | Path, *, overwrite: bool = False) -> dict[str,
 
 def held_steps(out: Path) -> int:
     """The steps a run directory already holds: its newest checkpoint's, or the finished run's."""
-    ckpt = rundir.latest_checkpoint(out)
-    held = rundir.checkpoint_step(ckpt) if ckpt is not None else 0
+    ckpt = checkpoints.latest_checkpoint(out)
+    held = checkpoints.checkpoint_step(ckpt) if ckpt is not None else 0
     status = rundir.read_status(out)
     if status.get("status") == "finished" and isinstance(status.get("step"), int):
         held = max(held, status["step"])
@@ -77,9 +77,9 @@ def resume(out: str | Path, *, max_steps: int | None = None) -> dict[str, Any]:
     if not out.is_dir():
         raise UserError(f"--resume {out}: no such run directory")
     if not _is_main_process():
-        return _train(rundir.load_run_config(out), out, resume=True)
+        return _train(checkpoints.load_run_config(out), out, resume=True)
     with rundir.RunLock(out):
-        cfg = rundir.load_run_config(out)
+        cfg = checkpoints.load_run_config(out)
         if max_steps is not None and max_steps != cfg.train.max_steps:
             if max_steps < 1:
                 raise UserError(f"--max-steps must be >= 1, got {max_steps}")

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from entropy_rft.errors import UserError
+from entropy_rft.rundir import warn
 
 # Virtual file systems: nothing a run writes belongs there.
 VIRTUAL_ROOTS = ("/proc", "/sys", "/dev")
@@ -59,10 +60,12 @@ def check_train(cfg: Any, out: str | os.PathLike | None) -> None:
     if out is not None:
         check_out(out)
     check_device(cfg.model.device, "config field 'model.device'", "--set model.device=cpu")
-    check_task(cfg.task.name, cfg.task.params)
+    response_tokens = check_task(cfg.task.name, cfg.task.params)
     check_optional_packages(cfg)
     check_model(cfg.model.name)
     validate_method(cfg)  # imports torch: after the cheap checks
+    for line in settings_warnings(cfg, response_tokens):
+        warn(line)
 
 
 # ----------------------------------------------------------------------------- the output folder
@@ -188,9 +191,15 @@ def check_device(device: str, what: str = "config field 'model.device'", fix: st
     _passed.add(("device", device))
 
 
+def check_min(flag: str, value: float | None, low: float) -> None:
+    """Refuse a numeric option below ``low`` in one line (None, an option not given, passes)."""
+    if value is not None and value < low:
+        raise UserError(f"{flag} must be >= {low}, got {value}")
+
+
 def check_threads(threads: int, flag: str = "--threads") -> None:
     if threads < 0:
-        raise UserError(f"{flag} must be >= 0 (0 keeps torch's default), got {threads}")
+        raise UserError(f"{flag} must be >= 0 (0: automatic), got {threads}")
 
 
 # ----------------------------------------------------------------------------- task
@@ -202,11 +211,7 @@ _UNEXPECTED_KW = re.compile(r"(?P<func>[\w.<>]+)\(\) got an unexpected keyword a
 def _task_factory(name: str) -> Callable[..., Any]:
     from entropy_rft import tasks
 
-    registry = getattr(tasks, "_REGISTRY", {})
-    entry = registry.get(name)
-    if entry is None:
-        return tasks._import_path(name)  # ValueError naming the module or attribute
-    return tasks._import_path(entry) if isinstance(entry, str) else entry
+    return tasks.task_factory(name)  # ValueError naming the module, attribute or dataset
 
 
 def _accepted_params(factory: Callable[..., Any], func_qualname: str | None) -> list[str] | None:
@@ -273,14 +278,39 @@ def _which(params: dict, message: str, params_flag: str) -> str:
     return f" (given {params_flag}: {text if len(text) <= 120 else text[:117] + '...'})"
 
 
-def check_task(name: str, params: dict | None = None) -> None:
-    """The task of a training config can be built (see :func:`build_task`); built once per (name, params)."""
+_response_budget: dict[tuple, int] = {}
+
+
+def check_task(name: str, params: dict | None = None) -> int:
+    """The task of a training config can be built (see :func:`build_task`); built once per (name, params).
+    Returns the task's ``max_response_tokens`` (the longest response its answers need)."""
     key = ("task", name, repr(sorted(dict(params or {}).items(), key=lambda kv: str(kv[0]))),
            _stamp(_files_in(params or {})))
-    if key in _passed:
-        return
-    build_task(name, params)
-    _passed.add(key)
+    if key not in _response_budget:
+        _response_budget[key] = int(getattr(build_task(name, params), "max_response_tokens", 0) or 0)
+    return _response_budget[key]
+
+
+def settings_warnings(cfg: Any, response_tokens: int) -> list[str]:
+    """Settings a run inherits without fitting it (one line each; the run goes on):
+
+    - a config tuned for another model (``tuned_for``): its token budget, learning rate and method presets
+      were chosen for that model;
+    - ``rollout.max_new_tokens`` under half of what the task's answers need (``response_tokens``): most
+      responses would be cut off before their answer.
+    """
+    out = []
+    if cfg.tuned_for and cfg.tuned_for != cfg.model.name:
+        preset = cfg.method.presets.get(cfg.method.name)
+        what = f"; method preset {cfg.method.name} {preset}" if preset else ""
+        out.append(f"model '{cfg.model.name}' runs with settings tuned for model '{cfg.tuned_for}' "
+                   f"(rollout.max_new_tokens {cfg.rollout.max_new_tokens}, optim.lr {cfg.optim.lr:g}{what}); "
+                   "pass a --config made for this model, or set tuned_for to it once the settings fit")
+    if response_tokens and cfg.rollout.max_new_tokens < response_tokens / 2:
+        out.append(f"rollout.max_new_tokens {cfg.rollout.max_new_tokens} is far below the {response_tokens} "
+                   f"tokens task '{cfg.task.name}' allows for an answer; most responses will be cut off before "
+                   "it (raise rollout.max_new_tokens)")
+    return out
 
 
 def build_task(name: str, params: dict | None = None, *, flag: str = "--task / config field 'task.name'",
@@ -294,7 +324,8 @@ def build_task(name: str, params: dict | None = None, *, flag: str = "--task / c
     if not isinstance(name, str) or not name.strip():
         raise UserError(f"{flag} is empty; known tasks: {known} (or 'package.module:ClassName')")
     if name not in tasks.available_tasks() and ":" not in name:
-        raise UserError(f"unknown task {name!r} ({flag}); known tasks: {known} (or 'package.module:ClassName')")
+        raise UserError(f"unknown task {name!r} ({flag}); known tasks: {known}, rg:<reasoning-gym dataset> "
+                        "(or 'package.module:ClassName')")
     try:
         factory = _task_factory(name)
     except ValueError as e:

@@ -1,4 +1,6 @@
-"""The run directory: atomic files, append-only JSONL logs, checkpoints. Nothing is ever half-written.
+"""The run directory: atomic files, append-only JSONL logs, status, lock. Nothing is ever half-written.
+
+Checkpoints and the recorded config live in :mod:`entropy_rft.checkpoints`.
 
 Layout of ``--out DIR``::
 
@@ -25,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 
 from entropy_rft.errors import UserError
 
@@ -33,7 +34,7 @@ CHECKPOINTS = "checkpoints"
 LOGS = ("metrics.jsonl", "samples.jsonl", "token_records.jsonl")
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:
@@ -60,7 +61,7 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:
@@ -225,6 +226,12 @@ def log_gaps(path: str | Path, first: int, last: int) -> list[int]:
     if p.exists():
         have = {_step(rec) for _n, _t, rec in _parse_lines(p)[0] if rec is not None}
     return [s for s in range(first, last + 1) if s not in have]
+
+
+def truncate_logs(out: str | Path, step: int) -> None:
+    """Prepare every log for a resume from ``step`` (see :func:`truncate_jsonl`)."""
+    for name in LOGS:
+        truncate_jsonl(Path(out) / name, step)
 
 
 # ----------------------------------------------------------------------------- the run's logs
@@ -425,191 +432,3 @@ class RunLock:
     def __exit__(self, *exc: object) -> None:
         self.release()
 
-
-# ----------------------------------------------------------------------------- checkpoints
-
-MANIFEST = "manifest.json"
-
-
-class CheckpointError(UserError):
-    """A checkpoint that fails its manifest or does not load."""
-
-
-def _sha256(path: Path) -> str:
-    import hashlib
-
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def checkpoint_dirs(out: str | Path) -> list[Path]:
-    """Complete checkpoints (a manifest, or the ``DONE`` marker of older versions), oldest first; temp folders
-    of an interrupted write are ignored. Completeness is not integrity: :func:`verify_checkpoint` checks it."""
-    d = Path(out) / CHECKPOINTS
-    if not d.is_dir():
-        return []
-    dirs = [p for p in d.iterdir() if p.is_dir() and p.name.startswith("step_") and p.name[5:].isdigit()
-            and ((p / MANIFEST).exists() or (p / "DONE").exists())]
-    return sorted(dirs, key=lambda p: int(p.name.split("_")[1]))
-
-
-def checkpoint_step(path: str | Path) -> int:
-    return int(Path(path).name.split("_")[1])
-
-
-def latest_checkpoint(out: str | Path) -> Path | None:
-    dirs = checkpoint_dirs(out)
-    return dirs[-1] if dirs else None
-
-
-def save_checkpoint(out: str | Path, step: int, state: dict[str, Any], keep: int,
-                    extra_files: dict[str, bytes] | None = None) -> Path:
-    """Write ``state`` (name -> torch-serialisable object) as ``checkpoints/step_N`` atomically.
-
-    Each entry is ``torch.save``d to its own file in a temp folder (``extra_files`` are written as they are),
-    then ``manifest.json`` (each file's size and SHA-256) is written last; the folder is then renamed into
-    place. Older checkpoints beyond ``keep`` are removed.
-    """
-    root = Path(out) / CHECKPOINTS
-    root.mkdir(parents=True, exist_ok=True)
-    final = root / f"step_{step:06d}"
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp_step_{step:06d}_", dir=root))
-    try:
-        files = {}
-        for name, obj in state.items():
-            with open(tmp / f"{name}.pt", "wb") as f:
-                torch.save(obj, f)
-                f.flush()
-                os.fsync(f.fileno())
-            files[f"{name}.pt"] = tmp / f"{name}.pt"
-        for name, data in (extra_files or {}).items():
-            atomic_write_bytes(tmp / name, data)
-            files[name] = tmp / name
-        manifest = {"step": step, "files": {n: {"size": p.stat().st_size, "sha256": _sha256(p)}
-                                            for n, p in files.items()}}
-        atomic_write_json(tmp / MANIFEST, manifest)
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        _fsync_dir(root)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    for old in checkpoint_dirs(out)[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
-    for stale in root.glob(".tmp_step_*"):
-        shutil.rmtree(stale, ignore_errors=True)
-    return final
-
-
-def verify_checkpoint(path: str | Path) -> str | None:
-    """None when every file of the checkpoint matches its manifest; else what is wrong, in a few words."""
-    path = Path(path)
-    try:
-        manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
-        files = manifest["files"]
-    except FileNotFoundError:
-        return None if (path / "DONE").exists() else "no manifest.json"
-    except (OSError, ValueError, KeyError, TypeError):
-        return "manifest.json is damaged"
-    for name, want in sorted(files.items()):
-        f = path / name
-        if not f.is_file():
-            return f"{name} is missing"
-        if f.stat().st_size != want.get("size"):
-            return f"{name} has {f.stat().st_size} bytes, the manifest says {want.get('size')}"
-        if _sha256(f) != want.get("sha256"):
-            return f"{name} does not match its checksum"
-    return None
-
-
-def load_checkpoint(path: str | Path, required: tuple[str, ...] = (), only: tuple[str, ...] | None = None,
-                    map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """The state saved in checkpoint ``path`` (every entry, or the entries ``only``), verified against its
-    manifest first.
-
-    Raises :class:`CheckpointError` naming the checkpoint and what is wrong (a damaged or missing file, a
-    file that does not load, a missing entry of ``required``)."""
-    path = Path(path)
-    bad = verify_checkpoint(path)
-    if bad is not None:
-        raise CheckpointError(f"checkpoint {path}: {bad}")
-    state = {}
-    for p in sorted(path.glob("*.pt")):
-        if only is not None and p.stem not in only:
-            continue
-        try:
-            state[p.stem] = torch.load(p, map_location=map_location, weights_only=False)
-        except Exception as e:  # noqa: BLE001 - any unpickling/zip error means the same thing: a damaged file
-            raise CheckpointError(f"checkpoint {path}: {p.name} does not load ({type(e).__name__})") from None
-    missing = [n for n in required if n not in state]
-    if missing:
-        raise CheckpointError(f"checkpoint {path}: {', '.join(n + '.pt' for n in missing)} missing")
-    return state
-
-
-def load_latest_intact(out: str | Path, before: int | None = None,
-                       required: tuple[str, ...] = ()) -> tuple[Path | None, dict[str, Any] | None]:
-    """The newest checkpoint (with step < ``before``, when given) that verifies and loads, and its state.
-
-    A damaged newer one is named in a warning and skipped. (None, None) when the run has no checkpoint;
-    :class:`~entropy_rft.errors.UserError` when it has some but none is intact."""
-    dirs = [d for d in checkpoint_dirs(out) if before is None or checkpoint_step(d) < before]
-    bad = []
-    for d in reversed(dirs):
-        try:
-            state = load_checkpoint(d, required)
-        except CheckpointError as e:
-            bad.append(str(e))
-            continue
-        for msg in bad:
-            warn(f"{msg}; falling back to the older intact {d.name}")
-        return d, state
-    if bad:
-        raise UserError(f"no intact checkpoint in {Path(out) / CHECKPOINTS} ({'; '.join(bad)}); start a new run "
-                        "with --overwrite")
-    return None, None
-
-
-def truncate_logs(out: str | Path, step: int) -> None:
-    """Prepare every log for a resume from ``step`` (see :func:`truncate_jsonl`)."""
-    for name in LOGS:
-        truncate_jsonl(Path(out) / name, step)
-
-
-# ----------------------------------------------------------------------------- the recorded config
-
-
-def load_run_config(out: str | Path):
-    """The config a run directory recorded (``config.yaml``), refused in one line when missing or damaged."""
-    from entropy_rft.config import config_from_dict
-
-    out = Path(out)
-    p = out / "config.yaml"
-    if not p.is_file():
-        raise UserError(f"{out}: no config.yaml there; is it a run directory made by `erft train`?")
-    backup = _config_backup(out)
-    fix = (f"restore it with `cp {backup} {p}`" if backup else "restore it, or start a new run with --overwrite")
-    try:
-        data = yaml.safe_load(p.read_text(encoding="utf-8"))
-    except UnicodeDecodeError:
-        raise UserError(f"run config {p} is not UTF-8 text; {fix}") from None
-    except yaml.YAMLError as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise UserError(f"run config {p} is not valid YAML ({first}); {fix}") from None
-    if not data:
-        raise UserError(f"run config {p} is empty; {fix}")
-    if not isinstance(data, dict):
-        raise UserError(f"run config {p} must hold a mapping; {fix}")
-    return config_from_dict(data)
-
-
-def _config_backup(out: Path) -> Path | None:
-    """The copy of ``config.yaml`` in the newest checkpoint that has one."""
-    for d in reversed(checkpoint_dirs(out)):
-        if (d / "config.yaml").is_file():
-            return d / "config.yaml"
-    return None

@@ -243,40 +243,16 @@ def quick_eval(
 # ----------------------------------------------------------------------------- the build
 
 
-def _build(
-    out: Path,
-    *,
-    seed: int,
-    steps: int,
-    batch_size: int,
-    lr: float,
-    warmup: int,
-    d_model: int,
-    layers: int,
-    heads: int,
-    mlp: int,
-    p_correct: float,
-    eval_prompts: int,
-    eval_samples: int,
-    progress: bool,
-) -> None:
+def _build(out: Path, *, seed: int, progress: bool, settings: dict[str, Any]) -> None:
+    """Train the base policy with ``settings`` (every key of :data:`DEFAULT_BUILD`) into ``out``."""
     t0 = time.perf_counter()
     torch.manual_seed(seed)
     tokenizer = build_char_tokenizer()
     task = CountdownTask()
-    model = LlamaForCausalLM(llama_config(tokenizer, d_model=d_model, layers=layers, heads=heads, mlp=mlp))
-    losses = train_sft(
-        model,
-        tokenizer,
-        task,
-        seed=seed,
-        steps=steps,
-        batch_size=batch_size,
-        lr=lr,
-        warmup=warmup,
-        p_correct=p_correct,
-        progress=progress,
-    )
+    arch = {k: settings[k] for k in ("d_model", "layers", "heads", "mlp")}
+    model = LlamaForCausalLM(llama_config(tokenizer, **arch))
+    recipe = {k: settings[k] for k in ("steps", "batch_size", "lr", "warmup", "p_correct")}
+    losses = train_sft(model, tokenizer, task, seed=seed, progress=progress, **recipe)
     train_s = time.perf_counter() - t0
     save_policy(out, model, tokenizer)
     info: dict[str, Any] = {
@@ -284,17 +260,7 @@ def _build(
         "recipe": RECIPE_VERSION,
         "task": task.name,
         "seed": seed,
-        "build": {
-            "steps": steps,
-            "batch_size": batch_size,
-            "lr": lr,
-            "warmup": warmup,
-            "d_model": d_model,
-            "layers": layers,
-            "heads": heads,
-            "mlp": mlp,
-            "p_correct": p_correct,
-        },
+        "build": {k: v for k, v in settings.items() if not k.startswith("eval_")},
         "params": count_parameters(model),
         "train_seconds": round(train_s, 2),
         "final_loss": sum(losses[-20:]) / len(losses[-20:]) if losses else None,
@@ -304,6 +270,7 @@ def _build(
         "pid": os.getpid(),
         "built_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
+    eval_prompts, eval_samples = settings["eval_prompts"], settings["eval_samples"]
     if eval_prompts > 0 and eval_samples > 0:
         _, val = task.split(0)
         metrics = quick_eval(model, tokenizer, task, val[:eval_prompts], n_samples=eval_samples, seed=seed)
@@ -328,4 +295,4 @@ def build_default_policy(
     """
     folder = default_policy_dir(cache_dir, seed=seed, **params)
     settings = {**DEFAULT_BUILD, **params}
-    return cached_build(folder, lambda tmp: _build(tmp, seed=seed, progress=progress, **settings))
+    return cached_build(folder, lambda tmp: _build(tmp, seed=seed, progress=progress, settings=settings))

@@ -3,8 +3,8 @@
 Read ``train`` top to bottom: each step samples prompts, rolls out, scores, computes advantages, runs the
 old-policy forward (TokenStats), lets the autopilot set the method's knob (when an entropy target is set),
 builds the method's masks, takes the optimizer updates with ``policy_loss``, probes the entropy change
-(tabular every step; the JVP and the counterfactual every k steps) and logs. Everything else in this file
-is a small helper.
+(tabular every step; the JVP and the counterfactual every k steps) and logs. What a step reports is
+``step_log``'s, checkpoints and the resume point are ``checkpoints``'; everything else here is a small helper.
 The maths lives in ``dynamics``, ``control``, ``loss`` and ``advantages``; this file only wires it.
 """
 
@@ -19,6 +19,7 @@ import random
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,20 +28,20 @@ import torch
 import yaml
 
 from entropy_rft import advantages as adv_lib
-from entropy_rft import control, evaluation, rundir
+from entropy_rft import checkpoints, control, evaluation, rundir
 from entropy_rft.autopilot import Autopilot, parse_target
 from entropy_rft.config import Config, autopilot_gains, config_to_dict
-from entropy_rft.errors import UserError
 from entropy_rft.forward import PolicyOut, policy_forward
 from entropy_rft.jvp import entropy_jvp
-from entropy_rft.loss import agg_weights, policy_loss, ppo_clipped_mask
-from entropy_rft.metrics import masked_mean, stats_metrics
+from entropy_rft.loss import agg_weights, policy_loss
+from entropy_rft.metrics import masked_mean
 from entropy_rft.probe import agreement_metrics, counterfactual_metrics, due, probe_metrics, tabular_prediction
 from entropy_rft.records import OldPolicy, Probed, Rule, Scored, Selection, Update, trained_mask
 from entropy_rft.rollout import RolloutBatch, sample
-from entropy_rft.rundir import load_run_config  # noqa: F401 - re-exported for older callers
+from entropy_rft.step_log import batch_metrics, lens_metrics, log_step, progress_bar
 from entropy_rft.tasks import build_task
 from entropy_rft.tasks.base import Example
+from entropy_rft.threads import apply_threads
 
 # ----------------------------------------------------------------------------- small helpers
 
@@ -131,12 +132,14 @@ class Run:
         hf_logging.disable_progress_bar()
 
         self.cfg, self.out = cfg, out
+        self.progress_note: Callable[[str], None] = lambda text: None  # the progress bar's, while training
         if cfg.train.threads:
             torch.set_num_threads(cfg.train.threads)
         seed_everything(cfg.train.seed)
         self.device = torch.device(cfg.model.device)
         dtype = getattr(torch, cfg.model.dtype)
         self.model, self.tok = load_policy(cfg.model.name, device=str(self.device), dtype=dtype)
+        apply_threads(cfg.train.threads, self.model, cfg.model.device)  # 0: automatic (entropy_rft.threads)
         if cfg.model.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
         self.model.train()
@@ -226,8 +229,8 @@ class Run:
 
     def save(self) -> None:
         config = yaml.safe_dump(config_to_dict(self.cfg), sort_keys=False).encode()  # a copy to restore from
-        rundir.save_checkpoint(self.out, self.step, self.state(), self.cfg.train.keep_checkpoints,
-                               extra_files={"config.yaml": config})
+        checkpoints.save_checkpoint(self.out, self.step, self.state(), self.cfg.train.keep_checkpoints,
+                                    extra_files={"config.yaml": config})
 
     # ------------------------------------------------------------------ the stages of a step
 
@@ -435,63 +438,16 @@ class Run:
         """
         e = self.cfg.eval
         gen = torch.Generator(device=self.device).manual_seed(self.cfg.train.seed * 1_000_003 + self.step)
+        note = self.progress_note
         with self.autocast():
-            out = evaluation.evaluate_policy(self.model, self.tok, self.task, self.val_set[: e.prompts],
-                                             n_samples=e.samples, temperature=e.temperature,
-                                             max_new_tokens=self.cfg.rollout.max_new_tokens, generator=gen)
+            out = evaluation.evaluate_policy(
+                self.model, self.tok, self.task, self.val_set[: e.prompts], n_samples=e.samples,
+                temperature=e.temperature, max_new_tokens=self.cfg.rollout.max_new_tokens, generator=gen,
+                batch_size=e.batch_size,
+                on_progress=lambda done, total: note(f"step {self.step} evaluation: {done}/{total} prompts"))
         for k in ("eval/samples", "eval/seconds"):
             out.pop(k)
         return out
-
-
-# ----------------------------------------------------------------------------- metrics of a step
-
-
-def batch_metrics(s: Scored, old: OldPolicy, trained: torch.Tensor, zeroed: torch.Tensor,
-                  eos_id: int) -> dict[str, Any]:
-    m = s.mask
-    n_valid = int(m.sum())
-    return {
-        "reward/mean": float(s.rewards.float().mean()),
-        "reward/accuracy": float((s.rewards > 0).float().mean()),
-        **stats_metrics(old.stats, old.adv, m),
-        "control/kept_frac": int((trained & m).sum()) / n_valid if n_valid else None,
-        "control/zeroed_frac": float(zeroed.sum()) / n_valid if n_valid else None,
-        "response/length": float(m.sum(-1).float().mean()),
-        "response/truncated_frac": truncated_frac(s.rollout, eos_id),
-    }
-
-
-def lens_metrics(s: Scored, old: OldPolicy, probed: Probed, trained: torch.Tensor, rule: Rule) -> dict[str, Any]:
-    """Quadrant attribution of the tokens the method kept (``lens/``) and of those PPO's ratio clip left in
-    the gradient after the update (``lens_ppo/``)."""
-    agg = rule.loss_kwargs["agg"]
-    clipped = ppo_clipped_mask(probed.logp, old.logp, old.adv, s.mask, rule.loss_kwargs.get("eps_low"),
-                               rule.loss_kwargs.get("eps_high"))
-    out = control.lens_attribution(trained, old.adv, old.stats.s_centered, s.mask, agg=agg)
-    out.update({k.replace("lens/", "lens_ppo/"): v for k, v in control.lens_attribution(
-        ~clipped, old.adv, old.stats.s_centered, s.mask, agg=agg).items()})
-    return out
-
-
-def truncated_frac(rb: RolloutBatch, eos_id: int) -> float:
-    """Fraction of responses that ran out of tokens before emitting EOS."""
-    ended = (rb.response_ids == eos_id) & rb.response_mask
-    return float((~ended.any(-1)).float().mean())
-
-
-def token_records(s: Scored, old: OldPolicy, probed: Probed, trained: torch.Tensor, step: int, n: int,
-                  gen: torch.Generator) -> list[dict]:
-    """A random sample of per-token records (S, S_c, A, r, predicted and actual ΔH, kept) for the plots."""
-    idx = s.mask.nonzero()
-    if idx.shape[0] == 0:
-        return []
-    pick = idx[torch.randperm(idx.shape[0], generator=gen)[:n]]
-    st = old.stats
-    return [{"step": step, "seq": b, "pos": t, "entropy": st.entropy[b, t], "logp": st.logp[b, t],
-             "s_star": st.s_star[b, t], "s_centered": st.s_centered[b, t], "adv": old.adv[b, t],
-             "ratio": probed.ratio[b, t], "pred_dH": probed.pred[b, t], "actual_dH": probed.actual[b, t],
-             "kept": bool(trained[b, t])} for b, t in pick.tolist()]
 
 
 # ----------------------------------------------------------------------------- the loop
@@ -504,7 +460,8 @@ def train(cfg: Config, out: str | Path, *, resume: bool = False, on_step=None) -
     SystemExit(143/130). The caller holds the run directory's lock (``launch``).
     """
     out = Path(out)
-    ckpt, state = _resume_point(cfg, out) if resume else (None, None)
+    required = ("model", "optim", "sched", "rng", "trainer")
+    _, state = checkpoints.resume_point(out, required, 0 if cfg.eval.every else 1) if resume else (None, None)
     start = int(state["trainer"]["step"]) if state else 0
     run = Run(cfg, out, start_step=start)  # loads the model and checks the prompts: a refusal writes nothing
     if resume:
@@ -520,10 +477,11 @@ def train(cfg: Config, out: str | Path, *, resume: bool = False, on_step=None) -
     last: dict[str, Any] = {}
     status = "failed"
     try:
-        if start == 0 and cfg.eval.every:
-            last = {"step": 0, **run.evaluate()}
-            logger.log(last)
-        with _progress(cfg, start) as bar:
+        with progress_bar(cfg, start) as bar:
+            run.progress_note = bar.note
+            if start == 0 and cfg.eval.every:
+                last = {"step": 0, **run.evaluate()}
+                logger.log(last)
             for step in range(start + 1, cfg.train.max_steps + 1):
                 run.step = step
                 last = train_step(run, logger)
@@ -546,29 +504,6 @@ def train(cfg: Config, out: str | Path, *, resume: bool = False, on_step=None) -
         with contextlib.suppress(OSError):  # a read-only or full disk must not hide the first error
             rundir.write_status(out, status, step=run.step, start_step=start, max_steps=cfg.train.max_steps)
     return last
-
-
-def _resume_point(cfg: Config, out: Path) -> tuple[Path | None, dict[str, Any] | None]:
-    """The checkpoint a resume starts from: the newest intact one, or an older intact one when the log lacks
-    a step at or before it (a damaged line, a file cut short) and going back lets the run write it again."""
-    required = ("model", "optim", "sched", "rng", "trainer")
-    ckpt, state = rundir.load_latest_intact(out, required=required)
-    if state is None:
-        return None, None
-    gaps = rundir.log_gaps(out / "metrics.jsonl", 0 if cfg.eval.every else 1, int(state["trainer"]["step"]))
-    if not gaps:
-        return ckpt, state
-    shown = ", ".join(map(str, gaps[:8])) + (", ..." if len(gaps) > 8 else "")
-    try:
-        older, older_state = rundir.load_latest_intact(out, before=gaps[0], required=required)
-    except UserError:
-        older, older_state = None, None
-    if older_state is not None:
-        rundir.warn(f"{out / 'metrics.jsonl'} lacks step(s) {shown}; resuming from {older.name} to write them again")
-        return older, older_state
-    rundir.warn(f"{out / 'metrics.jsonl'} lacks step(s) {shown} and no checkpoint precedes them; they stay missing "
-                f"(damaged lines are kept in metrics.jsonl.damaged)")
-    return ckpt, state
 
 
 def train_step(run: Run, logger: rundir.Logger) -> dict[str, Any]:
@@ -621,13 +556,7 @@ def train_step(run: Run, logger: rundir.Logger) -> dict[str, Any]:
                 "time/counterfactual": t_cf - t_fwd, "time/probe": t_probe - t_bwd,
                 "time/step": time.perf_counter() - t0,
                 "perf/tokens_per_s": int(rb.response_mask.sum()) / max(1e-9, t_probe - t0)})
-    logger.log(row)
-    if cfg.train.samples_every and step % cfg.train.samples_every == 0:
-        logger.samples.write_many({"step": step, "prompt": ex.prompt, "response": r, "reward": float(rw)}
-                                  for ex, r, rw in zip(group, rb.responses, s.rewards.tolist()))
-    if cfg.probe.records_every and step % cfg.probe.records_every == 0:
-        gen = torch.Generator().manual_seed(cfg.train.seed * 7919 + step)
-        logger.records.write_many(token_records(s, old, probed, trained, step, cfg.probe.records_per_step, gen))
+    log_step(logger, cfg, row, s, old, probed, trained)
     return row
 
 
@@ -664,34 +593,3 @@ def _install_signal_handlers(run: Run):
 def _restore_signal_handlers(old) -> None:
     for s, h in old.items():
         signal.signal(s, h)
-
-
-@contextlib.contextmanager
-def _progress(cfg: Config, start: int):
-    """A rich progress bar with reward, entropy and kept fraction; yields an ``update(row)`` callable."""
-    if not cfg.train.progress:
-        yield lambda row: None
-        return
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
-
-    cols = [TextColumn("[bold]train[/]"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-            TimeRemainingColumn(), TextColumn("{task.fields[info]}")]
-    with Progress(*cols, transient=False) as prog:
-        task = prog.add_task("train", total=cfg.train.max_steps, completed=start, info="")
-
-        def update(row):
-            fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
-            info = (f"reward {fmt(row.get('reward/mean'))}  entropy {fmt(row.get('entropy/mean'))}  "
-                    f"kept {fmt(row.get('control/kept_frac'))}")
-            if "eval/pass@1" in row:
-                info += f"  val pass@1 {fmt(row['eval/pass@1'])}"
-            prog.update(task, advance=1, info=info)
-
-        yield update

@@ -68,6 +68,23 @@ def series(rows: Sequence[dict], key: str) -> tuple[list[int], list[float]]:
     return xs, ys
 
 
+def logged(runs: Sequence[RunData], key: str) -> bool:
+    """True when some run's training rows hold ``key`` as a finite number."""
+    return any(series(r.train_rows, key)[0] for r in runs)
+
+
+def _two_panels(runs: Sequence[RunData], figsize: tuple[float, float] = (12, 4.2)):
+    """The method colours, and a figure of two panels side by side: (colors, fig, ax1, ax2)."""
+    colors = method_colors(runs)
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=figsize)
+    return colors, fig, ax1, ax2
+
+
+def _bar_x(x: np.ndarray, i: int, n: int, width: float) -> np.ndarray:
+    """Positions of the ``i``-th of ``n`` bars of ``width`` grouped around each of ``x``."""
+    return x + (i - (n - 1) / 2) * width
+
+
 def _legend_once(ax, handles_seen: set, label: str) -> str | None:
     if label in handles_seen:
         return None
@@ -80,7 +97,7 @@ def _legend_once(ax, handles_seen: set, label: str) -> str | None:
 
 def fig_entropy(runs: Sequence[RunData]) -> bytes | None:
     """Training-batch entropy per step (solid), validation entropy at evaluation steps (dashed markers)."""
-    if not any(series(r.train_rows, "entropy/mean")[0] for r in runs):
+    if not logged(runs, "entropy/mean"):
         return None
     colors = method_colors(runs)
     fig, ax = plt.subplots(figsize=(7.5, 4))
@@ -102,12 +119,11 @@ def fig_entropy(runs: Sequence[RunData]) -> bytes | None:
 
 def fig_accuracy_reward(runs: Sequence[RunData]) -> bytes | None:
     """Left: mean training reward per step. Right: validation pass@1 (solid) and pass@K (dashed)."""
-    has_train = any(series(r.train_rows, "reward/mean")[0] for r in runs)
+    has_train = logged(runs, "reward/mean")
     has_eval = any(series(r.eval_rows, "eval/pass@1")[0] for r in runs)
     if not (has_train or has_eval):
         return None
-    colors = method_colors(runs)
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    colors, fig, ax1, ax2 = _two_panels(runs, figsize=(11, 4))
     seen: set = set()
     for r in runs:
         xs, ys = series(r.train_rows, "reward/mean")
@@ -257,21 +273,20 @@ def fig_lens(runs: Sequence[RunData]) -> bytes | None:
             vals = [v[key] for v in ppo.values() if v[key] is not None]
             ppo_pool[key] = float(np.mean(vals)) if vals else None
         groups = {**groups, "PPO ratio clip": ppo_pool}
-    colors = method_colors(runs)
+    colors, fig, ax1, ax2 = _two_panels(runs)
     colors["PPO ratio clip"] = "#555555"
     names = list(groups)
     x = np.arange(len(QUADRANTS))
     width = 0.8 / max(1, len(names))
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.2))
     for i, name in enumerate(names):
         g = groups[name]
         frac = [g.get(f"drop_frac/{q}") or 0.0 for q in QUADRANTS]
         dh = [g.get(f"dH_dropped/{q}") or 0.0 for q in QUADRANTS]
         hatch = "//" if name == "PPO ratio clip" else None
         total = g.get("drop_frac") or 0.0
-        ax1.bar(x + (i - (len(names) - 1) / 2) * width, [100 * f for f in frac], width, color=colors[name],
+        ax1.bar(_bar_x(x, i, len(names), width), [100 * f for f in frac], width, color=colors[name],
                 hatch=hatch, label=f"{name} (dropped {100 * total:.2f}%)")
-        ax2.bar(x + (i - (len(names) - 1) / 2) * width, dh, width, color=colors[name], hatch=hatch,
+        ax2.bar(_bar_x(x, i, len(names), width), dh, width, color=colors[name], hatch=hatch,
                 label=f"{name} (Σ {g.get('dH_dropped') or 0.0:+.2e})")
     for ax in (ax1, ax2):
         ax.set_xticks(x, [QUADRANT_LABELS[q] for q in QUADRANTS], fontsize=8)
@@ -307,6 +322,12 @@ def _final_hists(runs: Sequence[RunData]) -> dict[str, list[list[int]]]:
     return out
 
 
+def _final_groups(runs: Sequence[RunData], finals: dict[str, list[list[int]]]) -> list[tuple[str, list[list[int]]]]:
+    """Per method with a final evaluation (in order): its final histograms of the first one's length."""
+    return [(lab, [h for h in finals[lab] if len(h) == len(finals[lab][0])])
+            for lab in methods_in_order(runs) if lab in finals]
+
+
 def _base_hist(runs: Sequence[RunData]) -> list[int] | None:
     return next((r.base_hist for r in runs if r.base_hist), None)
 
@@ -322,9 +343,8 @@ def fig_pass_at_k(runs: Sequence[RunData]) -> bytes | None:
     if base:
         c = pass_curve(base)
         ax.plot(range(1, len(c) + 1), c, color="k", ls="--", marker="s", ms=4, label="base (step 0)")
-    for label in [lab for lab in methods_in_order(runs) if lab in finals]:
-        hists = finals[label]
-        curves = [pass_curve(h) for h in hists if len(h) == len(hists[0])]
+    for label, hists in _final_groups(runs, finals):
+        curves = [pass_curve(h) for h in hists]
         c = np.mean(curves, axis=0)
         ax.plot(range(1, len(c) + 1), c, color=colors[label], marker="o", ms=4,
                 label=f"{label} (final, {len(curves)} seed{'s' if len(curves) > 1 else ''})")
@@ -347,9 +367,8 @@ def fig_pass_rate_hist(runs: Sequence[RunData]) -> bytes | None:
     groups: dict[str, np.ndarray] = {}
     if base:
         groups["base (step 0)"] = np.asarray(base, dtype=float) / max(1, sum(base))
-    for label in [lab for lab in methods_in_order(runs) if lab in finals]:
-        hists = finals[label]
-        hs = [np.asarray(h, dtype=float) / max(1, sum(h)) for h in hists if len(h) == len(hists[0])]
+    for label, hists in _final_groups(runs, finals):
+        hs = [np.asarray(h, dtype=float) / max(1, sum(h)) for h in hists]
         groups[label] = np.mean(hs, axis=0)
     k = len(next(iter(groups.values()))) - 1
     groups = {n: g for n, g in groups.items() if len(g) == k + 1}
@@ -357,7 +376,7 @@ def fig_pass_rate_hist(runs: Sequence[RunData]) -> bytes | None:
     width = 0.8 / len(groups)
     fig, ax = plt.subplots(figsize=(8.5, 4.2))
     for i, (name, g) in enumerate(groups.items()):
-        ax.bar(x + (i - (len(groups) - 1) / 2) * width, g, width, color=colors.get(name, "#999999"),
+        ax.bar(_bar_x(x, i, len(groups), width), g, width, color=colors.get(name, "#999999"),
                label=name, edgecolor="k" if name.startswith("base") else None, lw=0.5)
     ax.set_xticks(x, [f"{c}/{k}" for c in range(k + 1)])
     ax.set_xlabel("samples correct per problem")
@@ -409,10 +428,9 @@ def _rolling(ys: Sequence[float], n: int) -> list[float]:
 def fig_probe_levels(runs: Sequence[RunData]) -> bytes | None:
     """Probe levels over training: per-token sign agreement and Pearson r of the tabular prediction −A·S_c
     (rolling mean of 10 steps) and of the network's JVP ∇θH·Δθ (every probe.jvp_every steps)."""
-    if not any(series(r.train_rows, "probe/jvp_sign_agreement")[0] for r in runs):
+    if not logged(runs, "probe/jvp_sign_agreement"):
         return None
-    colors = method_colors(runs)
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.2))
+    colors, fig, ax1, ax2 = _two_panels(runs)
     seen: set = set()
     for r in runs:
         col = colors[r.label]
@@ -449,10 +467,9 @@ def fig_probe_levels(runs: Sequence[RunData]) -> bytes | None:
 def fig_counterfactual(runs: Sequence[RunData]) -> bytes | None:
     """Left: the method's own effect on batch entropy per probed step, ΔH(method update) − ΔH(vanilla update)
     from the same state and batch. Right: the two batch-mean ΔH themselves (method solid, vanilla dashed)."""
-    if not any(series(r.train_rows, "probe/dH_method_effect")[0] for r in runs):
+    if not logged(runs, "probe/dH_method_effect"):
         return None
-    colors = method_colors(runs)
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.2))
+    colors, fig, ax1, ax2 = _two_panels(runs)
     seen: set = set()
     for r in runs:
         col = colors[r.label]
@@ -481,8 +498,7 @@ def fig_autopilot(runs: Sequence[RunData], band: float = 0.15) -> bytes | None:
     steered = [r for r in runs if series(r.train_rows, "control/entropy_target")[0]]
     if not steered:
         return None
-    colors = method_colors(runs)
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.2))
+    colors, fig, ax1, ax2 = _two_panels(runs)
     seen: set = set()
     for r in steered:
         col = colors[r.label]

@@ -373,6 +373,14 @@ def _img(png: bytes, alt: str) -> str:
     return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{base64.b64encode(png).decode()}">'
 
 
+def _figure_html(png: bytes, title: str, caption_html: str) -> str:
+    return f"<figure>{_img(png, title)}<figcaption>{caption_html}</figcaption></figure>"
+
+
+def _not_shown_html(reason: str) -> str:
+    return f'<p class="missing">Not shown: {html.escape(reason)}.</p>'
+
+
 def _table_html(md: str) -> str:
     lines = [ln for ln in md.strip().splitlines() if ln.startswith("|") and not ln.startswith("|---")]
     if not lines:
@@ -423,12 +431,10 @@ def build_report(paths: Sequence[str | Path], out: str | Path) -> dict[str, Any]
         if png is None and key == "autopilot":
             continue  # no run had an entropy target: nothing to say
         if png is None:
-            sections.append(f'<h2>{html.escape(title)}</h2><p class="missing">Not shown: '
-                            f'{html.escape(_missing_reason(key, runs))}.</p>')
+            sections.append(f"<h2>{html.escape(title)}</h2>{_not_shown_html(_missing_reason(key, runs))}")
         else:
             figures_present.append(key)
-            sections.append(f"<h2>{html.escape(title)}</h2><figure>{_img(png, title)}"
-                            f"<figcaption>{html.escape(caption)}</figcaption></figure>")
+            sections.append(f"<h2>{html.escape(title)}</h2>{_figure_html(png, title, html.escape(caption))}")
     law_png = plots.fig_law(fits, runs)
     law_rows = []
     for f in fits:
@@ -440,14 +446,13 @@ def build_report(paths: Sequence[str | Path], out: str | Path) -> dict[str, Any]
             law_rows.append(f"| {f['run']} | {len(f['points']['step'])} | – | – | – | – |")
     law_html = "<h2>Entropy-performance law</h2>"
     if law_png is None:
-        law_html += '<p class="missing">Not shown: no evaluations in these runs (set eval.every > 0).</p>'
+        law_html += _not_shown_html("no evaluations in these runs (set eval.every > 0)")
     else:
         figures_present.append("law")
-        law_html += (f"<figure>{_img(law_png, 'Entropy-performance law')}<figcaption>R = −a·exp(H) + b fitted by "
-                     "linear least squares on [−exp(H), 1] to each run's (validation entropy, pass@1) pairs; "
-                     "the ceiling b − a is the predicted accuracy at zero entropy. Runs with fewer than 3 "
-                     "evaluations are shown as points only. The forecast test: <code>erft fit-law RUN_DIR</code>."
-                     "</figcaption></figure>")
+        law_html += _figure_html(law_png, "Entropy-performance law", (
+            "R = −a·exp(H) + b fitted by linear least squares on [−exp(H), 1] to each run's (validation entropy, "
+            "pass@1) pairs; the ceiling b − a is the predicted accuracy at zero entropy. Runs with fewer than 3 "
+            "evaluations are shown as points only. The forecast test: <code>erft fit-law RUN_DIR</code>."))
         law_html += _table_html("| run | evaluations | a | b | ceiling b − a | R² |\n|---|\n" + "\n".join(law_rows))
     sections.append(law_html)
 

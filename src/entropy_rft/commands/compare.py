@@ -111,12 +111,9 @@ def run(args: argparse.Namespace) -> int:
     dup = sorted({d for d in dirs if dirs.count(d) > 1})
     if dup:
         raise UserError(f"--methods names the same variant twice ({', '.join(dup)}); give each once")
-    if args.seeds < 1:
-        raise UserError(f"--seeds must be >= 1, got {args.seeds}")
-    if args.max_steps is not None and args.max_steps < 1:
-        raise UserError(f"--max-steps must be >= 1, got {args.max_steps}")
-    if args.seed is not None and args.seed < 0:
-        raise UserError(f"--seed must be >= 0, got {args.seed}")
+    preflight.check_min("--seeds", args.seeds, 1)
+    preflight.check_min("--max-steps", args.max_steps, 1)
+    preflight.check_min("--seed", args.seed, 0)
     out = Path(args.out)
     base_extra: dict = {}
     if args.model:

@@ -42,7 +42,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="Sampling seed (the same for every model).")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N.")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--threads", type=int, default=0, help="torch.set_num_threads on CPU (0: torch's default).")
+    p.add_argument("--threads", type=int, default=0,
+                   help="CPU threads (0: automatic, entropy_rft.threads: 1 for small models).")
     p.add_argument("--out", default="eval", help="Output folder for eval.json, eval.md, pass_rate_hist.png.")
 
 
@@ -73,11 +74,9 @@ def check_sampling_args(args: argparse.Namespace) -> None:
 
     from entropy_rft import preflight
 
-    if args.batch_size < 1:
-        raise UserError(f"--batch-size must be >= 1, got {args.batch_size}")
+    preflight.check_min("--batch-size", args.batch_size, 1)
     preflight.check_threads(args.threads)
-    if args.seed < 0:
-        raise UserError(f"--seed must be >= 0, got {args.seed}")
+    preflight.check_min("--seed", args.seed, 0)
     if not math.isfinite(args.temperature):
         raise UserError(f"--temperature must be a finite number, got {args.temperature}")
     preflight.check_device(args.device, "--device", "--device cpu")
@@ -103,9 +102,9 @@ def run_models(run_dir: Path, checkpoints: bool) -> list[dict[str, Any]]:
         raise UserError(f"--run {run_dir}: not a run directory (no config.yaml); pass a folder `erft train` wrote")
     out = []
     if checkpoints:
-        from entropy_rft import rundir
+        from entropy_rft.checkpoints import checkpoint_dirs
 
-        for ck in rundir.checkpoint_dirs(run_dir):
+        for ck in checkpoint_dirs(run_dir):
             out.append({"label": f"{run_dir.name}/{ck.name}", "run": run_dir, "checkpoint": ck})
     if (run_dir / "final").is_dir():
         out.append({"label": f"{run_dir.name}/final", "path": str(run_dir / "final"), "run": run_dir})
@@ -119,12 +118,11 @@ def load_model(spec: dict[str, Any], device: str, dtype: str):
     from entropy_rft.policies import load_policy
 
     if "checkpoint" in spec:
-        from entropy_rft import rundir
+        from entropy_rft.checkpoints import load_checkpoint, load_run_config
 
-        cfg = rundir.load_run_config(spec["run"])
+        cfg = load_run_config(spec["run"])
         model, tok = load_policy(cfg.model.name, device=device, dtype=dtype)
-        state = rundir.load_checkpoint(spec["checkpoint"], required=("model",), only=("model",),
-                                       map_location=device)
+        state = load_checkpoint(spec["checkpoint"], required=("model",), only=("model",), map_location=device)
         model.load_state_dict(state["model"])
         model.eval()
         return model, tok
@@ -137,7 +135,7 @@ def load_model(spec: dict[str, Any], device: str, dtype: str):
 
 
 def default_datasets(runs: list[Path]) -> list[tuple[str, dict]]:
-    from entropy_rft.trainer import load_run_config
+    from entropy_rft.checkpoints import load_run_config
 
     if runs:
         cfg = load_run_config(runs[0])
@@ -207,14 +205,10 @@ def histogram_png(results: list[dict[str, Any]]) -> bytes:
 def evaluate(args: argparse.Namespace) -> list[dict[str, Any]]:
     from entropy_rft import preflight
 
-    if args.samples < 1:
-        raise UserError(f"--samples must be >= 1, got {args.samples}")
-    if args.temperature < 0:
-        raise UserError(f"--temperature must be >= 0, got {args.temperature}")
-    if args.max_new_tokens < 1:
-        raise UserError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
-    if args.limit is not None and args.limit < 1:
-        raise UserError(f"--limit must be >= 1, got {args.limit}")
+    preflight.check_min("--samples", args.samples, 1)
+    preflight.check_min("--temperature", args.temperature, 0)
+    preflight.check_min("--max-new-tokens", args.max_new_tokens, 1)
+    preflight.check_min("--limit", args.limit, 1)
     ks = pass_ks(args.pass_k, args.samples)
     check_sampling_args(args)
     runs = [Path(r) for r in args.run]
@@ -237,20 +231,26 @@ def evaluate(args: argparse.Namespace) -> list[dict[str, Any]]:
         preflight.check_model(m)
 
     import torch
+    from rich import progress as rp
 
     from entropy_rft import evaluation
+    from entropy_rft.threads import apply_threads
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
     results = []
     for spec in models:
         model, tok = load_model(spec, args.device, args.dtype)
+        apply_threads(args.threads, model, args.device)
         for name, task, examples in tasks:
             gen = torch.Generator(device=args.device).manual_seed(args.seed)
             t0 = time.perf_counter()
-            m = evaluation.evaluate_policy(model, tok, task, examples, n_samples=args.samples,
-                                           temperature=args.temperature, max_new_tokens=args.max_new_tokens,
-                                           generator=gen, batch_size=args.batch_size, prefix="")
+            with rp.Progress(rp.TextColumn(f"[bold]{spec['label']}[/] on {name}"), rp.BarColumn(),
+                             rp.MofNCompleteColumn(), rp.TextColumn("prompts"), rp.TimeElapsedColumn(),
+                             rp.TimeRemainingColumn(), transient=True) as prog:
+                bar = prog.add_task("eval", total=len(examples))
+                m = evaluation.evaluate_policy(model, tok, task, examples, n_samples=args.samples,
+                                               temperature=args.temperature, max_new_tokens=args.max_new_tokens,
+                                               generator=gen, batch_size=args.batch_size, prefix="",
+                                               on_progress=lambda done, _total, b=bar: prog.update(b, completed=done))
             n = args.samples
             hist = m["pass_rate_hist"]
             metrics = {f"avg@{n}": m[f"avg@{n}"], f"maj@{n}": m[f"maj@{n}"]}

@@ -36,12 +36,10 @@ def run(args: argparse.Namespace) -> int:
     from entropy_rft import preflight
     from entropy_rft.config import load_config
 
-    if args.window < 1:
-        raise UserError(f"--window must be >= 1, got {args.window}")
+    preflight.check_min("--window", args.window, 1)
     if not (args.tol >= 0 and math.isfinite(args.tol)):
         raise UserError(f"--tol must be a finite number >= 0, got {args.tol}")
-    if args.steps < 2:
-        raise UserError(f"--steps must be >= 2, got {args.steps}")
+    preflight.check_min("--steps", args.steps, 2)
     preflight.check_out(args.out, file_hint=" (a new folder, or an earlier erft experiment --out)")
     # The base request (config, device, task, model) before any run directory is made.
     extra: dict = {"train": {"max_steps": args.steps}}

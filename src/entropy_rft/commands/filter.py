@@ -40,7 +40,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="Sampling seed.")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--threads", type=int, default=0, help="torch.set_num_threads on CPU (0: torch's default).")
+    p.add_argument("--threads", type=int, default=0,
+                   help="CPU threads (0: automatic, entropy_rft.threads: 1 for small models).")
     p.add_argument("--out", default="filtered", help="Output folder.")
 
 
@@ -101,14 +102,11 @@ def run(args: argparse.Namespace) -> int:
     from entropy_rft import preflight
     from entropy_rft.commands.eval import check_sampling_args, load_model, parse_task_params
 
-    if args.n < 1:
-        raise UserError(f"--n must be >= 1, got {args.n}")
-    if args.max_new_tokens < 1:
-        raise UserError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    preflight.check_min("--n", args.n, 1)
+    preflight.check_min("--max-new-tokens", args.max_new_tokens, 1)
     if not args.temperature > 0:
         raise UserError(f"--temperature must be > 0, got {args.temperature}")
-    if args.limit is not None and args.limit < 1:
-        raise UserError(f"--limit must be >= 1, got {args.limit}")
+    preflight.check_min("--limit", args.limit, 1)
     check_sampling_args(args)
     lo, hi = parse_fraction(args.min_pass, "--min-pass"), parse_fraction(args.max_pass, "--max-pass")
     if lo >= hi:
@@ -124,10 +122,10 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from entropy_rft import rundir
+    from entropy_rft.threads import apply_threads
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
     model, tok = load_model({"path": args.model}, args.device, args.dtype)
+    apply_threads(args.threads, model, args.device)
     gen = torch.Generator(device=args.device).manual_seed(args.seed)
     t0 = time.perf_counter()
     counts = count_correct(model, tok, task, examples, n=args.n, temperature=args.temperature,

@@ -45,8 +45,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("--vocab-sizes applies only to --model synthetic; drop it or use --model synthetic")
     if args.vocab_sizes is not None and not args.vocab_sizes:
         raise UserError("--vocab-sizes is empty; give a comma list of integers >= 2, e.g. 50,1000")
-    if args.seed < 0:
-        raise UserError(f"--seed must be >= 0, got {args.seed}")
+    preflight.check_min("--seed", args.seed, 0)
     if args.json is not None:
         preflight.check_out_file(args.json, "--json")
     if args.model != "synthetic":

@@ -83,16 +83,14 @@ def run(args: argparse.Namespace) -> int:
             raise UserError("--resume is empty; pass the run directory to continue")
         if not Path(args.resume).is_dir():
             raise UserError(f"--resume {args.resume}: no such run directory")
-        if args.max_steps is not None and args.max_steps < 1:
-            raise UserError(f"--max-steps must be >= 1, got {args.max_steps}")
+        preflight.check_min("--max-steps", args.max_steps, 1)
         from entropy_rft import launch  # torch: only once the arguments are known to be good
 
         last = launch.resume(args.resume, max_steps=args.max_steps)
         if last.get("already_finished"):
             print(f"run '{args.resume}' already finished at step {last['step']}")
         return 0
-    if args.max_steps is not None and args.max_steps < 1:
-        raise UserError(f"--max-steps must be >= 1, got {args.max_steps}")
+    preflight.check_min("--max-steps", args.max_steps, 1)
     # The method's check imports torch: check_train makes it after the cheap checks.
     cfg = load_config(args.config, args.set, extra=cli_extra(args), check_method=False)
     out = args.out if args.out is not None else f"runs/{cfg.method.name}"

@@ -17,3 +17,16 @@ def release_tuple(version: str) -> tuple[int, int, int]:
 def in_range(version: str, lo: tuple[int, ...], hi_exclusive: tuple[int, ...]) -> bool:
     """Whether ``version`` lies in [lo, hi_exclusive)."""
     return lo <= release_tuple(version) < hi_exclusive
+
+
+def require_version(package: str, version: str, lo: tuple[int, ...], hi_exclusive: tuple[int, ...],
+                    why: str = "", hint: str = "") -> None:
+    """Raise ImportError unless ``package``'s ``version`` lies in the tested range [lo, hi_exclusive).
+
+    The message names the integration (``entropy_rft.integrations.<package>``) and the pip spec to install;
+    ``why`` follows the spec, ``hint`` the pip command.
+    """
+    if not in_range(version, lo, hi_exclusive):
+        spec = f"{package}>={'.'.join(map(str, lo))},<{'.'.join(map(str, hi_exclusive))}"
+        raise ImportError(f"entropy_rft.integrations.{package} supports {spec}{why}; found {package} {version}. "
+                          f"Install a tested version: pip install '{spec}'{hint}")

@@ -48,7 +48,7 @@ from torch import Tensor
 
 from entropy_rft import control, dynamics
 from entropy_rft.control import Masks, Method, MinibatchSelection, microbatch_loss_scale, select_minibatch
-from entropy_rft.integrations._compat import in_range
+from entropy_rft.integrations._compat import require_version
 from entropy_rft.integrations.dist import all_gather_rows, rank_and_world
 from entropy_rft.loss import AGG_MODES, policy_loss
 
@@ -74,10 +74,7 @@ __all__ = [
 
 def check_verl_version(version: str) -> None:
     """Raise ImportError unless verl ``version`` lies in [VERL_MIN, VERL_MAX_EXCLUSIVE)."""
-    if not in_range(version, VERL_MIN, VERL_MAX_EXCLUSIVE):
-        lo, hi = ".".join(map(str, VERL_MIN)), ".".join(map(str, VERL_MAX_EXCLUSIVE))
-        raise ImportError(f"entropy_rft.integrations.verl supports verl>={lo},<{hi}; found verl {version}. "
-                          f"Install a tested version: pip install 'verl>={lo},<{hi}' (see constraints-verl.txt)")
+    require_version("verl", version, VERL_MIN, VERL_MAX_EXCLUSIVE, hint=" (see constraints-verl.txt)")
 
 
 import verl  # noqa: E402

@@ -1,17 +1,19 @@
 """Task registry: ``build_task(name, **params)``, ``available_tasks()``, ``register_task(...)``.
 
-A name is either a registered task (``"countdown"``) or an import path ``"package.module:ClassName"``
-to any :class:`~entropy_rft.tasks.base.Task` subclass (or factory returning one).
+A name is a registered task (``"countdown"``), ``"rg:<dataset>"`` for any reasoning-gym dataset
+(:mod:`entropy_rft.tasks.rg`), or an import path ``"package.module:ClassName"`` to any
+:class:`~entropy_rft.tasks.base.Task` subclass (or factory returning one).
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 from collections.abc import Callable
 
 from entropy_rft.tasks.base import Example, Task
 
-__all__ = ["Example", "Task", "available_tasks", "build_task", "register_task"]
+__all__ = ["Example", "Task", "available_tasks", "build_task", "register_task", "task_factory"]
 
 TaskFactory = Callable[..., Task]
 
@@ -62,20 +64,37 @@ def _import_path(path: str) -> TaskFactory:
     return obj
 
 
-def build_task(name: str, **params) -> Task:
-    """Build a task by registered name or ``"module.path:ClassName"``.
+RG_PREFIX = "rg:"
+
+
+def task_factory(name: str) -> TaskFactory:
+    """The factory behind a task name: registered, ``"rg:<dataset>"`` or ``"module.path:ClassName"``.
 
     Raises ``ValueError`` listing the known names when ``name`` is unknown.
     """
     if name in _REGISTRY:
         entry = _REGISTRY[name]
-        factory = _import_path(entry) if isinstance(entry, str) else entry
-    elif ":" in name:
-        factory = _import_path(name)
-    else:
-        known = ", ".join(available_tasks())
-        raise ValueError(f"unknown task {name!r}; known tasks: {known} (or 'package.module:ClassName')")
-    task = factory(**params)
+        return _import_path(entry) if isinstance(entry, str) else entry
+    if name.startswith(RG_PREFIX):
+        from entropy_rft.tasks.rg import ReasoningGymTask, available_datasets
+
+        dataset = name[len(RG_PREFIX):]
+        if dataset not in available_datasets():
+            raise ValueError(f"unknown reasoning-gym dataset {dataset!r}; available: {', '.join(available_datasets())}")
+        return functools.partial(ReasoningGymTask, dataset)
+    if ":" in name:
+        return _import_path(name)
+    known = ", ".join(available_tasks())
+    raise ValueError(f"unknown task {name!r}; known tasks: {known}, rg:<reasoning-gym dataset> "
+                     "(or 'package.module:ClassName')")
+
+
+def build_task(name: str, **params) -> Task:
+    """Build a task by registered name, ``"rg:<dataset>"`` or ``"module.path:ClassName"``.
+
+    Raises ``ValueError`` listing the known names when ``name`` is unknown.
+    """
+    task = task_factory(name)(**params)
     if not isinstance(task, Task):
         raise ValueError(f"task {name!r} built a {type(task).__name__}, not an entropy_rft Task")
     return task

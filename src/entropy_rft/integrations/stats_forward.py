@@ -1,0 +1,92 @@
+"""The statistics forward an engine installs on a Hugging Face causal LM: called as
+``model(input_ids=, attention_mask=, erft=dict(logits_to_keep=, temperature=, with_entropy=))`` it returns
+``dynamics.FusedOut`` (log-probs and entropy with grad, TokenStats without) instead of logits. Also
+``map_stats``, field-by-field operations on TokenStats (concatenating chunks, gathering over ranks).
+
+It takes the ids-and-mask inputs an engine's trainer hands the model (TRL's ``GRPOTrainer``) rather than the
+native trainer's ``RolloutBatch`` (``entropy_rft.forward``); the maths is the same (``dynamics.fused_logp``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+
+import torch
+from torch import Tensor
+
+from entropy_rft import dynamics
+from entropy_rft.dynamics import TokenStats
+from entropy_rft.forward import supports_fused
+
+__all__ = ["chunked_policy_out", "fused_policy_out", "install_stats_forward", "map_stats"]
+
+
+def map_stats(fn: Callable[..., Tensor], *stats: TokenStats) -> TokenStats:
+    """``fn`` applied field by field to one or more TokenStats (``map_stats(lambda *x: torch.cat(x), *parts)``
+    concatenates them)."""
+    return TokenStats(**{f.name: fn(*(getattr(s, f.name) for s in stats)) for f in dataclasses.fields(TokenStats)})
+
+
+def fused_policy_out(model, input_ids: Tensor, attention_mask: Tensor, logits_to_keep: int, temperature: float,
+                     with_entropy: bool = False) -> dynamics.FusedOut:
+    """Log-probs (grad), optional entropy (grad) and TokenStats of the last ``logits_to_keep`` tokens.
+
+    The backbone runs exactly as TRL's fused head runs it (input ids and attention mask, no position ids),
+    then ``dynamics.fused_logp`` works in token chunks from the hidden states and the LM-head weight, never
+    materialising the ``[tokens, V]`` logits. Models whose logits are not ``hidden @ W.T`` (soft-capping,
+    logit scales) take the materialised path.
+    """
+    targets = input_ids[:, -logits_to_keep:]
+    if supports_fused(model):
+        hidden = model.base_model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+        hidden = hidden.last_hidden_state[:, -logits_to_keep - 1 : -1]
+        head = model.get_output_embeddings()
+        return dynamics.fused_logp(hidden, head.weight, targets, temperature, bias=head.bias,
+                                   with_entropy=with_entropy)
+    forward = getattr(model, "_erft_prev_forward", model.forward)
+    logits = forward(input_ids=input_ids, attention_mask=attention_mask).logits[:, -logits_to_keep - 1 : -1]
+    stats = dynamics.token_stats(logits.detach(), targets, temperature)
+    logprobs = torch.log_softmax(logits.float() / temperature, dim=-1)
+    logp = logprobs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    entropy = -(logprobs.exp() * logprobs).sum(-1) if with_entropy else None
+    return dynamics.FusedOut(logp, entropy, stats)
+
+
+def install_stats_forward(model) -> None:
+    """Let ``model(..., erft=dict(logits_to_keep=, temperature=, with_entropy=))`` return ``FusedOut``.
+
+    Patched on the instance (as TRL patches its fused head), so that calls through a DDP/FSDP wrapper reach
+    it and gradient synchronisation is kept. Without ``erft`` the previous forward runs unchanged.
+    """
+    if getattr(model, "_erft_prev_forward", None) is not None:
+        return
+    prev = model.forward
+    model._erft_prev_forward = prev
+
+    @functools.wraps(prev)  # keep the signature: ``generate`` validates its kwargs against it
+    def forward(*args, erft: dict | None = None, **kwargs):
+        if erft is None:
+            return prev(*args, **kwargs)
+        return fused_policy_out(model, kwargs["input_ids"], kwargs["attention_mask"], **erft)
+
+    model.forward = forward
+
+
+def chunked_policy_out(model, input_ids: Tensor, attention_mask: Tensor, logits_to_keep: int, temperature: float,
+                       with_entropy: bool = False, batch_size: int | None = None,
+                       autocast: Callable[[], AbstractContextManager] = contextlib.nullcontext) -> dynamics.FusedOut:
+    """``model(..., erft=...)`` (after ``install_stats_forward``) in row chunks of ``batch_size``, each under
+    ``autocast()``, concatenated."""
+    bs = batch_size or input_ids.shape[0]
+    erft = dict(logits_to_keep=logits_to_keep, temperature=temperature, with_entropy=with_entropy)
+    outs = []
+    for i in range(0, input_ids.shape[0], bs):
+        with autocast():
+            outs.append(model(input_ids=input_ids[i : i + bs], attention_mask=attention_mask[i : i + bs], erft=erft))
+    stats = map_stats(lambda *x: torch.cat(x), *(o.stats for o in outs))
+    entropy = torch.cat([o.entropy for o in outs]) if with_entropy else None
+    return dynamics.FusedOut(torch.cat([o.logp for o in outs]), entropy, stats)

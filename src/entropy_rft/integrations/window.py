@@ -1,0 +1,256 @@
+"""Global selections for an engine that splits its batches over ranks and micro-batches.
+
+- A generation batch: ``global_rollout_batch`` all-gathers the old-policy TokenStats, advantages and mask
+  and builds the rollout-stage masks (ClipB, ClipV, 80/20, grad-mask) once, on the global batch.
+- An optimizer window (one optimizer step's micro-batches, gradient accumulation): ``select_window`` runs
+  ``control.select_minibatch`` (the one rule of all engines) once on the window's micro-batches of all ranks
+  (``global_minibatch_selection``), splits the result back per local micro-batch, and gives the factors
+  (``global_loss_scales``, ``control.microbatch_loss_scale``) that make the accumulated, DDP-averaged
+  gradient that of the window's loss over the global counted tokens.
+- A step's metrics row (``StepMetrics``): the mean of each metric over the step's micro-batches, and the
+  kept and zeroed fractions over the global token counts of its windows.
+
+Engine-neutral (no TRL, no verl): the gathers are ``integrations.dist`` (the identity without a process
+group), so every rank runs the unchanged ``control`` functions on the same inputs and gets the same result.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor
+
+from entropy_rft.control import Masks, Method, MinibatchSelection, microbatch_loss_scale, select_minibatch
+from entropy_rft.dynamics import TokenStats
+from entropy_rft.integrations.dist import all_gather_rows, all_reduce_sum, rank_and_world
+from entropy_rft.integrations.stats_forward import map_stats
+from entropy_rft.loss import agg_weights
+from entropy_rft.metrics import stats_metrics
+
+__all__ = [
+    "GlobalBatch",
+    "StepMetrics",
+    "Window",
+    "global_batch_metrics",
+    "global_loss_scales",
+    "global_minibatch_masks",
+    "global_minibatch_selection",
+    "global_rollout_batch",
+    "kept_fractions",
+    "select_window",
+    "window_token_counts",
+]
+
+
+def _local_rows(x: Tensor | None, rows: slice, width: int) -> Tensor | None:
+    """This rank's ``rows`` of a gathered [N, T] tensor, cut back to its own ``width`` (None stays None)."""
+    return None if x is None else x[rows, :width]
+
+
+def _pad_cols(x: Tensor, width: int, value: float | bool) -> Tensor:
+    if x.shape[1] == width:
+        return x
+    out = torch.full((x.shape[0], width), value, dtype=x.dtype, device=x.device)
+    out[:, : x.shape[1]] = x
+    return out
+
+
+def _cat_rows(xs: list[Tensor], value: float | bool) -> Tensor:
+    width = max(x.shape[1] for x in xs)
+    return torch.cat([_pad_cols(x, width, value) for x in xs])
+
+
+def _split_rows(x: Tensor | None, like: list[Tensor]) -> list[Tensor | None]:
+    if x is None:
+        return [None] * len(like)
+    out, r = [], 0
+    for m in like:
+        out.append(x[r : r + m.shape[0], : m.shape[1]])
+        r += m.shape[0]
+    return out
+
+
+# ----------------------------------------------------------------------------- a generation batch
+
+
+class GlobalBatch(NamedTuple):
+    """A generation batch gathered over all processes, and the rollout-stage masks chosen on it."""
+
+    stats: TokenStats  # [N, T] over all ranks
+    adv: Tensor  # [N] sequence advantages
+    mask: Tensor  # [N, T] bool
+    masks: Masks  # global rollout-stage masks (keep, ...), [N, T]
+    rows: slice  # this rank's rows
+
+    def local_keep(self, mask: Tensor) -> Tensor:
+        """This rank's rows of the rollout keep mask, ∧ its response ``mask`` ([B, T] bool)."""
+        keep = _local_rows(self.masks.keep, self.rows, mask.shape[1])
+        return mask.clone() if keep is None else keep & mask
+
+
+def global_rollout_batch(method: Method, stats: TokenStats, adv: Tensor, mask: Tensor) -> GlobalBatch:
+    """All-gather the old-policy TokenStats, advantages and mask, and build the rollout-stage masks on the
+    global batch (identical on every rank). ``mask`` must be bool; ``adv`` per sequence ([B])."""
+    g_stats = map_stats(lambda x: all_gather_rows(x.float(), 0.0)[0], stats)
+    g_adv, rows = all_gather_rows(adv.float(), 0.0)
+    g_mask, _ = all_gather_rows(mask, False)
+    masks = method.rollout_masks(g_stats, g_adv, g_mask) if method.stage == "rollout" else Masks()
+    return GlobalBatch(g_stats, g_adv, g_mask, masks, rows)
+
+
+def global_batch_metrics(gb: GlobalBatch, truncated: Tensor | None = None) -> dict[str, float | None]:
+    """The native trainer's per-step batch metrics (same names), over the global generation batch.
+    ``truncated``: this rank's [B] flags of the responses that hit the length limit (gathered here)."""
+    st, m = gb.stats, gb.mask
+    truncated = None if truncated is None else all_gather_rows(truncated, False)[0]
+    adv = gb.adv[:, None].expand_as(m).float() * m
+    n_valid = int(m.sum())
+    keep = m if gb.masks.keep is None else m & gb.masks.keep
+    out = {
+        **stats_metrics(st, adv, m),
+        "control/rollout_kept_frac": int(keep.sum()) / n_valid if n_valid else None,
+        "response/length": float(m.sum(-1).float().mean()) if m.shape[0] else None,
+    }
+    if truncated is not None:
+        out["response/truncated_frac"] = float(truncated.float().mean()) if truncated.numel() else None
+    return out
+
+
+# ----------------------------------------------------------------------------- an optimizer window
+
+
+def global_minibatch_selection(method: Method, cur: list[Tensor] | None, old: list[Tensor], adv: list[Tensor],
+                               mask: list[Tensor], keep: list[Tensor | None], loss_kwargs: dict[str, Any],
+                               generator: torch.Generator | None) -> list[MinibatchSelection]:
+    """``control.select_minibatch`` over one optimizer step's micro-batches of all ranks.
+
+    Each argument lists this rank's micro-batches ([b_j, T_j]; ``adv`` [b_j]; ``keep`` the rollout keep,
+    or None). A minibatch-stage method (Clip-Cov, KL-Cov) needs ``cur``: the micro-batches are all-gathered
+    (``integrations.dist``) and the rule runs once on the concatenation; any other method selects nothing
+    per minibatch, so the rule runs on each local micro-batch as it is. Returns one selection per local
+    micro-batch.
+    """
+    eps = loss_kwargs.get("eps_low"), loss_kwargs.get("eps_high")
+    if method.stage != "minibatch":
+        return [select_minibatch(None, o, a, m, k, method, *eps, generator) for o, a, m, k in zip(old, adv, mask, keep)]
+    g_cur, rows = all_gather_rows(_cat_rows([c.detach().float() for c in cur], 0.0), 0.0)
+    g_old, _ = all_gather_rows(_cat_rows([o.float() for o in old], 0.0), 0.0)
+    g_mask, _ = all_gather_rows(_cat_rows(mask, False), False)
+    g_adv, _ = all_gather_rows(torch.cat([a.float() for a in adv]), 0.0)
+    g_keep = None
+    if any(k is not None for k in keep):
+        g_keep, _ = all_gather_rows(_cat_rows([m if k is None else k for m, k in zip(mask, keep)], False), False)
+    sel = select_minibatch(g_cur, g_old, g_adv, g_mask, g_keep, method, *eps, generator)
+    width = g_mask.shape[1]
+
+    def split(x: Tensor | None) -> list[Tensor | None]:
+        return _split_rows(_local_rows(x, rows, width), mask)
+
+    def split_masks(m: Masks) -> list[Masks]:
+        return [Masks(k, z, s) for k, z, s in zip(split(m.keep), split(m.zeroed), split(m.kl_cov_select))]
+
+    return [MinibatchSelection(*x) for x in zip(split_masks(sel.masks), split(sel.counted), split_masks(sel.method))]
+
+
+def global_minibatch_masks(method: Method, cur: list[Tensor], old: list[Tensor], adv: list[Tensor],
+                           mask: list[Tensor], loss_kwargs: dict[str, Any],
+                           generator: torch.Generator | None) -> list[Masks]:
+    """The method's minibatch-stage masks (Clip-Cov, KL-Cov) over one optimizer step's micro-batches of all
+    ranks (``global_minibatch_selection`` without a rollout keep). Returns one ``Masks`` per local
+    micro-batch."""
+    return [s.method for s in global_minibatch_selection(method, cur, old, adv, mask, [None] * len(mask),
+                                                         loss_kwargs, generator)]
+
+
+def global_loss_scales(counted: list[Tensor], agg: str, width: int | None = None) -> list[float]:
+    """Factors c_j such that sum over ranks and micro-batches of c_j·policy_loss_j, averaged over ranks (as
+    DDP averages gradients), equals ``aggregate(ℓ, m_global, agg)`` over all counted tokens of the window.
+
+    ``counted[j]`` is micro-batch j's counting mask (mask & keep), at the width it has in ``policy_loss``.
+    ``width`` is the common padded length T for ``seq-mean-token-sum-norm`` (Dr.GRPO's constant; default:
+    the widest micro-batch). The minibatch-level weights come from ``loss.agg_weights`` on the gathered
+    masks; each factor is ``control.microbatch_loss_scale`` times the world size (DDP's average).
+    """
+    _, world = rank_and_world()
+    w = max([width or 0] + [c.shape[1] for c in counted])
+    g, rows = all_gather_rows(_cat_rows([_pad_cols(c, w, False) for c in counted], False), False)
+    mine = agg_weights(g, agg, torch.float64)[rows]
+    scales, r = [], 0
+    for c in counted:
+        scales.append(microbatch_loss_scale(mine[r : r + c.shape[0]], c, agg) * world)
+        r += c.shape[0]
+    return scales
+
+
+def window_token_counts(mask: list[Tensor], selections: list[MinibatchSelection]) -> Tensor:
+    """[valid, kept, zeroed] tokens of a window's micro-batches, summed over ranks (float64, on the CPU):
+    the response tokens, those that count and are not zeroed, and the counted ones zeroed (Clip-Cov)."""
+    valid = live = zeroed = 0.0
+    for m, s in zip(mask, selections):
+        z = s.masks.zeroed
+        valid += float(m.sum())
+        live += float(s.counted.sum() if z is None else (s.counted & ~z).sum())
+        zeroed += 0.0 if z is None else float((z & s.counted).sum())
+    return all_reduce_sum(torch.tensor([valid, live, zeroed], dtype=torch.float64, device=mask[0].device)).cpu()
+
+
+class Window(NamedTuple):
+    """One optimizer window's selection: per local micro-batch, what ``select_minibatch`` chose (masks with the
+    rollout keep, counted, the method's own) and the factor of its loss."""
+
+    start: int  # the window's first micro-batch, in the engine's micro-batch count
+    selections: list[MinibatchSelection]
+    scales: list[float]
+
+    @property
+    def masks(self) -> list[Masks]:
+        """The method's own minibatch masks per micro-batch (for inspection)."""
+        return [s.method for s in self.selections]
+
+
+def select_window(start: int, method: Method, cur: list[Tensor] | None, old: list[Tensor], adv: list[Tensor],
+                  mask: list[Tensor], keep: list[Tensor | None], loss_kwargs: dict[str, Any],
+                  generator: torch.Generator | None, agg: str, width: int | None = None) -> Window:
+    """``global_minibatch_selection`` and ``global_loss_scales`` (at ``width``) of one optimizer window."""
+    sel = global_minibatch_selection(method, cur, old, adv, mask, keep, loss_kwargs, generator)
+    return Window(start, sel, global_loss_scales([s.counted for s in sel], agg, width))
+
+
+def kept_fractions(counts: Tensor) -> dict[str, float | None]:
+    """``control/kept_frac`` and ``control/zeroed_frac`` of ``window_token_counts`` (None without tokens)."""
+    valid, live, zeroed = counts.tolist()
+    return {"control/kept_frac": live / valid if valid else None,
+            "control/zeroed_frac": zeroed / valid if valid else None}
+
+
+class StepMetrics:
+    """One step's metrics row, gathered over its micro-batches and windows."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, list[float]] = defaultdict(list)
+        self.counts = torch.zeros(3, dtype=torch.float64)  # valid, kept (counted and not zeroed), zeroed
+
+    def add(self, metrics: dict[str, float | None]) -> None:
+        """Record one value per metric; None (undefined) and NaN are left out of the mean."""
+        for k, v in metrics.items():
+            vals = self.values[k]
+            if v is not None and not math.isnan(x := float(v)):
+                vals.append(x)
+
+    def count(self, mask: list[Tensor], window: Window) -> Tensor:
+        """Add a window's global token counts (``window_token_counts``) to the step's, and return them."""
+        counts = window_token_counts(mask, window.selections)
+        self.counts += counts
+        return counts
+
+    def pop(self) -> dict[str, float | None]:
+        """The row since the last call: each metric's mean (None when never defined) and the step's kept and
+        zeroed fractions; then start a new row."""
+        row = {k: sum(v) / len(v) if v else None for k, v in self.values.items()}
+        row.update(kept_fractions(self.counts))
+        self.values.clear()
+        self.counts.zero_()
+        return row
