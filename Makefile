@@ -26,7 +26,7 @@ run: $(STAMP)
 REAL := configs/smollm2_products.yaml
 run-real: $(STAMP)
 	.venv/bin/erft eval --model smollm2-135m --dataset rg:products --task-param 'params={min_digits: 1, max_digits: 1}' \
-		--task-param answer_format=number --task-param val_size=32 --samples 8 --max-new-tokens 64 --batch-size 64 \
+		--task-param answer_format=number --task-param val_size=32 --samples 8 --temperature 1.0 --max-new-tokens 64 \
 		--out runs/smollm2/base_eval
 	.venv/bin/erft compare --config $(REAL) --methods none,clip_v --out runs/smollm2
 	.venv/bin/erft report runs/smollm2 --out runs/smollm2/report

@@ -44,7 +44,6 @@ def native_rows(micro_model, tmp_path_factory) -> dict[str, list[dict]]:
 
 @pytest.fixture(scope="module")
 def trl_rows(micro_model, tmp_path_factory) -> list[dict]:
-    pytest.importorskip("trl")
     sets = micro_overrides(micro_model, **{"eval.every": 0, "train.tensorboard": "false", "train.max_steps": 2,
                                           "train.checkpoint_every": 2})
     cfg = load_config(None, sets, extra={"engine": "trl", "method": {
