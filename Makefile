@@ -21,12 +21,12 @@ run: $(STAMP)
 	.venv/bin/erft compare --methods none,clip_v --out runs/default
 	.venv/bin/erft report runs/default --out runs/default/report
 
-# The real-LM demonstration (not part of CI; about an hour on 2 CPU cores): SmolLM2-135M-Instruct's base
+# The real-LM demonstration (not part of CI; under an hour on 2 CPU cores): SmolLM2-135M-Instruct's base
 # figures with `erft eval`, then GRPO and ClipV from it on reasoning-gym's one-digit products, compared and reported.
 REAL := configs/smollm2_products.yaml
 run-real: $(STAMP)
 	.venv/bin/erft eval --model smollm2-135m --dataset rg:products --task-param 'params={min_digits: 1, max_digits: 1}' \
-		--task-param answer_format=number --task-param val_size=32 --samples 8 --temperature 1.0 --max-new-tokens 64 \
+		--task-param answer_format=number --task-param val_size=32 --samples 8 --temperature 1.0 --max-new-tokens 32 \
 		--out runs/smollm2/base_eval
 	.venv/bin/erft compare --config $(REAL) --methods none,clip_v --out runs/smollm2
 	.venv/bin/erft report runs/smollm2 --out runs/smollm2/report
