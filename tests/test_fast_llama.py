@@ -21,6 +21,18 @@ def _llama(**kw) -> LlamaForCausalLM:
     return LlamaForCausalLM(cfg).eval()
 
 
+def _smollm2_like() -> LlamaForCausalLM:
+    """SmolLM2-135M's shape in miniature: tied input/output embeddings, GQA with 9 query and 3 K/V heads,
+    RoPE theta 100000, a padding id."""
+    torch.manual_seed(2)
+    cfg = LlamaConfig(vocab_size=V, hidden_size=36, intermediate_size=48, num_hidden_layers=2, num_attention_heads=9,
+                      num_key_value_heads=3, max_position_embeddings=64, rope_theta=100000.0,
+                      tie_word_embeddings=True, pad_token_id=0)
+    model = LlamaForCausalLM(cfg).eval()
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    return model
+
+
 def _qwen2() -> Qwen2ForCausalLM:
     torch.manual_seed(1)
     cfg = Qwen2Config(vocab_size=V, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
@@ -46,8 +58,9 @@ def _batch():
     return ids, mask, cont
 
 
-@pytest.mark.parametrize("make", [_llama, lambda: _llama(kv=2), lambda: _llama(rope_theta=500.0), _qwen2],
-                         ids=["llama", "llama-gqa", "llama-theta", "qwen2-bias-gqa"])
+@pytest.mark.parametrize("make", [_llama, lambda: _llama(kv=2), lambda: _llama(rope_theta=500.0), _qwen2,
+                                  _smollm2_like],
+                         ids=["llama", "llama-gqa", "llama-theta", "qwen2-bias-gqa", "smollm2-like"])
 def test_decoder_logits_equal_full_forward(make):
     model = make()
     assert unsupported_reason(model) is None
@@ -198,7 +211,8 @@ def _grouped_rollout():
 
 
 @pytest.mark.parametrize("small_attention", [True, False], ids=["matmul-attention", "sdpa"])
-@pytest.mark.parametrize("make", [lambda: _llama(kv=2, pad_token_id=0), _qwen2], ids=["llama-gqa-padidx", "qwen2"])
+@pytest.mark.parametrize("make", [lambda: _llama(kv=2, pad_token_id=0), _qwen2, _smollm2_like],
+                         ids=["llama-gqa-padidx", "qwen2", "smollm2-like-tied-gqa3"])
 def test_packed_policy_forward_equals_the_hf_decoder(make, small_attention, monkeypatch):
     """The packed training forward (each distinct prompt once, no padding computed) against transformers' own
     decoder on the full padded rows: log p, entropy, every TokenStats field, and every parameter's gradient;

@@ -26,8 +26,12 @@ Position ids skip left padding as ``generate`` does; the rotary tables come from
 ``rotary_emb`` module. Values match the HF forward to float32 rounding and gradients match too (tested).
 
 Supported: ``llama``, ``mistral`` and ``qwen2`` configs with SiLU MLPs and plain ``nn.Linear`` projections
-(no adapters, no quantised layers), within the sliding window if any, with a length-independent RoPE.
-:func:`unsupported_reason` says why a model is not, and callers fall back to the HF modules.
+(no adapters, no quantised layers), within the sliding window if any, with a length-independent RoPE; any
+ratio of query to K/V heads (GQA), tied or untied embeddings. SmolLM2-135M (``--model smollm2-135m``: tied
+49,152-row embedding, 9 query / 3 K/V heads, RoPE theta 100000) takes both the static decoder and the packed
+forward; with tied embeddings the one weight's gradient is the sum of the LM head's (dense: every row gets
+softmax mass) and the lookups'. :func:`unsupported_reason` says why a model is not, and callers fall back to
+the HF modules.
 """
 
 from __future__ import annotations
