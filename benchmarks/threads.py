@@ -3,6 +3,7 @@ and the automatic choice (``entropy_rft.threads.choose_threads``), each alone an
 process (``python -c 'while True: pass'``), interleaved, side by side in one run.
 
     .venv/bin/python benchmarks/threads.py [--steps 6] [--rounds 2] [--threads 1,2,2p] [--skip-steps]
+    .venv/bin/python benchmarks/threads.py --model smollm2-135m --skip-token-stats --rounds 1
 
 A count with a "p" suffix (e.g. 2p) runs that many threads with OMP_WAIT_POLICY=PASSIVE in the child's
 environment (libgomp reads it when torch loads it: it cannot be set from inside a running process).
@@ -11,7 +12,11 @@ Every measurement runs in a fresh subprocess with its thread count set before an
 native trainer (``launch.start``) on the built-in default policy for ``--steps`` steps, no evaluation, no
 checkpoints; the median ``time/step`` of the steps after the first two (warm-up). token_stats: 1024 x
 151,936 float32 logits (``--rows``), best of 3 in the child. Each (threads, neighbour) pair runs once per
-round; the best of the rounds is kept. Target (issue 15): the automatic choice with a busy neighbour
+round; the best of the rounds is kept. ``--model smollm2-135m`` times a SmolLM2 mini-step instead: sample 8
+chat prompts x 16 new tokens with the static decoder, the packed policy forward and its backward (the GEMM-bound
+work of a real step, best of 3). The automatic choice is what ``erft`` runs: ``choose_threads``'s count, with
+``OMP_WAIT_POLICY=PASSIVE`` when it is above 1 (the CLI sets it before torch loads).
+Target (issue 15): the automatic choice with a busy neighbour
 <= 1.3x the best of 1 or 2 threads in the same conditions. "Alone" means no neighbour of ours: other
 processes on the machine (the load average is printed) are not controlled.
 """
@@ -48,6 +53,31 @@ def child_steps(threads: int, steps: int) -> dict:
         rows = read_jsonl(Path(d) / "run" / "metrics.jsonl")
     times = [r["time/step"] for r in rows if "time/step" in r][2:]
     return {"time": statistics.median(times), "threads_in_effect": torch.get_num_threads()}
+
+
+def child_smollm2(threads: int) -> dict:
+    import torch
+
+    torch.set_num_threads(threads)
+    from entropy_rft.forward import policy_forward
+    from entropy_rft.policies import load_policy
+    from entropy_rft.prompts import ChatPrompt
+    from entropy_rft.rollout import sample
+
+    model, tok = load_policy("smollm2-135m")
+    model.train().requires_grad_(True)
+    prompts = [ChatPrompt(f"Solve the following multiplication: {a} * {a + 1}. Give only the result.")
+               for a in range(8)]
+    best = float("inf")
+    for i in range(4):
+        t0 = time.perf_counter()
+        rb = sample(model, tok, prompts, max_new_tokens=16, generator=torch.Generator().manual_seed(i))
+        out = policy_forward(model, rb, 1.0)
+        (out.logp * rb.response_mask).sum().backward()
+        model.zero_grad(set_to_none=True)
+        if i:  # the first is a warm-up
+            best = min(best, time.perf_counter() - t0)
+    return {"time": best, "threads_in_effect": torch.get_num_threads()}
 
 
 def child_token_stats(threads: int, rows: int, vocab: int) -> dict:
@@ -121,6 +151,8 @@ def main() -> int:
     ap.add_argument("--vocab", type=int, default=151936)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--threads", default="1,2,2p", help="comma list of thread counts to compare (2p: passive)")
+    ap.add_argument("--model", default="default", choices=["default", "smollm2-135m"],
+                    help="policy of the step-time part (smollm2-135m: a mini-step, see the docstring)")
     ap.add_argument("--skip-steps", action="store_true", help="token_stats only")
     ap.add_argument("--skip-token-stats", action="store_true", help="step time only")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
@@ -129,6 +161,9 @@ def main() -> int:
     if a.child == "steps":
         print(json.dumps(child_steps(a.child_threads, a.steps)))
         return 0
+    if a.child == "smollm2":
+        print(json.dumps(child_smollm2(a.child_threads)))
+        return 0
     if a.child == "token_stats":
         print(json.dumps(child_token_stats(a.child_threads, a.rows, a.vocab)))
         return 0
@@ -136,15 +171,16 @@ def main() -> int:
     from entropy_rft.policies import load_policy
     from entropy_rft.threads import available_cores, choose_threads
 
-    model, _ = load_policy("default")
+    model, _ = load_policy(a.model)
     n_params = sum(p.numel() for p in model.parameters())
-    auto = str(choose_threads(0, n_params, "cpu"))
+    n = choose_threads(0, n_params, "cpu")
+    auto = f"{n}p" if n > 1 else str(n)  # what erft runs: PASSIVE above one thread
     counts = sorted({x.strip() for x in a.threads.split(",")} | {auto})
-    print(f"cores {available_cores()}, default policy {n_params / 1e6:.2f}M params -> automatic choice {auto} "
+    print(f"cores {available_cores()}, {a.model} policy {n_params / 1e6:.2f}M params -> automatic choice {auto} "
           f"thread(s); load average at start {os.getloadavg()[0]:.2f}")
     table = []
     if not a.skip_steps:
-        table += run_kind("steps", counts, auto, a)
+        table += run_kind("steps" if a.model == "default" else "smollm2", counts, auto, a)
     if not a.skip_token_stats:
         table += run_kind("token_stats", counts, auto, a)
     print(f"\nload average at the end {os.getloadavg()[0]:.2f}")

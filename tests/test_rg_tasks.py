@@ -181,3 +181,29 @@ def test_evaluation_reports_progress_per_batch(tmp_path):
                             **common)
     assert {k: v for k, v in out.items() if k not in ("eval/seconds",)} == \
         {k: v for k, v in quiet.items() if k not in ("eval/seconds",)}
+
+
+def test_erft_train_warns_once_when_a_model_inherits_another_models_settings(tmp_path, capsys):
+    from entropy_rft.cli import main
+    from micro import make_micro_policy, micro_overrides
+
+    model = make_micro_policy(tmp_path / "m")
+    sets = micro_overrides(model, **{"train.max_steps": 1, "eval.every": 0})
+    assert main(["train", "--out", str(tmp_path / "run")] + sum((["--set", s] for s in sets), [])) == 0
+    err = capsys.readouterr().err
+    lines = [x for x in err.splitlines() if "tuned for model 'default'" in x]
+    assert len(lines) == 1 and str(model) in lines[0]
+    assert main(["train", "--out", str(tmp_path / "run2"), "--set", "tuned_for=", "--set", "rollout.max_new_tokens=1"]
+                + sum((["--set", s] for s in sets if not s.startswith("rollout.max_new_tokens")), [])) == 0
+    assert "tuned for" not in capsys.readouterr().err  # tuned_for empty: no check
+
+
+def test_only_a_declared_response_budget_is_checked():
+    from entropy_rft.preflight import declared_response_tokens
+    from entropy_rft.tasks.countdown import CountdownTask
+    from micro import DigitTask
+
+    assert declared_response_tokens(DigitTask()) == 0  # inherits Task's hint only: no warning
+    assert declared_response_tokens(CountdownTask()) == 16
+    assert declared_response_tokens(tasks.build_task("rg:products", size=10, val_size=2,
+                                                     max_response_tokens=80)) == 80

@@ -65,7 +65,9 @@ def check_train(cfg: Any, out: str | os.PathLike | None) -> None:
     check_model(cfg.model.name)
     validate_method(cfg)  # imports torch: after the cheap checks
     for line in settings_warnings(cfg, response_tokens):
-        warn(line)
+        if line not in _warned:  # a request is checked by the command and again by launch: say it once
+            _warned.add(line)
+            warn(line)
 
 
 # ----------------------------------------------------------------------------- the output folder
@@ -279,16 +281,26 @@ def _which(params: dict, message: str, params_flag: str) -> str:
 
 
 _response_budget: dict[tuple, int] = {}
+_warned: set[str] = set()
 
 
 def check_task(name: str, params: dict | None = None) -> int:
     """The task of a training config can be built (see :func:`build_task`); built once per (name, params).
-    Returns the task's ``max_response_tokens`` (the longest response its answers need)."""
+    Returns the longest response the task's answers need, as it declares it (see
+    :func:`declared_response_tokens`)."""
     key = ("task", name, repr(sorted(dict(params or {}).items(), key=lambda kv: str(kv[0]))),
            _stamp(_files_in(params or {})))
     if key not in _response_budget:
-        _response_budget[key] = int(getattr(build_task(name, params), "max_response_tokens", 0) or 0)
+        _response_budget[key] = declared_response_tokens(build_task(name, params))
     return _response_budget[key]
+
+
+def declared_response_tokens(task: Any) -> int:
+    """The ``max_response_tokens`` a task declares itself (0 when it only inherits the interface's default)."""
+    from entropy_rft.tasks.base import Task
+
+    owners = [vars(task)] + [vars(c) for c in type(task).__mro__ if c is not Task and c is not object]
+    return next((int(d["max_response_tokens"]) for d in owners if "max_response_tokens" in d), 0)
 
 
 def settings_warnings(cfg: Any, response_tokens: int) -> list[str]:
