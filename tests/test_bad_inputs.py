@@ -67,7 +67,7 @@ def case(cid: str, *argv: str, must: str, out: str | None = None, skip: str | No
 
 NO_CUDA = "a CUDA GPU is available here" if HAS_CUDA else None
 # Cases that import torch or transformers (the rest fail before): started first.
-SLOW = ("model-not", "model-trunc", "device-cuda", "device-mps", "method-unknown", "methods-")
+SLOW = ("model-not", "model-trunc", "device-cuda", "device-mps", "method-unknown", "methods-", "trl-")
 
 CASES: list[Case] = [
     # --- train: task
@@ -156,6 +156,9 @@ CASES: list[Case] = [
     train("entropy-target-garbage", "--method", "clip_v", "--entropy-target", "lots", must="entropy_target"),
     train("entropy-target-inf", "--method", "clip_v", "--entropy-target", "inf", must="entropy_target"),
     train("engine-unknown", "--engine", "bogus", must="--engine"),
+    train("trl-section-unknown-key", "--engine", "trl", "--set", "trl.use_vlm=true", must="trl.use_vllm"),
+    train("trl-refuses-unhonoured", "--engine", "trl", "--set", "algo.drop_uniform_groups=true",
+          must="algo.drop_uniform_groups"),
     train("unknown-flag", "--bogus-flag", must="--bogus-flag"),
     # --- train: model (entropy_rft.models.locate_policy)
     train("model-missing-path", "--model", "/nonexistent/model", must="/nonexistent/model"),

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from scipy.optimize import curve_fit
 
-from entropy_rft.analysis.law import fit_law, fit_run, forecast, law_points
+from entropy_rft.analysis.law import MIN_RELIABLE_POINTS, fit_law, fit_run, forecast, law_points, reliability_warning
 from entropy_rft.cli import main
 from entropy_rft.errors import UserError
 
@@ -144,3 +144,22 @@ def test_fit_law_cli_bad_input_exits_2(tmp_path, capsys):
                                                "eval/entropy": 1 - s / 200} for s in (0, 100, 150, 200)])
     assert main(["fit-law", str(sparse)]) == 0
     assert "forecast test: not possible" in capsys.readouterr().out
+
+
+def test_reliability_warning_below_eight_points(tmp_path):
+    assert MIN_RELIABLE_POINTS == 8
+    assert reliability_warning(4) == "fit on 4 points: not reliable (fewer than 8 evaluations)"
+    assert reliability_warning(7) is not None
+    assert reliability_warning(8) is None and reliability_warning(36) is None
+    # The threshold's reason (law.py): the two-sided 5% critical r for n points, r = t / sqrt(t² + n - 2),
+    # squared, is the R² that noise alone exceeds 5% of the time: about 0.90 at n = 4 and 0.50 at n = 8.
+    from scipy.stats import t as student_t
+
+    def r2_crit(n):
+        t = student_t.ppf(0.975, n - 2)
+        return t * t / (t * t + n - 2)
+
+    assert r2_crit(4) == pytest.approx(0.9025, abs=1e-3) and r2_crit(8) == pytest.approx(0.500, abs=2e-3)
+    few = _write_run(tmp_path / "few", _law_rows(steps=range(0, 31, 10)))  # 4 evaluations
+    assert fit_run(few)["warning"].startswith("fit on 4 points: not reliable")
+    assert fit_run(_write_run(tmp_path / "many", _law_rows()))["warning"] is None  # 11 evaluations

@@ -301,3 +301,40 @@ def test_grpo_config_follows_erfts_gradient_checkpointing(tmp_path, on):
 
     cfg = load_config(None, [f"model.gradient_checkpointing={str(on).lower()}", "engine=trl"])
     assert grpo_config(cfg, tmp_path, 1).gradient_checkpointing is on
+
+
+def test_engine_trl_logs_on_the_erft_step_axis_with_native_names(policy_dir, tmp_path):
+    """metrics.jsonl and <out>/tb hold one row per erft step (here 2 optimizer steps each), with the native key
+    names; TRL's own TensorBoard stays off (trl.report_to is empty); samples.jsonl has every completion of a due
+    step with its prompt, gold answer and reward."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from micro import DigitTask
+
+    out = tmp_path / "run"
+    launch.start(trl_config(policy_dir, "clip_v", **{"train.tensorboard": "true", "train.samples_every": 1}), out)
+    rows = read_rows(out)
+    assert [r["step"] for r in rows] == [1, 2]
+    acc = EventAccumulator(str(out / "tb"), size_guidance={"scalars": 0})
+    acc.Reload()
+    tags = set(acc.Tags()["scalars"])
+    numeric = {k for r in rows for k, v in r.items() if isinstance(v, (int, float)) and k != "step"}
+    assert tags == numeric and {"entropy/mean", "reward/mean", "control/kept_frac", "loss/total"} <= tags
+    for tag in ("entropy/mean", "reward/mean", "optim/lr"):
+        events = acc.Scalars(tag)
+        assert [e.step for e in events] == [1, 2]
+        assert [e.value for e in events] == pytest.approx([r[tag] for r in rows], rel=1e-6)
+    assert not (out / "trl" / "runs").exists()  # one TensorBoard layout
+
+    samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    per_step = 4 * 4  # micro_overrides: prompts_per_step × group_size
+    assert [s["step"] for s in samples] == [1] * per_step + [2] * per_step
+    task, train = DigitTask(), DigitTask().split(0)[0]
+    by_prompt = {ex.prompt: ex for ex in train}
+    for s in samples:
+        assert set(s) == {"step", "prompt", "response", "reward", "answer"}
+        ex = by_prompt[s["prompt"]]
+        assert s["answer"] == ex.answer and s["reward"] == task.reward(s["response"], ex)
+    for step, row in zip((1, 2), rows):  # the samples are the step's batch: their mean is its reward/mean
+        mean = sum(s["reward"] for s in samples if s["step"] == step) / per_step
+        assert mean == pytest.approx(row["reward/mean"])

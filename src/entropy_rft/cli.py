@@ -15,14 +15,14 @@ import errno
 import os
 import sys
 
-from entropy_rft.commands import compare, experiment, fit_law, methods, probe, report, train
+from entropy_rft.commands import compare, experiment, fit_law, methods, probe, report, tasks, train
 from entropy_rft.commands import eval as eval_cmd
 from entropy_rft.commands import filter as filter_cmd
 from entropy_rft.errors import UserError
 from entropy_rft.threads import prefer_passive_wait
 
 # Subcommand modules, in the order ``erft --help`` lists them.
-COMMANDS = (train, eval_cmd, compare, report, probe, filter_cmd, fit_law, experiment, methods)
+COMMANDS = (train, eval_cmd, compare, report, probe, filter_cmd, fit_law, experiment, methods, tasks)
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -46,6 +46,19 @@ _ERRNO_HINTS = {
 }
 
 
+class _DefaultsFormatter(argparse.HelpFormatter):
+    """Help that ends with ``(default: X)`` for every option whose default means something: not None, False,
+    an empty list or SUPPRESS, and not already named in the help text."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        if (default is None or default is False or default is argparse.SUPPRESS or default == []
+                or "default" in text.lower() or not (action.option_strings or action.nargs in ("?", "*"))):
+            return text
+        return text.rstrip() + " (default: %(default)s)"
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse with a one-line error (``erft train: error: ... (see erft train --help)``), exit 2."""
 
@@ -67,14 +80,14 @@ def debug_enabled(argv_flag: bool = False) -> bool:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
-        prog="erft",
+        prog="erft", formatter_class=_DefaultsFormatter,
         description="entropy-rft: reinforcement fine-tuning with policy entropy at the centre.",
     )
     debug_help = "On an error, show the Python traceback instead of one line (also: ERFT_DEBUG=1)."
     parser.add_argument("--debug", action="store_true", help=debug_help)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for mod in COMMANDS:
-        p = sub.add_parser(mod.NAME, help=mod.HELP, description=mod.HELP)
+        p = sub.add_parser(mod.NAME, help=mod.HELP, description=mod.HELP, formatter_class=_DefaultsFormatter)
         mod.add_arguments(p)
         # Also accepted after the command (erft train --debug ...); SUPPRESS keeps the global flag's value.
         p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=debug_help)

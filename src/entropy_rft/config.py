@@ -163,6 +163,7 @@ class TrainConfig:
     tensorboard: bool = _f(True, "Write TensorBoard events to <out>/tb.")
     wandb: bool = _f(False, "Also log to Weights & Biases (needs `pip install wandb`).")
     progress: bool = _f(True, "Show a progress bar.")
+    log_every: int = _f(1, "with no terminal, print one line every N steps; 0: never")
     threads: int = _f(0, "CPU threads for torch; 0: automatic (entropy_rft.threads.choose_threads: 1 thread "
                       "for models under 50M parameters, which also avoids OpenMP's collapse when the cores are "
                       "shared with other busy processes; else the cores, at most 8).")
@@ -182,6 +183,10 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     engine: str = _f("native", "Training engine: 'native' (our single-process trainer) or 'trl' (TRL's "
                      "GRPOTrainer with our methods; GRPO / Dr.GRPO only).")
+    trl: dict = _f({}, "Engine 'trl' only: extra trl.GRPOConfig fields passed through, e.g. {use_vllm: true, "
+                   "vllm_mode: colocate, report_to: [wandb]}. Checked against GRPOConfig's own fields; those erft "
+                   "sets from its own settings (learning_rate, num_generations, seed, ...) are refused, naming the "
+                   "erft field to use (docs/trl.md).")
     tuned_for: str = _f("", "The model this config's settings (token budget, learning rate, method presets) were "
                         "tuned for; a run of another model warns that it inherits them. Empty: no check.")
 

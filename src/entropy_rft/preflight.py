@@ -9,7 +9,8 @@ corrected retry with the same ``--out`` starts cleanly.
 ``check_prompt_lengths`` is the pure rule the trainer applies once the tokenizer is loaded.
 
 Torch is imported only to check a device other than the CPU and the method (``config.validate_method``), and
-``entropy_rft.models`` (transformers) only for the model check, which comes last.
+``entropy_rft.models`` (transformers) only for the model check, and trl only for engine 'trl' (``check_trl``:
+the ``trl:`` section and the settings that engine refuses or ignores, ``trl_settings``).
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 from entropy_rft.errors import UserError
-from entropy_rft.rundir import warn
 
 # Virtual file systems: nothing a run writes belongs there.
 VIRTUAL_ROOTS = ("/proc", "/sys", "/dev")
@@ -64,7 +64,15 @@ def check_train(cfg: Any, out: str | os.PathLike | None) -> None:
     check_optional_packages(cfg)
     check_model(cfg.model.name)
     validate_method(cfg)  # imports torch: after the cheap checks
-    for line in settings_warnings(cfg, response_tokens):
+    lines = settings_warnings(cfg, response_tokens)
+    if getattr(cfg, "engine", "native") == "trl":
+        lines += check_trl(cfg)
+    elif getattr(cfg, "trl", None):
+        lines.append(f"config section 'trl' ({', '.join(map(str, cfg.trl))}) is read by engine 'trl' only; the "
+                     "native engine ignores it (pass --engine trl, or remove it)")
+    from entropy_rft.rundir import warn  # imports torch, as validate_method did
+
+    for line in lines:
         if line not in _warned:  # a request is checked by the command and again by launch: say it once
             _warned.add(line)
             warn(line)
@@ -383,6 +391,14 @@ def check_optional_packages(cfg: Any) -> None:
     if getattr(cfg, "engine", "native") == "trl" and importlib.util.find_spec("trl") is None:
         raise UserError("config field 'engine' is 'trl' but trl is not installed; pip install trl, or use "
                         "--engine native")
+
+
+def check_trl(cfg: Any) -> list[str]:
+    """Engine 'trl': the ``trl:`` section against TRL's GRPOConfig and the erft settings that engine does not
+    honour (``trl_settings.check``; imports trl). Raises a one-line UserError; returns the warnings."""
+    from entropy_rft import trl_settings
+
+    return trl_settings.check(cfg)
 
 
 def check_model(name: str) -> None:

@@ -1,11 +1,15 @@
 """Stage 10 of a native step: what it reports. The metrics row's batch and lens parts, the samples and the
-per-token records written beside it, and the progress bar that shows it. Each is a function of the step's
-frozen records (``records``); the trainer only calls them.
+per-token records written beside it, and the progress bar that shows it (with no terminal: one plain line
+per step, ``train.log_every``). Each is a function of the step's frozen records (``records``); the trainer only
+calls them. ``prompt_progress`` is the same progress over prompts for ``erft eval`` and ``erft filter``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import sys
+import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -72,8 +76,7 @@ def log_step(logger: Logger, cfg: Config, row: dict[str, Any], s: Scored, old: O
     step = row["step"]
     logger.log(row)
     if cfg.train.samples_every and step % cfg.train.samples_every == 0:
-        logger.samples.write_many({"step": step, "prompt": ex.prompt, "response": r, "reward": float(rw)}
-                                  for ex, r, rw in zip(s.group, s.rollout.responses, s.rewards.tolist()))
+        logger.samples.write_many(sample_rows(step, s.group, s.rollout.responses, s.rewards.tolist()))
     if cfg.probe.records_every and step % cfg.probe.records_every == 0:
         gen = torch.Generator().manual_seed(cfg.train.seed * 7919 + step)
         logger.records.write_many(token_records(s, old, probed, trained, step, cfg.probe.records_per_step, gen))
@@ -89,12 +92,77 @@ class _NoBar:
         pass
 
 
+def is_live() -> bool:
+    """Whether stdout is a live terminal (or a notebook) that can redraw a progress bar. False under nohup,
+    SLURM, a pipe or a captured test; rich's rule, so FORCE_TERMINAL and TTY_COMPATIBLE are honoured."""
+    from rich.console import Console
+
+    console = Console()
+    return console.is_terminal or console.is_jupyter
+
+
+def _fmt(v: Any) -> str:
+    return "-" if v is None else f"{v:.3f}"
+
+
+def step_info(row: dict) -> str:
+    """``reward 0.938  entropy 0.108  kept 1.000`` (and ``val pass@1 ...`` on a step with an evaluation)."""
+    info = (f"reward {_fmt(row.get('reward/mean'))}  entropy {_fmt(row.get('entropy/mean'))}  "
+            f"kept {_fmt(row.get('control/kept_frac'))}")
+    if "eval/pass@1" in row:
+        info += f"  val pass@1 {_fmt(row['eval/pass@1'])}"
+    return info
+
+
+def step_line(row: dict, max_steps: int) -> str:
+    """One plain line for a step: ``step 12/30  reward 0.938  entropy 0.108  kept 1.000  29.3 s/step``."""
+    line = f"step {row['step']}/{max_steps}  {step_info(row)}"
+    t = row.get("time/step")
+    if t is not None:
+        line += f"  {t:.1f} s/step" if t >= 1 else f"  {t:.2f} s/step"
+    return line
+
+
+class StepLines(_NoBar):
+    """The progress with no terminal: one line per step on stdout, every ``every`` steps (and always the first
+    step this process runs and the last step), and each evaluation note as a line; ``every`` 0: nothing."""
+
+    def __init__(self, max_steps: int, every: int, start: int = 0, file: Any = None):
+        self.max_steps, self.every, self.first, self.file = max_steps, every, start + 1, file
+
+    def _print(self, text: str) -> None:
+        print(text, file=self.file if self.file is not None else sys.stdout, flush=True)
+
+    def __call__(self, row: dict) -> None:
+        step = int(row["step"])
+        if self.every > 0 and (step % self.every == 0 or step in (self.first, self.max_steps)):
+            self._print(step_line(row, self.max_steps))
+
+    def note(self, text: str) -> None:
+        if self.every > 0:
+            self._print(text)
+
+
+def sample_rows(step: int, examples: list, responses: list[str], rewards: list[float]) -> list[dict]:
+    """samples.jsonl rows, the same on both engines: step, prompt, response, reward and the gold answer (as
+    JSON when it is a plain value, else its text), so a reward can be audited from the file."""
+    def plain(x):
+        return x if isinstance(x, (str, int, float, bool, type(None))) else str(x)
+
+    return [{"step": step, "prompt": ex.prompt, "response": r, "reward": float(rw), "answer": plain(ex.answer)}
+            for ex, r, rw in zip(examples, responses, rewards)]
+
+
 @contextlib.contextmanager
 def progress_bar(cfg: Config, start: int):
     """A rich progress bar with reward, entropy and kept fraction. Yields ``bar``: ``bar(row)`` advances one
-    step; ``bar.note(text)`` shows ``text`` without advancing (an evaluation's progress)."""
+    step; ``bar.note(text)`` shows ``text`` without advancing (an evaluation's progress). With no terminal
+    (``is_live``), plain lines instead (``StepLines``, every ``train.log_every`` steps)."""
     if not cfg.train.progress:
         yield _NoBar()
+        return
+    if not is_live():
+        yield StepLines(cfg.train.max_steps, cfg.train.log_every, start)
         return
     from rich.progress import (
         BarColumn,
@@ -112,14 +180,30 @@ def progress_bar(cfg: Config, start: int):
 
         class Bar(_NoBar):
             def __call__(self, row: dict) -> None:
-                fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
-                info = (f"reward {fmt(row.get('reward/mean'))}  entropy {fmt(row.get('entropy/mean'))}  "
-                        f"kept {fmt(row.get('control/kept_frac'))}")
-                if "eval/pass@1" in row:
-                    info += f"  val pass@1 {fmt(row['eval/pass@1'])}"
-                prog.update(task, advance=1, info=info)
+                prog.update(task, advance=1, info=step_info(row))
 
             def note(self, text: str) -> None:
                 prog.update(task, info=text)
 
         yield Bar()
+
+
+@contextlib.contextmanager
+def prompt_progress(label: str, total: int, unit: str = "prompts") -> Iterator[Callable[[int, int], None]]:
+    """Progress over the prompts of an evaluation or a filter (``erft eval``, ``erft filter``). Yields
+    ``on_progress(done, total)`` (``evaluation.evaluate_policy``'s callback): a transient rich bar on a
+    terminal; with none, one line per call, ``label: done/total prompts  12 s``."""
+    if not is_live():
+        t0 = time.perf_counter()
+
+        def line(done: int, n: int) -> None:
+            print(f"{label}: {done}/{n} {unit}  {time.perf_counter() - t0:.0f} s", flush=True)
+
+        yield line
+        return
+    from rich import progress as rp
+
+    with rp.Progress(rp.TextColumn(label, markup=False), rp.BarColumn(), rp.MofNCompleteColumn(), rp.TextColumn(unit),
+                     rp.TimeElapsedColumn(), rp.TimeRemainingColumn(), transient=True) as prog:
+        bar = prog.add_task(label, total=total)
+        yield lambda done, n: prog.update(bar, completed=done, total=n)

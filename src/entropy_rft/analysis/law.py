@@ -76,6 +76,22 @@ def fit_law(entropy: Sequence[float], perf: Sequence[float], *, what: str = "poi
                   rmse=math.sqrt(ss_res / h.size), n=int(h.size))
 
 
+# Fewer evaluation points than this and a fit is flagged "not reliable" (report panel, report.json, fit-law).
+# Why 8: the law has two parameters, so n points leave n - 2 residual degrees of freedom, and a high R² on few
+# points is cheap. Under pure noise the R² of a one-regressor fit (here on x = exp(H)) exceeds the two-sided 5%
+# critical value r_crit² — 0.90 at n = 4, 0.66 at n = 6, 0.50 at n = 8 (r_crit = 0.950, 0.811, 0.707) — so
+# below 8 points even R² ≈ 0.6–0.9 does not separate the law from noise. Paper B's forecast fits use ~36
+# evaluations; 8 is the smallest n at which a moderate R² (> 0.5) means something at the 5% level.
+MIN_RELIABLE_POINTS = 8
+
+
+def reliability_warning(n: int, min_points: int = MIN_RELIABLE_POINTS) -> str | None:
+    """``"fit on 4 points: not reliable"`` when ``n`` is below ``min_points``; None otherwise."""
+    if n >= min_points:
+        return None
+    return f"fit on {n} point{'s' if n != 1 else ''}: not reliable (fewer than {min_points} evaluations)"
+
+
 @dataclass
 class Forecast:
     fit: LawFit
@@ -169,6 +185,7 @@ def fit_run(run_dir: str | Path, *, fit_frac: float = 0.2, entropy: str = "eval"
     steps, hs, rs = law_points(rows, entropy=entropy, metric=metric, what=str(path))
     fit = fit_law(hs, rs, what=str(path))
     out: dict[str, Any] = {"run": str(run_dir), "entropy": entropy, "metric": metric, "fit": fit.to_dict(),
+                           "warning": reliability_warning(fit.n),
                            "points": {"step": steps, "entropy": hs, "accuracy": rs}}
     try:
         out["forecast"] = forecast(steps, hs, rs, fit_frac, what=str(path)).to_dict()

@@ -1,14 +1,17 @@
 """Figures of the report, each rendered to PNG bytes with matplotlib's Agg backend (no display needed).
 
 Every ``fig_*`` function takes the loaded runs (``report.RunData``) and returns PNG bytes, or ``None`` when
-the runs hold no data for that figure (the report then says why). Runs of the same method share a colour;
-seeds are separate lines.
+the runs hold no data for that figure (the report then leaves it out and says why). A series is the runs of
+one label (``RunData.label``: method and variant, plus engine and model where they differ); its seeds share a
+colour, the curves of a series with several seeds are their mean (seeds drawn thin behind it), and no panel
+is drawn empty. Legends sit outside the plotting area: right of a single panel, below a pair of panels.
 """
 
 from __future__ import annotations
 
 import io
 import math
+import textwrap
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -47,9 +50,15 @@ def figure_png(fig) -> bytes:
 
 
 def methods_in_order(runs: Sequence[RunData]) -> list[str]:
-    """Method labels in order of first appearance, the vanilla baseline ('none') first."""
+    """Series labels in order of first appearance, those of the vanilla baseline (method 'none') first."""
     labels = list(dict.fromkeys(r.label for r in runs))
-    return sorted(labels, key=lambda lab: lab != "none")
+    base = {r.label for r in runs if r.method == "none"}
+    return sorted(labels, key=lambda lab: lab not in base)
+
+
+def by_label(runs: Sequence[RunData]) -> list[tuple[str, list[RunData]]]:
+    """(label, its runs) in ``methods_in_order``: a series and its seeds."""
+    return [(lab, [r for r in runs if r.label == lab]) for lab in methods_in_order(runs)]
 
 
 def method_colors(runs: Sequence[RunData]) -> dict[str, str]:
@@ -66,6 +75,68 @@ def series(rows: Sequence[dict], key: str) -> tuple[list[int], list[float]]:
             xs.append(int(row.get("step", 0)))
             ys.append(float(v))
     return xs, ys
+
+
+def mean_series(runs: Sequence[RunData], key: str, rows: str = "train_rows") -> tuple[list[int], list[float]]:
+    """The mean over seeds of ``key``: at the steps that every run which logged ``key`` has (so a shorter
+    seed ends the mean curve rather than making it jump), the mean of those runs' values."""
+    per = [dict(zip(*series(getattr(r, rows), key))) for r in runs]
+    per = [p for p in per if p]
+    if not per:
+        return [], []
+    steps = sorted(set.intersection(*(set(p) for p in per)))
+    return steps, [float(np.mean([p[s] for p in per])) for s in steps]
+
+
+def _series_label(label: str, n: int) -> str:
+    return label if n <= 1 else f"{label} (mean of {n} seeds)"
+
+
+def _plot_series(ax, runs: Sequence[RunData], key: str, color: str, label: str | None, *, rows: str = "train_rows",
+                 **kw) -> bool:
+    """One series: its mean over seeds (labelled), the seeds thin behind it when there are several.
+    False (and nothing drawn) when no run of the series logged ``key``."""
+    seeds = [r for r in runs if series(getattr(r, rows), key)[0]]
+    if not seeds:
+        return False
+    if len(seeds) > 1:
+        for r in seeds:
+            xs, ys = series(getattr(r, rows), key)
+            ax.plot(xs, ys, color=color, lw=0.6, alpha=0.3, ls=kw.get("ls", "-"))
+    xs, ys = mean_series(seeds, key, rows)
+    if "marker" not in kw:
+        kw["marker"] = "." if len(xs) < 30 else None
+    ax.plot(xs, ys, color=color, label=None if label is None else _series_label(label, len(seeds)), **kw)
+    return True
+
+
+LEGEND_WRAP = 44  # characters per legend line: a long label wraps instead of widening the figure
+
+
+def _wrapped(labels: Sequence[str]) -> list[str]:
+    return [textwrap.fill(str(lab), LEGEND_WRAP, break_on_hyphens=False) for lab in labels]
+
+
+def legend_right(ax, handles: Sequence | None = None, fontsize: float = 8) -> None:
+    """The axes' legend to the right of its plotting area (outside the curves); nothing when it has no entry."""
+    if handles is None:
+        handles, labels = ax.get_legend_handles_labels()
+    else:
+        labels = [h.get_label() for h in handles]
+    if handles:
+        ax.legend(handles, _wrapped(labels), loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0,
+                  fontsize=fontsize, frameon=False)
+
+
+def legend_below(fig, axes: Sequence, fontsize: float = 8) -> None:
+    """One legend for a row of panels, below the figure (outside every panel); entries deduplicated."""
+    entries: dict[str, object] = {}
+    for ax in axes:
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            entries.setdefault(lab, h)
+    if entries:
+        fig.legend(list(entries.values()), _wrapped(list(entries)), loc="upper center", bbox_to_anchor=(0.5, 0.0),
+                   ncol=min(3, len(entries)), fontsize=fontsize, frameon=False)
 
 
 def logged(runs: Sequence[RunData], key: str) -> bool:
@@ -101,19 +172,15 @@ def fig_entropy(runs: Sequence[RunData]) -> bytes | None:
         return None
     colors = method_colors(runs)
     fig, ax = plt.subplots(figsize=(7.5, 4))
-    seen: set = set()
-    for r in runs:
-        xs, ys = series(r.train_rows, "entropy/mean")
-        ax.plot(xs, ys, color=colors[r.label], lw=1.4, marker="." if len(xs) < 30 else None,
-                label=_legend_once(ax, seen, r.label))
-        ex, ey = series(r.eval_rows, "eval/entropy")
-        if ex:
-            ax.plot(ex, ey, color=colors[r.label], ls="--", marker="o", ms=4, lw=0.8, alpha=0.7)
+    for label, rs in by_label(runs):
+        _plot_series(ax, rs, "entropy/mean", colors[label], label, lw=1.4)
+        _plot_series(ax, rs, "eval/entropy", colors[label], None, rows="eval_rows", ls="--", marker="o", ms=4,
+                     lw=0.8, alpha=0.7)
     ax.set_xlabel("step")
     ax.set_ylabel("entropy (nats / token)")
-    ax.set_title("Policy entropy: training batch (solid), validation samples (dashed, o)")
+    ax.set_title("Policy entropy: training batch (solid), validation (dashed, o)")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    legend_right(ax)
     return figure_png(fig)
 
 
@@ -123,35 +190,35 @@ def fig_accuracy_reward(runs: Sequence[RunData]) -> bytes | None:
     has_eval = any(series(r.eval_rows, "eval/pass@1")[0] for r in runs)
     if not (has_train or has_eval):
         return None
-    colors, fig, ax1, ax2 = _two_panels(runs, figsize=(11, 4))
-    seen: set = set()
-    for r in runs:
-        xs, ys = series(r.train_rows, "reward/mean")
-        ax1.plot(xs, ys, color=colors[r.label], lw=1.2, marker="." if len(xs) < 30 else None,
-                 label=_legend_once(ax1, seen, r.label))
-    ax1.set_title("Training reward (mean over the rollout batch)")
-    ax1.set_xlabel("step")
-    ax1.set_ylabel("reward")
-    ax1.grid(alpha=0.3)
-    if seen:
-        ax1.legend(fontsize=8)
-    if has_eval:
-        seen2: set = set()
-        for r in runs:
-            xs, ys = series(r.eval_rows, "eval/pass@1")
-            ax2.plot(xs, ys, color=colors[r.label], marker="o", ms=4, label=_legend_once(ax2, seen2, r.label))
-            if r.k and r.k > 1:
-                kx, ky = series(r.eval_rows, f"eval/pass@{r.k}")
-                ax2.plot(kx, ky, color=colors[r.label], ls="--", marker="^", ms=4, alpha=0.8)
+    colors = method_colors(runs)
+    if has_train and has_eval:
+        fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    else:  # one panel: an empty one is not drawn
+        fig, ax = plt.subplots(figsize=(7.5, 4))
+        ax1, ax2 = (ax, None) if has_train else (None, ax)
+    if ax1 is not None:
+        for label, rs in by_label(runs):
+            _plot_series(ax1, rs, "reward/mean", colors[label], label, lw=1.2)
+        ax1.set_title("Training reward (mean over the rollout batch)")
+        ax1.set_xlabel("step")
+        ax1.set_ylabel("reward")
+        ax1.grid(alpha=0.3)
+    if ax2 is not None:
+        for label, rs in by_label(runs):
+            _plot_series(ax2, rs, "eval/pass@1", colors[label], label, rows="eval_rows", marker="o", ms=4)
+            k = next((r.k for r in rs if r.k), None)
+            if k and k > 1:
+                _plot_series(ax2, rs, f"eval/pass@{k}", colors[label], None, rows="eval_rows", ls="--",
+                             marker="^", ms=4, alpha=0.8)
         k = next((r.k for r in runs if r.k), None)
         ax2.set_title(f"Validation accuracy: pass@1 (solid), pass@{k} (dashed)")
-        ax2.legend(fontsize=8)
+        ax2.set_xlabel("step")
+        ax2.set_ylabel("accuracy")
+        ax2.grid(alpha=0.3)
+    if ax1 is not None and ax2 is not None:
+        legend_below(fig, (ax1, ax2))
     else:
-        ax2.text(0.5, 0.5, "no evaluations in these runs", ha="center", va="center", transform=ax2.transAxes)
-        ax2.set_title("Validation accuracy")
-    ax2.set_xlabel("step")
-    ax2.set_ylabel("accuracy")
-    ax2.grid(alpha=0.3)
+        legend_right(ax1 if ax1 is not None else ax2)
     return figure_png(fig)
 
 
@@ -204,7 +271,7 @@ def fig_probe_scatter(runs: Sequence[RunData]) -> bytes | None:
     ax.set_title("Tabular first-order prediction vs actual entropy change (token records)")
     ax.ticklabel_format(style="sci", scilimits=(-3, 3))
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="best")
+    legend_right(ax)
     return figure_png(fig)
 
 
@@ -235,7 +302,7 @@ def fig_sc_hist(runs: Sequence[RunData]) -> bytes | None:
     ax.set_xlabel("S_c = S_k − E_p[S]")
     ax.set_ylabel("tokens (log scale)" if log else "tokens")
     ax.set_title("Distribution of the centred entropy discriminator S_c (recorded tokens)")
-    ax.legend(fontsize=7)
+    legend_right(ax)
     return figure_png(fig)
 
 
@@ -291,7 +358,9 @@ def fig_lens(runs: Sequence[RunData]) -> bytes | None:
     for ax in (ax1, ax2):
         ax.set_xticks(x, [QUADRANT_LABELS[q] for q in QUADRANTS], fontsize=8)
         ax.grid(alpha=0.3, axis="y")
-        ax.legend(fontsize=7)
+        handles, labels = ax.get_legend_handles_labels()  # each panel's own numbers, below that panel
+        ax.legend(handles, _wrapped(labels), loc="upper center", bbox_to_anchor=(0.5, -0.1), fontsize=7,
+                  frameon=False)
     ax2.axhline(0, color="k", lw=0.6)
     ax1.set_ylabel("% of valid tokens dropped (mean per step)")
     ax1.set_title("Tokens removed, by quadrant")
@@ -353,7 +422,7 @@ def fig_pass_at_k(runs: Sequence[RunData]) -> bytes | None:
     ax.set_title("Pass@k curves at the final evaluation")
     ax.set_ylim(0, 1.02)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    legend_right(ax)
     return figure_png(fig)
 
 
@@ -383,7 +452,7 @@ def fig_pass_rate_hist(runs: Sequence[RunData]) -> bytes | None:
     ax.set_ylabel("fraction of problems")
     ax.set_title("Pass-rate histogram: GRPO vs entropy-control methods (final evaluation)")
     ax.grid(alpha=0.3, axis="y")
-    ax.legend(fontsize=8)
+    legend_right(ax)
     return figure_png(fig)
 
 
@@ -393,6 +462,7 @@ def fig_law(fits: Sequence[dict], runs: Sequence[RunData]) -> bytes | None:
         return None
     colors = method_colors(runs)
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    warnings = []
     for f in fits:
         pts = f["points"]
         col = colors.get(f["label"], "#333333")
@@ -401,14 +471,21 @@ def fig_law(fits: Sequence[dict], runs: Sequence[RunData]) -> bytes | None:
             fit = f["fit"]
             hs = np.linspace(min(pts["entropy"]), max(pts["entropy"]), 100)
             r2 = "–" if fit["r2"] is None else f"{fit['r2']:.2f}"
-            ax.plot(hs, -fit["a"] * np.exp(hs) + fit["b"], color=col, lw=1.2,
-                    label=f"{f['run']}: a={fit['a']:.3f}, b={fit['b']:.3f}, ceiling={fit['ceiling']:.3f}, R²={r2}")
+            note = f" [{fit['n']} points: not reliable]" if f.get("warning") else ""
+            ax.plot(hs, -fit["a"] * np.exp(hs) + fit["b"], color=col, lw=1.2, ls="--" if note else "-",
+                    label=f"{f['run']} ({f['label']}): a={fit['a']:.3f}, b={fit['b']:.3f}, "
+                          f"ceiling={fit['ceiling']:.3f}, R²={r2}{note}")
+            if f.get("warning"):
+                warnings.append(f"{f['run']}: {f['warning'].split(' (')[0]}")
     ax.set_xlabel("validation entropy H")
     ax.set_ylabel("validation pass@1 R")
     ax.set_title("Entropy-performance law R = −a·exp(H) + b (Cui et al. 2025)")
     ax.grid(alpha=0.3)
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=7)
+    if warnings:  # in the panel itself, so the figure cannot be read without it
+        ax.set_title("Entropy-performance law R = −a·exp(H) + b (Cui et al. 2025)\n"
+                     + "; ".join(warnings[:3]) + ("; …" if len(warnings) > 3 else ""),
+                     color="#a33", fontsize=10)
+    legend_right(ax)
     return figure_png(fig)
 
 
@@ -459,8 +536,12 @@ def fig_probe_levels(runs: Sequence[RunData]) -> bytes | None:
     for ax in (ax1, ax2):
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
-    ax1.legend(handles=style + [plt.Line2D([], [], color=colors[lab], lw=2, label=lab)
-                                for lab in methods_in_order(runs)], fontsize=7, loc="lower right")
+    for ax in (ax1, ax2):
+        if ax.get_legend() is not None:
+            ax.get_legend().remove()
+    fig.legend(style + [plt.Line2D([], [], color=colors[lab], lw=2, label=lab) for lab in methods_in_order(runs)],
+               _wrapped([h.get_label() for h in style] + methods_in_order(runs)), loc="upper center",
+               bbox_to_anchor=(0.5, 0.0), ncol=3, fontsize=7.5, frameon=False)
     return figure_png(fig)
 
 
@@ -486,7 +567,7 @@ def fig_counterfactual(runs: Sequence[RunData]) -> bytes | None:
         ax.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
     ax1.set_title("The method's own effect: ΔH(method) − ΔH(vanilla)")
     ax1.set_ylabel("batch-mean ΔH difference (nats)")
-    ax1.legend(fontsize=8)
+    legend_below(fig, (ax1,))
     ax2.set_title("Batch-mean ΔH: method (o), vanilla (x, dashed)")
     ax2.set_ylabel("batch-mean ΔH (nats)")
     return figure_png(fig)
@@ -510,7 +591,7 @@ def fig_autopilot(runs: Sequence[RunData], band: float = 0.15) -> bytes | None:
         sx, sy = series(r.train_rows, "control/entropy_smoothed")
         ax1.plot(sx, sy, color=col, lw=1.6, label=_legend_once(ax1, seen, r.label))
         kx, ky = series(r.train_rows, "control/knob")
-        ax2.plot(kx, ky, color=col, lw=1.4, label=r.label)
+        ax2.plot(kx, ky, color=col, lw=1.4)
     ax1.set_title(f"Entropy (thin: batch, thick: smoothed) vs target ±{100 * band:.0f}%")
     ax1.set_ylabel("entropy (nats / token)")
     ax2.set_yscale("log")
@@ -519,5 +600,5 @@ def fig_autopilot(runs: Sequence[RunData], band: float = 0.15) -> bytes | None:
     for ax in (ax1, ax2):
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+    legend_below(fig, (ax1,))
     return figure_png(fig)

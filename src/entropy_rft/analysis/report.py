@@ -3,6 +3,11 @@
 ``build_report(paths, out)`` accepts run directories and folders of run directories (``erft compare``
 output), and writes ``out/report.html`` (readable offline: no script, no external file) and
 ``out/report.json`` (the numbers behind the paragraph), both atomically.
+
+Runs are grouped into series by a label (``assign_labels``): the method with its variant (``clip_v:mu=3``,
+``clip_v@0.8x``), then the engine (native / trl) and the model, each only where the runs given differ in
+it. Runs of one label with different ``train.seed`` are seeds and are averaged; runs of one label that
+share a seed are not seeds, and their labels get the run directory's name.
 """
 
 from __future__ import annotations
@@ -21,12 +26,12 @@ import numpy as np
 import yaml
 
 from entropy_rft.analysis import plots
-from entropy_rft.analysis.law import fit_law, law_points
-from entropy_rft.analysis.summary import aggregate, markdown_table, run_summary
+from entropy_rft.analysis.law import MIN_RELIABLE_POINTS, fit_law, law_points, reliability_warning
+from entropy_rft.analysis.summary import DEFAULT_COLUMNS, aggregate, expand_columns, markdown_table, run_summary
 from entropy_rft.autopilot import tracking
 from entropy_rft.control.lens import QUADRANTS
 from entropy_rft.errors import UserError
-from entropy_rft.rundir import atomic_write_json, atomic_write_text, read_jsonl
+from entropy_rft.rundir import atomic_write_json, atomic_write_text, read_jsonl, read_status
 
 
 @dataclass
@@ -34,7 +39,7 @@ class RunData:
     path: Path
     name: str
     method: str
-    label: str
+    label: str  # the series this run belongs to (assign_labels); the variant until then
     seed: int | None
     cfg: dict
     rows: list[dict]
@@ -44,6 +49,9 @@ class RunData:
     k: int | None = None
     base_hist: list[int] | None = None
     final_hist: list[int] | None = None
+    variant: str = ""  # the method with its variant: clip_v, clip_v:mu=3, clip_v@target=0.43
+    engine: str = "native"
+    model: str = "default"
 
 
 def is_run_dir(p: Path) -> bool:
@@ -87,6 +95,16 @@ def _label(cfg: dict) -> tuple[str, str]:
     return name, name
 
 
+def _section(cfg: dict, key: str, path: Path) -> dict:
+    v = cfg.get(key)
+    if v is None:
+        return {}
+    if not isinstance(v, dict):
+        raise UserError(f"{path / 'config.yaml'}: '{key}' must be a mapping, got {type(v).__name__}; restore the "
+                        "run's config.yaml")
+    return v
+
+
 def load_run(path: Path) -> RunData:
     cfg: dict = {}
     if (path / "config.yaml").is_file():
@@ -95,13 +113,23 @@ def load_run(path: Path) -> RunData:
         except yaml.YAMLError as e:
             raise UserError(f"{path / 'config.yaml'}: not valid YAML ({e.__class__.__name__}); "
                             "restore it from the run") from None
+        if not isinstance(cfg, dict):
+            raise UserError(f"{path / 'config.yaml'}: must hold a mapping, got {type(cfg).__name__}; restore it "
+                            "from the run")
+        for key in ("method", "train", "model"):
+            _section(cfg, key, path)
     rows = read_jsonl(path / "metrics.jsonl")
     if not rows:
         raise UserError(f"{path / 'metrics.jsonl'}: empty; the run has not logged a step yet")
     method, label = _label(cfg)
-    r = RunData(path=path, name=path.name, method=method, label=label,
-                seed=(cfg.get("train") or {}).get("seed"), cfg=cfg, rows=rows,
-                records=read_jsonl(path / "token_records.jsonl"))
+    status = read_status(path)  # run.json: the TRL engine records engine="trl" there too
+    engine = str(cfg.get("engine") or status.get("engine") or "native")
+    model = str((cfg.get("model") or {}).get("name") or "default")
+    seed = (cfg.get("train") or {}).get("seed")
+    if seed is not None and not isinstance(seed, (int, str)):
+        seed = str(seed)  # only compared: a damaged value must not stop the report
+    r = RunData(path=path, name=path.name, method=method, label=label, seed=seed, cfg=cfg, rows=rows,
+                records=read_jsonl(path / "token_records.jsonl"), variant=label, engine=engine, model=model)
     r.train_rows = [x for x in rows if int(x.get("step", 0)) >= 1]
     r.eval_rows = [x for x in rows if isinstance(x.get("eval/pass@1"), (int, float))]
     for x in r.eval_rows:
@@ -115,6 +143,53 @@ def load_run(path: Path) -> RunData:
             r.base_hist = [int(v) for v in hists[0]["eval/pass_rate_hist"]]
         r.final_hist = [int(v) for v in hists[-1]["eval/pass_rate_hist"]]
     return r
+
+
+def _model_short(name: str) -> str:
+    """A local model folder by its last component (a hub id such as Qwen/Qwen2.5-7B as it is)."""
+    if name.startswith(("/", "./", "../", "~")) or (os.sep in name and Path(name).exists()):
+        return Path(name).name or name
+    return name
+
+
+def assign_labels(runs: Sequence[RunData]) -> None:
+    """Set each run's series label: its variant, then its engine and model where the runs differ in them.
+
+    Runs of one label are seeds only when their ``train.seed`` values are distinct; otherwise (the same seed
+    twice, or a seed missing) each of them is its own series, labelled with its run directory's name.
+    """
+    parts = [lambda r: r.variant]
+    if len({r.engine for r in runs}) > 1:
+        parts.append(lambda r: r.engine)
+    models = {r.model for r in runs}
+    if len(models) > 1:
+        short = {m: _model_short(m) for m in models}
+        if len(set(short.values())) < len(short):  # two folders of one name: keep the full names
+            short = {m: m for m in models}
+        parts.append(lambda r: short[r.model])
+    for r in runs:
+        r.label = " · ".join(f(r) for f in parts)
+    groups: dict[str, list[RunData]] = {}
+    for r in runs:
+        groups.setdefault(r.label, []).append(r)
+    for label, rs in groups.items():
+        seeds = [r.seed for r in rs]
+        if len(rs) > 1 and (None in seeds or len(set(seeds)) < len(seeds)):
+            names = [r.name for r in rs]
+            if len(set(names)) < len(names):
+                names = [str(r.path) for r in rs]
+            for r, n in zip(rs, names):
+                r.label = f"{label} [{n}]"
+
+
+def series_info(runs: Sequence[RunData]) -> list[dict[str, Any]]:
+    """Per series (in report order): label, method, variant, engine, model, and its runs and seeds."""
+    out = []
+    for label, rs in plots.by_label(runs):
+        out.append({"label": label, "method": rs[0].method, "variant": rs[0].variant, "engine": rs[0].engine,
+                    "model": rs[0].model, "n": len(rs), "runs": [str(r.path) for r in rs],
+                    "seeds": [r.seed for r in rs]})
+    return out
 
 
 # ----------------------------------------------------------------------------- numbers
@@ -131,9 +206,11 @@ def law_fits(runs: Sequence[RunData]) -> list[dict[str, Any]]:
         if not steps:
             continue
         entry: dict[str, Any] = {"run": r.name, "label": r.label,
-                                 "points": {"step": steps, "entropy": hs, "accuracy": rs}, "fit": None}
+                                 "points": {"step": steps, "entropy": hs, "accuracy": rs}, "fit": None,
+                                 "warning": None}
         try:
             entry["fit"] = fit_law(hs, rs, what=r.name).to_dict()
+            entry["warning"] = reliability_warning(entry["fit"]["n"])
         except UserError as e:
             entry["error"] = str(e)
         out.append(entry)
@@ -155,13 +232,13 @@ def _join(items: list[str]) -> str:
     return ", ".join(items[:-1]) + " and " + items[-1]
 
 
-def _best_sentence(vals: dict[str, float], metric: str) -> str:
+def _best_sentence(vals: dict[str, float], metric: str, kind: str = "method") -> str:
     if not vals:
         return ""
     top = max(vals.values())
     best = [lab for lab, v in vals.items() if abs(v - top) <= 1e-9]
     if len(best) == len(vals):
-        return f"All methods tied on {metric} ({top:.3f})."
+        return f"All {kind}{'' if kind == 'series' else 's'} tied on {metric} ({top:.3f})."
     return f"Best {metric}: {_join(best)} ({top:.3f})."
 
 
@@ -171,8 +248,10 @@ def summary_paragraph(runs: Sequence[RunData], summaries: Sequence[dict], lens: 
     by = {lab: [s for r, s in zip(runs, summaries) if r.label == lab] for lab in labels}
     steps = sorted({s["steps"] for s in summaries})
     step_txt = f"{steps[0]}" if len(steps) == 1 else f"{steps[0]}–{steps[-1]}"
+    kind = "method" if all(r.label == r.variant for r in runs) else "series"
+    kinds = "methods" if kind == "method" else "series"
     parts = [f"This report covers {len(runs)} run{'s' if len(runs) != 1 else ''} of "
-             f"{len(labels)} method{'s' if len(labels) != 1 else ''} "
+             f"{len(labels)} {kind if len(labels) == 1 else kinds} "
              f"({_join([f'{lab} ×{len(by[lab])}' for lab in labels])}), {step_txt} training steps each."]
     # Entropy path.
     ent = {}
@@ -198,7 +277,7 @@ def summary_paragraph(runs: Sequence[RunData], summaries: Sequence[dict], lens: 
                 parts.append(f"{hi} kept the most entropy ({ent[hi][1]:.3f} at the last step against "
                              f"{ent[lo][1]:.3f} for {lo}).")
             else:
-                parts.append(f"All methods ended at about the same entropy ({ent[lo][1]:.3f}–{ent[hi][1]:.3f}).")
+                parts.append(f"All {kinds} ended at about the same entropy ({ent[lo][1]:.3f}–{ent[hi][1]:.3f}).")
     # Accuracy.
     k = next((r.k for r in runs if r.k), None)
     acc = {lab: (_mean([s.get("final/pass@1") for s in by[lab]]),
@@ -213,8 +292,8 @@ def summary_paragraph(runs: Sequence[RunData], summaries: Sequence[dict], lens: 
             txt += f" (base model: {_fmt(base1)}/{_fmt(basek)})"
         parts.append(txt + ".")
         if len(acc) >= 2:
-            parts.append(_best_sentence({x: v[0] for x, v in acc.items()}, "pass@1")
-                         + " " + _best_sentence({x: v[1] for x, v in acc.items() if v[1] is not None}, f"pass@{k}"))
+            parts.append(_best_sentence({x: v[0] for x, v in acc.items()}, "pass@1", kind) + " "
+                         + _best_sentence({x: v[1] for x, v in acc.items() if v[1] is not None}, f"pass@{k}", kind))
         if basek is not None:
             below = [lab for lab, (_, pk) in acc.items() if pk is not None and pk < basek]
             if below:
@@ -258,7 +337,7 @@ def summary_paragraph(runs: Sequence[RunData], summaries: Sequence[dict], lens: 
     ok = [f for f in fits if f.get("fit")]
     if ok:
         bits = [f"{f['run']} (a={f['fit']['a']:.3f}, b={f['fit']['b']:.3f}, ceiling {f['fit']['ceiling']:.3f}, "
-                f"R²={_fmt(f['fit']['r2'], 2)})" for f in ok]
+                f"R²={_fmt(f['fit']['r2'], 2)}{'; ' + f['warning'] if f.get('warning') else ''})" for f in ok]
         parts.append("The entropy-performance law R = −a·exp(H) + b was fitted to " + _join(bits) + ".")
         inverted = [f["run"] for f in ok if f["fit"]["a"] <= 0]
         if inverted:
@@ -319,17 +398,23 @@ def deeper_probe_sentences(runs: Sequence[RunData]) -> list[str]:
 
 # ----------------------------------------------------------------------------- HTML
 
+# The page fits ~1000 px: tables wrap (labels anywhere, headers after '/' and '_', a cell's '± std' onto a
+# second line) and scroll inside their own box only if they still do not fit; figures scale to the width.
 CSS = """
-body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;max-width:1150px;margin:24px auto;
+body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;max-width:1000px;margin:24px auto;
 padding:0 16px;color:#222;line-height:1.45}
 h1{font-size:1.6em;margin-bottom:0.2em} h2{font-size:1.2em;margin-top:1.6em;border-bottom:1px solid #ddd}
-.meta{color:#666;font-size:0.9em} .summary{background:#f5f7fa;border-left:4px solid #4a78c2;padding:10px 14px}
-table{border-collapse:collapse;font-size:0.82em;margin:8px 0;display:block;overflow-x:auto}
-th,td{border:1px solid #ccc;padding:3px 6px;text-align:right;white-space:nowrap}
-th{background:#eef;white-space:normal;max-width:7em;vertical-align:bottom}
-td:first-child,th:first-child{text-align:left}
+.meta{color:#666;font-size:0.9em;overflow-wrap:anywhere} .summary{background:#f5f7fa;border-left:4px solid #4a78c2;
+padding:10px 14px}
+.tablewrap{max-width:100%;overflow-x:auto;margin:8px 0}
+table{border-collapse:collapse;font-size:0.78em;width:100%}
+th,td{border:1px solid #ccc;padding:2px 4px;text-align:right;white-space:normal}
+th{background:#eef;vertical-align:bottom;font-weight:600}
+td:first-child,th:first-child{text-align:left;overflow-wrap:anywhere;min-width:6em;max-width:16em}
+td .sd{white-space:nowrap;color:#555}
 figure{margin:10px 0 22px 0} figure img{max-width:100%;height:auto;border:1px solid #eee}
 figcaption{color:#555;font-size:0.88em} .missing{color:#a33;font-style:italic}
+.warn{color:#a33;font-weight:600}
 """
 
 FIGURES = [
@@ -388,11 +473,24 @@ def _table_html(md: str) -> str:
     cells = [[c.strip() for c in ln.strip().strip("|").split("|")] for ln in lines]
     # Allow line breaks after '/' and '_' so long metric names wrap inside their column.
     head = "".join(f"<th>{html.escape(c).replace('/', '/<wbr>').replace('_', '_<wbr>')}</th>" for c in cells[0])
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in cells[1:])
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+    def cell(c: str) -> str:
+        mean, pm, std = c.partition(" ± ")
+        return f"{html.escape(mean)} <span class=\"sd\">± {html.escape(std)}</span>" if pm else html.escape(c)
+
+    body = "".join("<tr>" + "".join(f"<td>{cell(c)}</td>" for c in row) + "</tr>" for row in cells[1:])
+    return f'<div class="tablewrap"><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>'
 
 
 def _missing_reason(key: str, runs: Sequence[RunData]) -> str:
+    if key == "autopilot":
+        return "no run had an entropy target (method.entropy_target)"
+    if key == "law":
+        return "no evaluations with validation entropy in these runs (set eval.every > 0)"
+    if key == "accuracy":
+        return "no run logged reward/mean or eval/pass@1"
+    if key == "entropy":
+        return "no run logged entropy/mean"
     if key in ("passk", "passrate"):
         return "no evaluation with a pass-rate histogram in these runs (set eval.every > 0)"
     if key in ("probe", "sc") and not any(r.records for r in runs):
@@ -409,14 +507,55 @@ def _missing_reason(key: str, runs: Sequence[RunData]) -> str:
     return "no training steps logged yet"
 
 
+def _omitted_html(omitted: Sequence[dict[str, str]]) -> str:
+    if not omitted:
+        return ""
+    return ("<h2>Figures left out</h2><p>These figures are not drawn because no run given logged what they "
+            "plot:</p>" + "".join(_not_shown_html(f"{o['title']}: {o['reason']}") for o in omitted))
+
+
+def _law_html(fits: Sequence[dict], runs: Sequence[RunData]) -> tuple[str, bytes | None]:
+    law_png = plots.fig_law(fits, runs)
+    if law_png is None:
+        return "", None
+    law_rows = []
+    for f in fits:
+        note = f.get("warning") or f.get("error") or ""
+        if f.get("fit"):
+            ft = f["fit"]
+            law_rows.append(f"| {f['run']} | {f['label']} | {ft['n']} | {ft['a']:.4f} | {ft['b']:.4f} | "
+                            f"{ft['ceiling']:.4f} | {_fmt(ft['r2'], 3)} | {note} |")
+        else:
+            law_rows.append(f"| {f['run']} | {f['label']} | {len(f['points']['step'])} | – | – | – | – | {note} |")
+    out = "<h2>Entropy-performance law</h2>"
+    warned = [f for f in fits if f.get("warning")]
+    if warned:
+        out += "".join(f'<p class="warn">{html.escape(f["run"])}: {html.escape(f["warning"])}.</p>' for f in warned)
+    out += _figure_html(law_png, "Entropy-performance law", (
+        "R = −a·exp(H) + b fitted by linear least squares on [−exp(H), 1] to each run's (validation entropy, "
+        "pass@1) pairs; the ceiling b − a is the predicted accuracy at zero entropy. Runs with fewer than 3 "
+        f"evaluations are shown as points only; a fit on fewer than {MIN_RELIABLE_POINTS} is dashed and marked "
+        "not reliable (with so few points a high R² arises from noise alone). The forecast test: "
+        "<code>erft fit-law RUN_DIR</code>."))
+    out += _table_html("| run | series | evaluations | a | b | ceiling b − a | R² | note |\n|---|\n"
+                       + "\n".join(law_rows))
+    return out, law_png
+
+
+ENTROPY_COLUMNS = ("entropy@*",)
+MAIN_COLUMNS = tuple(c for c in DEFAULT_COLUMNS if c not in ENTROPY_COLUMNS)
+
+
 def build_report(paths: Sequence[str | Path], out: str | Path) -> dict[str, Any]:
     """Write ``out/report.html`` and ``out/report.json``; return the numbers (paragraph, fits, lens)."""
     run_dirs = expand_run_dirs(paths)
     runs = [load_run(p) for p in run_dirs]
+    assign_labels(runs)
     summaries = [run_summary(r.path) for r in runs]
     for r, s in zip(runs, summaries):
         s["method"] = r.label
     agg = aggregate(summaries)
+    agg = {lab: agg[lab] for lab in plots.methods_in_order(runs)}
     lens = plots.lens_means(runs, "lens")
     fits = law_fits(runs)
     paragraph = summary_paragraph(runs, summaries, lens, fits)
@@ -425,51 +564,41 @@ def build_report(paths: Sequence[str | Path], out: str | Path) -> dict[str, Any]
         raise UserError(f"--out {out}: exists and is not a folder; choose a folder for report.html")
 
     sections = []
-    figures_present = []
+    figures_present: list[str] = []
+    omitted: list[dict[str, str]] = []
     for key, title, fn, caption in FIGURES:
         png = fn(runs)
-        if png is None and key == "autopilot":
-            continue  # no run had an entropy target: nothing to say
-        if png is None:
-            sections.append(f"<h2>{html.escape(title)}</h2>{_not_shown_html(_missing_reason(key, runs))}")
+        if png is None:  # nothing to plot: no empty panel, a line in "Figures left out"
+            omitted.append({"figure": key, "title": title, "reason": _missing_reason(key, runs)})
         else:
             figures_present.append(key)
             sections.append(f"<h2>{html.escape(title)}</h2>{_figure_html(png, title, html.escape(caption))}")
-    law_png = plots.fig_law(fits, runs)
-    law_rows = []
-    for f in fits:
-        if f.get("fit"):
-            ft = f["fit"]
-            law_rows.append(f"| {f['run']} | {ft['n']} | {ft['a']:.4f} | {ft['b']:.4f} | {ft['ceiling']:.4f} | "
-                            f"{_fmt(ft['r2'], 3)} |")
-        else:
-            law_rows.append(f"| {f['run']} | {len(f['points']['step'])} | – | – | – | – |")
-    law_html = "<h2>Entropy-performance law</h2>"
+    law_html, law_png = _law_html(fits, runs)
     if law_png is None:
-        law_html += _not_shown_html("no evaluations in these runs (set eval.every > 0)")
+        omitted.append({"figure": "law", "title": "Entropy-performance law", "reason": _missing_reason("law", runs)})
     else:
         figures_present.append("law")
-        law_html += _figure_html(law_png, "Entropy-performance law", (
-            "R = −a·exp(H) + b fitted by linear least squares on [−exp(H), 1] to each run's (validation entropy, "
-            "pass@1) pairs; the ceiling b − a is the predicted accuracy at zero entropy. Runs with fewer than 3 "
-            "evaluations are shown as points only. The forecast test: <code>erft fit-law RUN_DIR</code>."))
-        law_html += _table_html("| run | evaluations | a | b | ceiling b − a | R² |\n|---|\n" + "\n".join(law_rows))
-    sections.append(law_html)
+        sections.append(law_html)
 
     title = "entropy-rft report"
     now = _dt.datetime.now().strftime("%Y-%m-%d %H:%M")
     run_list = ", ".join(html.escape(str(p)) for p in run_dirs)
+    first = "method" if all(r.label == r.variant for r in runs) else "series"
+    tables = _table_html(markdown_table(agg, MAIN_COLUMNS, first=first))
+    if expand_columns(agg, ENTROPY_COLUMNS):  # a second table, so that neither is too wide for the page
+        tables += ("<p>Training-batch entropy at fixed steps:</p>"
+                   + _table_html(markdown_table(agg, ENTROPY_COLUMNS, first=first)))
     page = (
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
         f"<title>{title}</title><style>{CSS}</style></head><body>"
         f"<h1>{title}</h1><p class=\"meta\">Generated {now} from {len(runs)} run(s): {run_list}</p>"
         f"<h2>Summary</h2><p class=\"summary\" id=\"summary\">{html.escape(paragraph)}</p>"
-        f"<h2>Table (mean ± std over seeds)</h2>{_table_html(markdown_table(agg))}"
-        + "".join(sections) + "</body></html>\n"
+        f"<h2>Table (mean ± std over seeds)</h2>{tables}"
+        + _omitted_html(omitted) + "".join(sections) + "</body></html>\n"
     )
     atomic_write_text(out / "report.html", page)
-    numbers = {"runs": [str(p) for p in run_dirs], "summary": paragraph, "figures": figures_present,
-               "methods": agg, "lens": lens, "law": fits}
+    numbers = {"runs": [str(p) for p in run_dirs], "summary": paragraph, "series": series_info(runs),
+               "figures": figures_present, "omitted": omitted, "methods": agg, "lens": lens, "law": fits}
     atomic_write_json(out / "report.json", numbers)
     for name in ("report.html", "report.json"):
         os.chmod(out / name, 0o644)  # the atomic temp file is private; a report is for sharing

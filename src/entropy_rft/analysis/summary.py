@@ -115,7 +115,7 @@ SHORT_COLUMNS = ("final/pass@1", "final/pass@K", "final/distinct_correct", "fina
                  "control/kept_frac")
 
 
-def _expand_columns(agg: dict[str, dict[str, Any]], columns: Sequence[str]) -> list[str]:
+def expand_columns(agg: dict[str, dict[str, Any]], columns: Sequence[str]) -> list[str]:
     """'entropy@*' becomes one column per fixed step that some method reached."""
     out: list[str] = []
     for c in columns:
@@ -128,8 +128,10 @@ def _expand_columns(agg: dict[str, dict[str, Any]], columns: Sequence[str]) -> l
     return out
 
 
-def markdown_table(agg: dict[str, dict[str, Any]], columns: Sequence[str] = DEFAULT_COLUMNS) -> str:
-    """A markdown table, one row per method, cells 'mean ± std' (std omitted for one seed).
+def markdown_table(agg: dict[str, dict[str, Any]], columns: Sequence[str] = DEFAULT_COLUMNS,
+                   first: str = "method") -> str:
+    """A markdown table, one row per method (``first`` names that column), cells 'mean ± std' (std omitted
+    for one seed).
 
     A column name with '@K' stands for the run's own K (e.g. final/pass@K -> final/pass@8).
     """
@@ -139,8 +141,8 @@ def markdown_table(agg: dict[str, dict[str, Any]], columns: Sequence[str] = DEFA
             return next((k for k in method_agg if k.startswith(prefix) and k != prefix + "1"), col)
         return col
 
-    columns = _expand_columns(agg, columns)
-    head = "| method | seeds | " + " | ".join(columns) + " |"
+    columns = expand_columns(agg, columns)
+    head = f"| {first} | seeds | " + " | ".join(columns) + " |"
     lines = [head, "|" + "---|" * (len(columns) + 2)]
     for method, a in agg.items():
         cells = []

@@ -6,7 +6,9 @@ the same benchmark, samples and seed. Each dataset is a task (``champ``, ``gsm_s
 ``aime25``, ``amc23``, ``math500``, ``dapo500``, ``math`` with ``--task-param source=FILE``, or
 ``pkg.mod:Class``); its validation examples are scored. Paper A's setting: ``--samples 32 --temperature 0.7``.
 
-Writes ``eval.json``, ``eval.md`` (a markdown table) and ``pass_rate_hist.png`` into ``--out``.
+Writes ``eval.json``, ``eval.md`` (a markdown table) and ``pass_rate_hist.png`` into ``--out``. ``eval.json``
+and ``eval.md`` are rewritten after each (model, dataset), so an interrupted eval keeps what finished
+(``"complete": false`` in ``eval.json`` until the last).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +44,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int, default=64, help="Sequences sampled together.")
     p.add_argument("--seed", type=int, default=0, help="Sampling seed (the same for every model).")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N.")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                   help="Weights' dtype while sampling.")
     p.add_argument("--threads", type=int, default=0,
                    help="CPU threads (0: automatic, entropy_rft.threads: 1 for small models).")
     p.add_argument("--out", default="eval", help="Output folder for eval.json, eval.md, pass_rate_hist.png.")
@@ -202,7 +206,9 @@ def histogram_png(results: list[dict[str, Any]]) -> bytes:
 # ----------------------------------------------------------------------------- the command
 
 
-def evaluate(args: argparse.Namespace) -> list[dict[str, Any]]:
+def evaluate(args: argparse.Namespace, on_result: Callable[[list[dict[str, Any]]], None] | None = None
+             ) -> list[dict[str, Any]]:
+    """Every (model, dataset) result; ``on_result(results so far)`` after each."""
     from entropy_rft import preflight
 
     preflight.check_min("--samples", args.samples, 1)
@@ -231,26 +237,23 @@ def evaluate(args: argparse.Namespace) -> list[dict[str, Any]]:
         preflight.check_model(m)
 
     import torch
-    from rich import progress as rp
 
     from entropy_rft import evaluation
+    from entropy_rft.step_log import prompt_progress
     from entropy_rft.threads import apply_threads
 
-    results = []
+    results: list[dict[str, Any]] = []
     for spec in models:
         model, tok = load_model(spec, args.device, args.dtype)
         apply_threads(args.threads, model, args.device)
         for name, task, examples in tasks:
             gen = torch.Generator(device=args.device).manual_seed(args.seed)
             t0 = time.perf_counter()
-            with rp.Progress(rp.TextColumn(f"[bold]{spec['label']}[/] on {name}"), rp.BarColumn(),
-                             rp.MofNCompleteColumn(), rp.TextColumn("prompts"), rp.TimeElapsedColumn(),
-                             rp.TimeRemainingColumn(), transient=True) as prog:
-                bar = prog.add_task("eval", total=len(examples))
+            with prompt_progress(f"{spec['label']} on {name}", len(examples)) as on_progress:
                 m = evaluation.evaluate_policy(model, tok, task, examples, n_samples=args.samples,
                                                temperature=args.temperature, max_new_tokens=args.max_new_tokens,
                                                generator=gen, batch_size=args.batch_size, prefix="",
-                                               on_progress=lambda done, _total, b=bar: prog.update(b, completed=done))
+                                               on_progress=on_progress)
             n = args.samples
             hist = m["pass_rate_hist"]
             metrics = {f"avg@{n}": m[f"avg@{n}"], f"maj@{n}": m[f"maj@{n}"]}
@@ -262,22 +265,33 @@ def evaluate(args: argparse.Namespace) -> list[dict[str, Any]]:
                    "examples": m["samples"][:3]}
             results.append(res)
             print(f"{spec['label']} on {name}: " + ", ".join(f"{k} {100 * v:.2f}" for k, v in metrics.items())
-                  + f" ({len(examples)} questions, {res['seconds']:.1f} s)")
+                  + f" ({len(examples)} questions, {res['seconds']:.1f} s)", flush=True)
+            if on_result is not None:
+                on_result(results)
         del model
     return results
 
 
-def run(args: argparse.Namespace) -> int:
-    results = evaluate(args)
+def write_results(args: argparse.Namespace, results: list[dict[str, Any]], *, complete: bool) -> Path:
+    """``eval.json`` and ``eval.md`` with the results so far (each file replaced atomically); ``complete``
+    false while models or datasets are still to come, so an interrupted eval keeps what finished."""
     from entropy_rft import rundir
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     ks = pass_ks(args.pass_k, args.samples)
     summary = {"samples": args.samples, "temperature": args.temperature, "pass_k": ks, "seed": args.seed,
-               "max_new_tokens": args.max_new_tokens, "results": results}
+               "max_new_tokens": args.max_new_tokens, "complete": complete, "results": results}
     rundir.atomic_write_text(out / "eval.json", json.dumps(rundir.json_safe(summary), indent=1))
     rundir.atomic_write_text(out / "eval.md", markdown_table(results, ks, args.samples))
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    results = evaluate(args, on_result=lambda so_far: write_results(args, so_far, complete=False))
+    from entropy_rft import rundir
+
+    out = write_results(args, results, complete=True)
     rundir.atomic_write_bytes(out / "pass_rate_hist.png", histogram_png(results))
     print(f"wrote {out / 'eval.json'}, {out / 'eval.md'}, {out / 'pass_rate_hist.png'}")
     return 0

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Callable
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -38,8 +39,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "seeded shuffle).")
     p.add_argument("--batch-size", type=int, default=64, help="Sequences sampled together.")
     p.add_argument("--seed", type=int, default=0, help="Sampling seed.")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N.")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                   help="Weights' dtype while sampling.")
     p.add_argument("--threads", type=int, default=0,
                    help="CPU threads (0: automatic, entropy_rft.threads: 1 for small models).")
     p.add_argument("--out", default="filtered", help="Output folder.")
@@ -62,13 +64,16 @@ def keep_question(correct: int, n: int, min_pass: float, max_pass: float) -> boo
 
 
 def count_correct(model, tok, task, examples, *, n: int, temperature: float, max_new_tokens: int,
-                  batch_size: int, generator) -> list[int]:
-    """Correct samples (reward >= 1) out of ``n`` per example."""
+                  batch_size: int, generator, on_progress: Callable[[int, int], None] | None = None) -> list[int]:
+    """Correct samples (reward >= 1) out of ``n`` per example. ``on_progress(done, total)`` is called with the
+    examples scored so far, before the first batch and after each (``evaluation.evaluate_policy``'s rule)."""
     from entropy_rft.rollout import sample
 
     per_chunk = max(1, batch_size // n)
     counts: list[int] = []
     for i in range(0, len(examples), per_chunk):
+        if on_progress is not None:
+            on_progress(i, len(examples))
         part = examples[i : i + per_chunk]
         group = [ex for ex in part for _ in range(n)]
         rb = sample(model, tok, [ex.prompt for ex in group], max_new_tokens=max_new_tokens,
@@ -79,6 +84,8 @@ def count_correct(model, tok, task, examples, *, n: int, temperature: float, max
             scores = [task.reward(r, ex) for r, ex in zip(rb.responses, group)]
         for j in range(len(part)):
             counts.append(sum(1 for s in scores[j * n : (j + 1) * n] if s >= 1.0))
+    if on_progress is not None:
+        on_progress(len(examples), len(examples))
     return counts
 
 
@@ -122,14 +129,17 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from entropy_rft import rundir
+    from entropy_rft.step_log import prompt_progress
     from entropy_rft.threads import apply_threads
 
     model, tok = load_model({"path": args.model}, args.device, args.dtype)
     apply_threads(args.threads, model, args.device)
     gen = torch.Generator(device=args.device).manual_seed(args.seed)
     t0 = time.perf_counter()
-    counts = count_correct(model, tok, task, examples, n=args.n, temperature=args.temperature,
-                           max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, generator=gen)
+    with prompt_progress(f"filter {args.dataset} with {args.model}", len(examples)) as on_progress:
+        counts = count_correct(model, tok, task, examples, n=args.n, temperature=args.temperature,
+                               max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, generator=gen,
+                               on_progress=on_progress)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     kept_rows: list[dict[str, Any]] = []

@@ -55,6 +55,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"  R = -a*exp(H) + b, linear least squares on [-exp(H), 1] over {fit['n']} evaluations")
     print(f"  a = {_f(fit['a'])}   b = {_f(fit['b'])}   ceiling b - a = {_f(fit['ceiling'])}   "
           f"R^2 = {_f(fit['r2'])}   RMSE = {_f(fit['rmse'])}")
+    if res.get("warning"):
+        print(f"  warning: {res['warning']}")
     fc = res["forecast"]
     if fc is None:
         print(f"  forecast test: not possible: {res['forecast_error']}")

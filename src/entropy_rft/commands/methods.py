@@ -1,10 +1,16 @@
-"""``erft methods``: list every registered entropy-control method with its parameters, knob and paper."""
+"""``erft methods``: list every registered entropy-control method with its parameters, knob and paper.
+
+The default layout is one block per method, wrapped to the terminal (80 columns fit); ``--wide`` is the
+table with a column per field; ``--json`` the descriptions as data.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
+import textwrap
 
 NAME = "methods"
 HELP = "List the entropy-control methods: parameters and defaults, strength knob, its direction, paper."
@@ -12,6 +18,7 @@ HELP = "List the entropy-control methods: parameters and defaults, strength knob
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the method descriptions as JSON")
+    parser.add_argument("--wide", action="store_true", help="one table, a column per field (needs a wide terminal)")
     parser.add_argument("names", nargs="*", metavar="METHOD", help="only these methods (default: all)")
 
 
@@ -27,6 +34,29 @@ def _fmt_params(info: dict) -> str:
     return "\n".join(f"{p['name']}={p['default']!r}" for p in info["params"])
 
 
+_ARROWS = {1: "↑ raises", -1: "↓ lowers", 0: "-"}
+
+
+def render_blocks(infos: list[dict], width: int) -> str:
+    """One block per method: name and stage, what it does, its knob and direction, parameters, paper."""
+
+    def wrap(text: str, indent: str = "    ") -> list[str]:
+        return textwrap.wrap(text, width=width, initial_indent=indent, subsequent_indent=indent + "  ")
+
+    lines: list[str] = []
+    for info in infos:
+        lines += wrap(f"{info['name']}  ({info['stage']} stage)", "")
+        lines += wrap(info["summary"])
+        if info["knob"]:
+            lines += wrap(f"knob: {info['knob']} ({info['direction']})")
+        params = "  ".join(f"{p['name']}={p['default']!r}" for p in info["params"])
+        lines += wrap(f"params: {params or '-'}")
+        lines += wrap(f"paper: {info['paper']}")
+        lines.append("")
+    lines += wrap("Each parameter's help: erft methods --json NAME; one table: erft methods --wide.", "")
+    return "\n".join(lines) + "\n"
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         infos = _infos(args.names)
@@ -38,6 +68,9 @@ def run(args: argparse.Namespace) -> int:
         json.dump(infos, sys.stdout, indent=2, ensure_ascii=False)
         sys.stdout.write("\n")
         return 0
+    if not args.wide:
+        sys.stdout.write(render_blocks(infos, max(40, min(100, shutil.get_terminal_size((80, 24)).columns))))
+        return 0
     from rich.console import Console
     from rich.table import Table
 
@@ -46,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     for col in ("what it does", "parameters (defaults)", "knob", "knob ↑ ⇒ entropy", "paper"):
         table.add_column(col, overflow="fold")
     for info in infos:
-        arrow = {1: "↑ raises", -1: "↓ lowers", 0: "-"}[info["knob_raises_entropy"]]
+        arrow = _ARROWS[info["knob_raises_entropy"]]
         table.add_row(info["name"], info["summary"], _fmt_params(info), info["knob"] or "-", arrow,
                       info["paper"])
     Console().print(table)

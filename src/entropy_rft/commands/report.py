@@ -34,6 +34,12 @@ def run(args: argparse.Namespace) -> int:
 
     numbers = build_report(args.run_dirs, args.out)
     print(numbers["summary"])
-    print(f"report written to {Path(args.out) / 'report.html'} ({len(numbers['runs'])} runs, "
+    print(f"report written to {Path(args.out) / 'report.html'} ({len(numbers['runs'])} runs in "
+          f"{len(numbers['series'])} series: {'; '.join(x['label'] for x in numbers['series'])}; "
           f"figures: {', '.join(numbers['figures'])})")
+    for o in numbers["omitted"]:
+        print(f"  left out: {o['title']} ({o['reason']})")
+    for f in numbers["law"]:
+        if f.get("warning"):
+            print(f"  law, {f['run']}: {f['warning']}")
     return 0

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import sys
 import warnings
-from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -22,27 +21,27 @@ import yaml
 from accelerate import PartialState
 from datasets import Dataset
 from torch import Tensor
-from transformers import TrainerCallback
 from transformers.trainer_utils import get_last_checkpoint
 
 from entropy_rft import control, dynamics, rundir
 from entropy_rft.config import config_to_dict
 from entropy_rft.control import Masks, Method
-from entropy_rft.errors import UserError
 from entropy_rft.integrations import window
 from entropy_rft.integrations._compat import require_version
 from entropy_rft.integrations.stats_forward import chunked_policy_out, fused_policy_out, install_stats_forward
+from entropy_rft.integrations.trl_logging import ErftLog
 from entropy_rft.loss import policy_loss
 from entropy_rft.policies import load_policy
 from entropy_rft.prompts import ChatPrompt, as_conversation, has_chat_template
 from entropy_rft.tasks import build_task
 from entropy_rft.threads import apply_threads
+from entropy_rft.trl_settings import grpo_config, loss_overrides, step_factor
 
 # TRL versions this integration was tested with: it overrides private methods of GRPOTrainer, whose
 # signatures change between minor releases.
 TRL_MIN, TRL_MAX_EXCLUSIVE = (1, 16, 0), (1, 17, 0)
 
-# fused_policy_out: re-exported for benchmarks/trl_overhead.py
+# fused_policy_out: re-exported for benchmarks/trl_overhead.py; grpo_config (trl_settings) for benchmarks
 __all__ = ["EntropyControlGRPOTrainer", "check_trl_version", "fused_policy_out", "grpo_config", "train_trl"]
 
 
@@ -55,7 +54,7 @@ import trl  # noqa: E402
 
 check_trl_version(trl.__version__)
 
-from trl import GRPOConfig, GRPOTrainer  # noqa: E402
+from trl import GRPOTrainer  # noqa: E402
 
 # TRL loss_type -> our aggregation mode (DESIGN.md, "Semantics of policy_loss").
 AGG_FOR_LOSS_TYPE = {"dapo": "token-mean", "bnpo": "token-mean", "grpo": "seq-mean-token-mean",
@@ -267,77 +266,6 @@ class EntropyControlGRPOTrainer(GRPOTrainer):
 # ----------------------------------------------------------------------------- erft train --engine trl
 
 
-def _trl_step_factor(cfg) -> int:
-    """TRL optimizer steps per erft step (one rollout batch): minibatches × PPO epochs."""
-    return cfg.algo.minibatches * cfg.algo.ppo_epochs
-
-
-def grpo_config(cfg, out: Path, world: int) -> GRPOConfig:
-    """The GRPOConfig equivalent of an erft ``Config`` (one erft step = one generation batch)."""
-    r, a, o, t = cfg.rollout, cfg.algo, cfg.optim, cfg.train
-    if a.algorithm == "ppo":
-        raise UserError("engine 'trl' runs GRPO / Dr.GRPO only; algo.algorithm 'ppo' needs engine 'native'")
-    if a.drop_uniform_groups:
-        raise UserError("engine 'trl' does not support algo.drop_uniform_groups; use engine 'native'")
-    n_seq = r.prompts_per_step * r.group_size
-    per_update = a.minibatches * a.grad_accum * world
-    if n_seq % per_update:
-        raise UserError(f"engine 'trl': prompts_per_step*group_size ({n_seq}) must be divisible by "
-                        f"algo.minibatches*algo.grad_accum*processes ({per_update})")
-    k = _trl_step_factor(cfg)
-    sched = {"constant": "constant_with_warmup" if o.warmup_steps else "constant", "linear": "linear",
-             "cosine": "cosine"}[o.schedule]
-    cpu = cfg.model.device == "cpu"
-    return GRPOConfig(
-        output_dir=str(out / "trl"), use_cpu=cpu, bf16=cfg.model.autocast_bf16 and not cpu,
-        per_device_train_batch_size=n_seq // per_update, gradient_accumulation_steps=a.grad_accum,
-        steps_per_generation=a.minibatches * a.grad_accum, num_iterations=a.ppo_epochs,
-        num_generations=r.group_size, max_completion_length=r.max_new_tokens, temperature=r.temperature,
-        top_p=r.top_p, top_k=0, beta=a.ref_kl_coef,
-        epsilon=a.eps_low if a.eps_low is not None else 0.2,
-        epsilon_high=a.eps_high if a.eps_high is not None else 0.2,
-        scale_rewards="group" if a.algorithm == "grpo" else "none", loss_type="dapo",
-        learning_rate=o.lr, adam_beta1=o.betas[0], adam_beta2=o.betas[1], weight_decay=o.weight_decay,
-        warmup_steps=o.warmup_steps, lr_scheduler_type=sched,
-        max_grad_norm=o.max_grad_norm if o.max_grad_norm is not None else 0.0,
-        max_steps=t.max_steps * k, logging_steps=1, save_strategy="steps", save_steps=t.checkpoint_every * k,
-        save_total_limit=t.keep_checkpoints, seed=t.seed, data_seed=t.seed,
-        report_to=["tensorboard"] if t.tensorboard else [],
-        disable_tqdm=not t.progress, disable_dropout=True, dataloader_num_workers=0, log_completions=False,
-        # GRPOConfig turns checkpointing on by default; erft's setting decides, as on the native engine.
-        gradient_checkpointing=cfg.model.gradient_checkpointing,
-    )
-
-
-def _metrics_callback(trainer: EntropyControlGRPOTrainer, out: Path, k: int):
-    """A TrainerCallback writing one metrics.jsonl row per erft step (every ``k`` optimizer steps)."""
-    class MetricsJsonl(TrainerCallback):
-        def __init__(self) -> None:
-            self.writer = rundir.JsonlWriter(out / "metrics.jsonl") if trainer.accelerator.is_main_process else None
-            self.trl: dict[str, list[float]] = defaultdict(list)
-
-        def on_log(self, args, state, control, logs=None, **kw):
-            for src, dst in (("grad_norm", "optim/grad_norm"), ("learning_rate", "optim/lr"),
-                             ("step_time", "time/step")):
-                if logs and isinstance(logs.get(src), (int, float)):
-                    self.trl[dst].append(float(logs[src]))
-            if state.global_step % k or "train_runtime" in (logs or {}):
-                return
-            row = trainer.step_metrics.pop()
-            row.update({d: sum(v) / len(v) for d, v in self.trl.items() if v})
-            if "time/step" in row:
-                row["time/step"] *= len(self.trl["time/step"])  # TRL's step time is per optimizer step
-            self.trl.clear()
-            if self.writer is not None:
-                self.writer.write({"step": state.global_step // k, **row})
-
-        def on_train_end(self, args, state, control, **kw):
-            if self.writer is not None:
-                self.writer.close()
-
-    return MetricsJsonl()
-
-
 def prompt_dataset(examples, tokenizer):
     """The ``datasets.Dataset`` TRL trains on: a ``prompt`` column and ``erft_index`` back into ``examples``.
 
@@ -353,14 +281,16 @@ def train_trl(cfg, out: str | Path, resume: bool = False) -> dict[str, Any]:
     """``erft train --engine trl``: train ``cfg`` into run directory ``out`` with EntropyControlGRPOTrainer.
 
     ``out`` must already be prepared (``launch.start`` refuses to overwrite). Writes ``config.yaml``,
-    ``run.json``, ``metrics.jsonl`` (one row per erft step = one generation batch), TRL checkpoints under
-    ``out/trl`` and the final policy in ``out/final``. ``resume=True`` continues from the last TRL checkpoint,
-    dropping metrics rows after it. Run under ``accelerate launch`` for several processes.
+    ``run.json``, ``metrics.jsonl`` and ``out/tb`` (one row per erft step = one generation batch, native names),
+    ``samples.jsonl`` (``trl_logging``), TRL checkpoints under ``out/trl`` and the final policy in
+    ``out/final``. The GRPOConfig is ``trl_settings.grpo_config`` (with the config's ``trl:`` section).
+    ``resume=True`` continues from the last TRL checkpoint, dropping log rows after it. Run under
+    ``accelerate launch`` for several processes.
     """
     out = Path(out)
     state = PartialState()
     torch.set_num_threads(cfg.train.threads or torch.get_num_threads())  # before a default-policy build
-    k = _trl_step_factor(cfg)
+    k = step_factor(cfg)
     last = get_last_checkpoint(str(out / "trl")) if resume and (out / "trl").is_dir() else None
     start = int(Path(last).name.split("-")[1]) // k if last else 0
     if state.is_main_process:
@@ -380,14 +310,19 @@ def train_trl(cfg, out: str | Path, resume: bool = False) -> dict[str, Any]:
 
     def task_reward(prompts, completions, erft_index, **_kw):
         texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
-        return [float(task.reward(c, train_set[i])) for c, i in zip(texts, erft_index)]
+        examples = [train_set[i] for i in erft_index]
+        rewards = [float(task.reward(c, ex)) for c, ex in zip(texts, examples)]
+        log.samples(examples, texts, rewards)
+        return rewards
 
     task_reward.__name__ = "task"
     trainer = EntropyControlGRPOTrainer(
         model=model, reward_funcs=task_reward, args=grpo_config(cfg, out, state.num_processes),
         train_dataset=prompt_dataset(train_set, tok), processing_class=tok, method=cfg.method.name,
         method_params=cfg.method_params(), agg=cfg.algo.agg, dual_clip=cfg.algo.dual_clip)
-    trainer.add_callback(_metrics_callback(trainer, out, k))
+    trainer.loss_kwargs.update(loss_overrides(cfg, trainer.method.loss_kwargs()))
+    log = ErftLog(trainer, cfg, out, k, purge_step=start + 1 if resume else None)
+    trainer.add_callback(log)
     trainer.train(resume_from_checkpoint=last or None)
     step = trainer.state.global_step // k
     if state.is_main_process:

@@ -1,0 +1,72 @@
+"""What ``erft train --engine trl`` logs, in the native engine's layout: one metrics row per erft step (one
+generation batch = ``minibatches × ppo_epochs`` optimizer steps) with the native key names, written through
+``rundir.Logger`` to ``metrics.jsonl`` and ``<out>/tb`` on the erft step axis, and the completions with their
+prompt, gold answer and reward to ``samples.jsonl`` every ``train.samples_every`` steps. TRL's own trackers are
+only what ``trl.report_to`` (and ``train.wandb``) ask for (``trl_settings.report_to``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from transformers import TrainerCallback
+
+from entropy_rft import rundir
+from entropy_rft.step_log import sample_rows
+
+# TRL's log keys -> erft's (averaged over the erft step's optimizer steps; time/step summed)
+_TRL_KEYS = (("grad_norm", "optim/grad_norm"), ("learning_rate", "optim/lr"), ("step_time", "time/step"))
+
+
+class ErftLog(TrainerCallback):
+    """The TRL engine's metrics rows and samples (see the module docstring). ``k``: optimizer steps per erft
+    step; ``purge_step``: the first step a resume rewrites (TensorBoard drops its events from there)."""
+
+    def __init__(self, trainer: Any, cfg: Any, out: Path, k: int, purge_step: int | None) -> None:
+        self.trainer, self.cfg, self.k = trainer, cfg, k
+        quiet = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, wandb=False))  # W&B: TRL's report_to
+        self.logger = rundir.Logger(Path(out), quiet, purge_step) if trainer.accelerator.is_main_process else None
+        self.trl: dict[str, list[float]] = defaultdict(list)
+
+    def erft_step(self) -> int:
+        """The erft step being generated or trained (numbered from 1)."""
+        return self.trainer.state.global_step // self.k + 1
+
+    def samples(self, examples: list[Any], responses: list[str], rewards: list[float]) -> None:
+        """Called by the reward function, on every process with its share of the generation batch: the rows of
+        all processes go to samples.jsonl when the step is due (the same decision on every rank)."""
+        every, step = self.cfg.train.samples_every, self.erft_step()
+        if not every or step % every:
+            return
+        rows = sample_rows(step, examples, responses, rewards)
+        if self.trainer.accelerator.num_processes > 1:
+            from accelerate.utils import gather_object
+
+            rows = gather_object(rows)
+        if self.logger is not None:
+            self.logger.samples.write_many(rows)
+
+    def on_log(self, args, state, control, logs=None, **kw):
+        for src, dst in _TRL_KEYS:
+            if logs and isinstance(logs.get(src), (int, float)):
+                self.trl[dst].append(float(logs[src]))
+        if state.global_step % self.k or "train_runtime" in (logs or {}):
+            return
+        row = self.trainer.step_metrics.pop()
+        row.update({d: sum(v) / len(v) for d, v in self.trl.items() if v})
+        if "time/step" in row:
+            row["time/step"] *= len(self.trl["time/step"])  # TRL's step time is per optimizer step
+        self.trl.clear()
+        if self.logger is not None:
+            self.logger.log({"step": state.global_step // self.k, **row})
+
+    def on_save(self, args, state, control, **kw):
+        if self.logger is not None:
+            self.logger.sync()
+
+    def on_train_end(self, args, state, control, **kw):
+        if self.logger is not None:
+            self.logger.close()
