@@ -74,6 +74,7 @@ CASES: list[Case] = [
     train("task-unknown", "--task", "nosuch", must="nosuch"),
     train("task-empty", "--task", "", must="task"),
     train("task-bad-import-path", "--task", "no_such_pkg.mod:Cls", must="no_such_pkg"),
+    train("log-every-negative", "--set", "train.log_every=-1", must="train.log_every"),
     train("task-rg-unknown", "--task", "rg:no_such_dataset", must="basic_arithmetic"),
     train("task-rg-bad-param", "--task", "rg:products", "--set", "task.params={params: {max_digitz: 1}}",
           must="max_digitz"),
