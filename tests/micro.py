@@ -63,6 +63,7 @@ def micro_overrides(model_dir: Path, **extra) -> list[str]:
         "train.progress": False,
         "train.threads": 1,
         "optim.lr": 1e-2,
+        "tuned_for": "",  # settings made for this micro policy: no "tuned for another model" warning
     }
     sets.update(extra)
     return [f"{k}={v}" for k, v in sets.items()]

@@ -188,13 +188,13 @@ def test_erft_train_warns_once_when_a_model_inherits_another_models_settings(tmp
     from micro import make_micro_policy, micro_overrides
 
     model = make_micro_policy(tmp_path / "m")
-    sets = micro_overrides(model, **{"train.max_steps": 1, "eval.every": 0})
+    sets = micro_overrides(model, **{"train.max_steps": 1, "eval.every": 0, "tuned_for": "default"})
     assert main(["train", "--out", str(tmp_path / "run")] + sum((["--set", s] for s in sets), [])) == 0
     err = capsys.readouterr().err
     lines = [x for x in err.splitlines() if "tuned for model 'default'" in x]
     assert len(lines) == 1 and str(model) in lines[0]
-    assert main(["train", "--out", str(tmp_path / "run2"), "--set", "tuned_for=", "--set", "rollout.max_new_tokens=1"]
-                + sum((["--set", s] for s in sets if not s.startswith("rollout.max_new_tokens")), [])) == 0
+    quiet = micro_overrides(model, **{"train.max_steps": 1, "eval.every": 0})  # tuned_for empty
+    assert main(["train", "--out", str(tmp_path / "run2")] + sum((["--set", s] for s in quiet), [])) == 0
     assert "tuned for" not in capsys.readouterr().err  # tuned_for empty: no check
 
 
@@ -207,3 +207,14 @@ def test_only_a_declared_response_budget_is_checked():
     assert declared_response_tokens(CountdownTask()) == 16
     assert declared_response_tokens(tasks.build_task("rg:products", size=10, val_size=2,
                                                      max_response_tokens=80)) == 80
+
+
+def test_another_task_does_not_inherit_the_config_files_task_params():
+    real = {"model": {"name": "smollm2-135m"}}
+    assert load_config(None, [], real).task.params["answer_format"] == "number"  # the file's own task
+    assert load_config(None, [], {**real, "task": {"name": "champ"}}).task.params == {}
+    assert load_config(None, ["task.name=champ"], real).task.params == {}
+    kept = load_config(None, ["task.params={size: 5}"], {**real, "task": {"name": "gsm_symbolic"}})
+    assert kept.task.params == {"size": 5}  # given on the command line: kept
+    same = load_config(None, [], {**real, "task": {"name": "rg:products"}})
+    assert same.task.params["val_size"] == 32  # the file's task named again: its params stay

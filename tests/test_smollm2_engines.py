@@ -8,6 +8,7 @@ import math
 import yaml
 
 from entropy_rft.cli import main
+from entropy_rft.config import default_config_path, load_yaml
 from entropy_rft.metric_names import is_known
 from entropy_rft.rundir import read_jsonl
 
@@ -29,7 +30,8 @@ def test_smollm2_trains_on_both_engines_with_its_own_settings(smollm2_cache, tmp
     for out in ("native", "trl"):
         cfg = yaml.safe_load((tmp_path / out / "config.yaml").read_text())
         assert cfg["tuned_for"] == "smollm2-135m" and cfg["task"]["name"] == "rg:products"
-        assert cfg["optim"]["lr"] == 1e-5  # the model's own config, not the toy's 2e-4
+        own = load_yaml(default_config_path("smollm2-135m"))
+        assert cfg["optim"]["lr"] == own["optim"]["lr"] != load_yaml(default_config_path())["optim"]["lr"]
     assert [r["step"] for r in native] == [1, 2] and [r["step"] for r in trl] == [1, 2]
     for rows in (native, trl):
         for r in rows:

@@ -398,6 +398,20 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
     return out
 
 
+def _drop_other_tasks_params(data: dict, file_task: str | None, overrides: list[str], extra: dict | None) -> dict:
+    """``--task X`` (or ``--set task.name=X``) naming another task than the config file's: the file's
+    ``task.params`` were written for its own task, so they do not carry over (``--set task.params...`` given on
+    the command line does)."""
+    keys = [parse_override(o)[0] for o in overrides]
+    wanted = data["task"].get("name") if isinstance(data.get("task"), dict) else None
+    given = any(k[:2] == ["task", "params"] or k == ["task"] for k in keys)
+    if wanted is None or wanted == file_task or given or "params" in ((extra or {}).get("task") or {}):
+        return data
+    task = dict(data.get("task") or {})
+    task.pop("params", None)
+    return {**data, "task": task}
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
                 extra: dict | None = None, *, check_method: bool = True) -> Config:
     """Load ``path`` (or the built-in config: the requested model's own, see :func:`default_config_path`), apply
@@ -406,9 +420,11 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     if path is None:
         path = default_config_path(_requested_model(overrides or [], extra))
     data = load_yaml(path)
+    file_task = (data.get("task") or {}).get("name") if isinstance(data.get("task"), dict) else None
     data = apply_overrides(data, overrides or [])
     if extra:
         data = deep_merge(data, extra)
+    data = _drop_other_tasks_params(data, file_task, overrides or [], extra)
     return config_from_dict(data, check_method=check_method)
 
 
