@@ -18,10 +18,11 @@ import sys
 import textwrap
 from typing import Any
 
+from entropy_rft.tasks.rg import PREFIX as RG_PREFIX
+
 NAME = "tasks"
 HELP = "List the tasks (names for --task and --dataset) with their parameters, defaults and help."
 
-RG = "rg:"
 SET_HINT = ("set with --set task.params.NAME=VALUE (erft train) or --task-param NAME=VALUE (erft eval, "
             "erft filter)")
 
@@ -204,7 +205,7 @@ def rg_info(dataset: str | None) -> dict[str, Any]:
     """``rg:<dataset>`` (``dataset`` None: the family, with the installed names) or one dataset in full."""
     from entropy_rft.tasks.rg import ReasoningGymTask
 
-    info = describe(f"{RG}{dataset or '<dataset>'}", ReasoningGymTask, skip=("dataset",))
+    info = describe(f"{RG_PREFIX}{dataset or '<dataset>'}", ReasoningGymTask, skip=("dataset",))
     if dataset is None:
         names, why = rg_datasets()
         info["summary"] = why or f"Any reasoning-gym dataset as a task ({len(names)} installed)."
@@ -234,8 +235,8 @@ def infos(name: str | None) -> list[dict[str, Any]]:
 
     if name is None:
         return [describe(n, task_factory(n)) for n in available_tasks()] + [rg_info(None)]
-    if name.startswith(RG):
-        dataset = name[len(RG):]
+    if name.startswith(RG_PREFIX):
+        dataset = name[len(RG_PREFIX):]
         names, why = rg_datasets()
         if why:
             from entropy_rft.errors import UserError
@@ -251,7 +252,7 @@ def infos(name: str | None) -> list[dict[str, Any]]:
             from entropy_rft.errors import UserError
 
             raise UserError(str(e)) from None
-    raise _unknown(name, available_tasks() + [f"{RG}<dataset>"], "task")
+    raise _unknown(name, available_tasks() + [f"{RG_PREFIX}<dataset>"], "task")
 
 
 def _short(value: Any, limit: int = 40) -> str:

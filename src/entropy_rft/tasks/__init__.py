@@ -12,6 +12,7 @@ import importlib
 from collections.abc import Callable
 
 from entropy_rft.tasks.base import Example, Task
+from entropy_rft.tasks.rg import PREFIX
 
 __all__ = ["Example", "Task", "available_tasks", "build_task", "register_task", "task_factory"]
 
@@ -64,7 +65,7 @@ def _import_path(path: str) -> TaskFactory:
     return obj
 
 
-RG_PREFIX = "rg:"
+RG_PREFIX = PREFIX  # "rg:<dataset>": any reasoning-gym dataset
 
 
 def task_factory(name: str) -> TaskFactory:
