@@ -218,3 +218,14 @@ def test_another_task_does_not_inherit_the_config_files_task_params():
     assert kept.task.params == {"size": 5}  # given on the command line: kept
     same = load_config(None, [], {**real, "task": {"name": "rg:products"}})
     assert same.task.params["val_size"] == 32  # the file's task named again: its params stay
+
+
+def test_help_config_lists_the_params_of_the_command_lines_task(capsys):
+    from entropy_rft.cli import main
+
+    assert main(["train", "--model", "smollm2-135m", "--help-config"]) == 0
+    out = capsys.readouterr().out
+    assert "task.params of task 'rg:products'" in out and "answer_format" in out and "max_digits" in out
+    assert main(["train", "--task", "countdown", "--help-config"]) == 0
+    out = capsys.readouterr().out
+    assert "task.params of task 'countdown'" in out and "max_target = 99" in out

@@ -64,12 +64,24 @@ def target_value(raw: str) -> float | str:
         return raw.strip()
 
 
+def task_params_help(args: argparse.Namespace) -> str:
+    """The parameters of the task this command line would train (``task.params`` depends on ``task.name``)."""
+    from entropy_rft.commands import tasks as tasks_cmd
+    from entropy_rft.config import load_config
+
+    cfg = load_config(args.config, args.set, extra=cli_extra(args), check_method=False)
+    (info,) = tasks_cmd.infos(cfg.task.name)
+    return (f"\ntask.params of task '{cfg.task.name}' (this command line's task; `erft tasks` lists every task):\n"
+            + tasks_cmd.render_one(info, tasks_cmd._width()))
+
+
 def run(args: argparse.Namespace) -> int:
     from entropy_rft import preflight
     from entropy_rft.config import help_text, load_config
 
     if args.help_config:
         print("\n".join(help_text()))
+        print(task_params_help(args))
         return 0
     if args.resume is not None:
         given = [k for k in _FIXED_ON_RESUME if getattr(args, k, None) is not None]
