@@ -47,7 +47,7 @@ VSTAMP := .venv-verl/.erft-installed
 $(VSTAMP): pyproject.toml constraints-verl.txt
 	test -x $(VPY) || python3 -m venv .venv-verl
 	$(VPY) -m pip install -q torch==2.13.0
-	$(VPY) -m pip install -q -c constraints-verl.txt verl==0.9.1 TransferQueue uvicorn fastapi cachetools pyzmq msgspec pytest
+	$(VPY) -m pip install -q -c constraints-verl.txt verl==0.9.1 TransferQueue uvicorn fastapi cachetools pyzmq msgspec pytest reasoning-gym==0.1.25
 	$(VPY) -m pip install -q --no-deps -e .
 	touch $(VSTAMP)
 

@@ -15,14 +15,14 @@ import errno
 import os
 import sys
 
-from entropy_rft.commands import compare, experiment, fit_law, methods, probe, report, tasks, train
+from entropy_rft.commands import compare, experiment, export_verl, fit_law, methods, probe, report, tasks, train
 from entropy_rft.commands import eval as eval_cmd
 from entropy_rft.commands import filter as filter_cmd
 from entropy_rft.errors import UserError
 from entropy_rft.threads import prefer_passive_wait
 
 # Subcommand modules, in the order ``erft --help`` lists them.
-COMMANDS = (train, eval_cmd, compare, report, probe, filter_cmd, fit_law, experiment, methods, tasks)
+COMMANDS = (train, eval_cmd, compare, report, probe, filter_cmd, fit_law, experiment, methods, tasks, export_verl)
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
