@@ -277,6 +277,20 @@ def prompt_dataset(examples, tokenizer):
     return Dataset.from_dict({"prompt": prompts, "erft_index": list(range(len(examples)))})
 
 
+def task_reward_func(erft_task, examples: list, on_scored=None):
+    """An erft task's reward as a TRL reward function (named ``task``): TRL passes the dataset's ``erft_index``
+    column (``prompt_dataset``) with the completions; ``on_scored(examples, texts, rewards)`` sees each batch."""
+    def task(completions, erft_index, **_kw):
+        texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+        batch = [examples[i] for i in erft_index]
+        rewards = [float(erft_task.reward(text, ex)) for text, ex in zip(texts, batch)]
+        if on_scored is not None:
+            on_scored(batch, texts, rewards)
+        return rewards
+
+    return task
+
+
 def train_trl(cfg, out: str | Path, resume: bool = False) -> dict[str, Any]:
     """``erft train --engine trl``: train ``cfg`` into run directory ``out`` with EntropyControlGRPOTrainer.
 
@@ -308,16 +322,9 @@ def train_trl(cfg, out: str | Path, resume: bool = False) -> dict[str, Any]:
     if cfg.model.gradient_checkpointing:
         model.gradient_checkpointing_enable()
 
-    def task_reward(prompts, completions, erft_index, **_kw):
-        texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
-        examples = [train_set[i] for i in erft_index]
-        rewards = [float(task.reward(c, ex)) for c, ex in zip(texts, examples)]
-        log.samples(examples, texts, rewards)
-        return rewards
-
-    task_reward.__name__ = "task"
+    reward = task_reward_func(task, train_set, on_scored=lambda *scored: log.samples(*scored))  # log: below
     trainer = EntropyControlGRPOTrainer(
-        model=model, reward_funcs=task_reward, args=grpo_config(cfg, out, state.num_processes),
+        model=model, reward_funcs=reward, args=grpo_config(cfg, out, state.num_processes),
         train_dataset=prompt_dataset(train_set, tok), processing_class=tok, method=cfg.method.name,
         method_params=cfg.method_params(), agg=cfg.algo.agg, dual_clip=cfg.algo.dual_clip)
     trainer.loss_kwargs.update(loss_overrides(cfg, trainer.method.loss_kwargs()))
