@@ -305,17 +305,8 @@ def default_config_path(model: str | None = None) -> Path:
     return Path(str(base / "default.yaml"))
 
 
-def _requested_model(overrides: list[str], extra: dict | None) -> str | None:
-    """The model a command line asks for (``--model`` or ``--set model.name=``), read before any config."""
-    name = None
-    for item in overrides:
-        path, value = parse_override(item)
-        if path == ["model", "name"] or (path == ["model"] and isinstance(value, dict) and "name" in value):
-            name = value if path == ["model", "name"] else value["name"]
-    model = (extra or {}).get("model")
-    if isinstance(model, dict) and model.get("name"):
-        name = model["name"]
-    return name if isinstance(name, str) else None
+def _section(data: dict, name: str) -> dict:
+    return data[name] if isinstance(data.get(name), dict) else {}
 
 
 def load_yaml(path: str | Path) -> dict:
@@ -398,16 +389,14 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
     return out
 
 
-def _drop_other_tasks_params(data: dict, file_task: str | None, overrides: list[str], extra: dict | None) -> dict:
+def _drop_other_tasks_params(data: dict, file_task: str | None, requested: dict) -> dict:
     """``--task X`` (or ``--set task.name=X``) naming another task than the config file's: the file's
-    ``task.params`` were written for its own task, so they do not carry over (``--set task.params...`` given on
-    the command line does)."""
-    keys = [parse_override(o)[0] for o in overrides]
-    wanted = data["task"].get("name") if isinstance(data.get("task"), dict) else None
-    given = any(k[:2] == ["task", "params"] or k == ["task"] for k in keys)
-    if wanted is None or wanted == file_task or given or "params" in ((extra or {}).get("task") or {}):
+    ``task.params`` were written for its own task, so they do not carry over (``task.params`` given on the
+    command line, in ``requested``, do)."""
+    wanted = _section(data, "task").get("name")
+    if wanted is None or wanted == file_task or "params" in _section(requested, "task"):
         return data
-    task = dict(data.get("task") or {})
+    task = dict(_section(data, "task"))
     task.pop("params", None)
     return {**data, "task": task}
 
@@ -417,14 +406,14 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     """Load ``path`` (or the built-in config: the requested model's own, see :func:`default_config_path`), apply
     ``--set`` overrides, then ``extra`` (the dedicated CLI flags such as ``--method``, which win), and validate
     (``check_method``: see :func:`config_from_dict`)."""
+    requested = deep_merge(apply_overrides({}, overrides or []), extra or {})  # the command line alone
     if path is None:
-        path = default_config_path(_requested_model(overrides or [], extra))
+        model = _section(requested, "model").get("name")
+        path = default_config_path(model if isinstance(model, str) else None)
     data = load_yaml(path)
-    file_task = (data.get("task") or {}).get("name") if isinstance(data.get("task"), dict) else None
-    data = apply_overrides(data, overrides or [])
-    if extra:
-        data = deep_merge(data, extra)
-    data = _drop_other_tasks_params(data, file_task, overrides or [], extra)
+    file_task = _section(data, "task").get("name")
+    data = deep_merge(apply_overrides(data, overrides or []), extra or {})
+    data = _drop_other_tasks_params(data, file_task, requested)
     return config_from_dict(data, check_method=check_method)
 
 
