@@ -303,7 +303,8 @@ def train_trl(cfg, out: str | Path, resume: bool = False) -> dict[str, Any]:
     """
     out = Path(out)
     state = PartialState()
-    torch.set_num_threads(cfg.train.threads or torch.get_num_threads())  # before a default-policy build
+    if cfg.train.threads:  # before a default-policy build; 0: apply_threads decides after the load
+        torch.set_num_threads(cfg.train.threads)
     k = step_factor(cfg)
     last = get_last_checkpoint(str(out / "trl")) if resume and (out / "trl").is_dir() else None
     start = int(Path(last).name.split("-")[1]) // k if last else 0
