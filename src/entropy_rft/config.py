@@ -160,8 +160,18 @@ class TrainConfig:
     checkpoint_every: int = _f(50, "Checkpoint every N steps (and always at the last step and on SIGTERM/SIGINT).")
     keep_checkpoints: int = _f(2, "Checkpoints to keep.")
     samples_every: int = _f(25, "Write (prompt, response, reward, gold answer) samples every N steps.")
-    tensorboard: bool = _f(True, "Write TensorBoard events to <out>/tb.")
-    wandb: bool = _f(False, "Also log to Weights & Biases (needs `pip install wandb`).")
+    report_to: list | str = _f(["tensorboard"], "Trackers that receive every metrics row (metrics.jsonl is always "
+                               "written), with its key names on erft's step axis: tensorboard (<out>/tb), wandb "
+                               "(<out>/wandb; WANDB_MODE=offline for no network), mlflow (MLFLOW_TRACKING_URI, else "
+                               "<out>/mlflow.db), trackio; [] or none: no tracker. A resume continues the same tracker "
+                               "run (ids in <out>/trackers.json). TRL's names; engine 'trl' logs through the same "
+                               "trackers (see trl.report_to for TRL's own).")
+    project: str = _f("entropy-rft", "Tracker project (W&B project, MLflow experiment, trackio project).")
+    run_name: str = _f("", "Tracker run name; empty: the run directory's name.")
+    tensorboard: bool = _f(True, "Legacy switch: false removes tensorboard from train.report_to (true: as "
+                           "train.report_to says).")
+    wandb: bool = _f(False, "Legacy switch: true adds wandb to train.report_to (needs `pip install wandb`; false: "
+                     "as train.report_to says).")
     progress: bool = _f(True, "Show a progress bar.")
     log_every: int = _f(1, "with no terminal, print one line every N steps; 0: never")
     threads: int = _f(0, "CPU threads for torch; 0: automatic (entropy_rft.threads.choose_threads: 1 thread "

@@ -384,10 +384,11 @@ def build_task(name: str, params: dict | None = None, *, flag: str = "--task / c
 
 
 def check_optional_packages(cfg: Any) -> None:
-    """Packages the config asks for that are optional: wandb (train.wandb), trl (engine: trl)."""
-    if getattr(cfg.train, "wandb", False) and importlib.util.find_spec("wandb") is None:
-        raise UserError("config field 'train.wandb' is true but wandb is not installed; pip install wandb, or "
-                        "--set train.wandb=false")
+    """Packages the config asks for that are optional: the trackers (train.report_to, train.wandb; an unknown
+    tracker name is refused here too, listing the valid ones), trl (engine: trl)."""
+    from entropy_rft.trackers import check as check_trackers
+
+    check_trackers(cfg.train)
     if getattr(cfg, "engine", "native") == "trl" and importlib.util.find_spec("trl") is None:
         raise UserError("config field 'engine' is 'trl' but trl is not installed; pip install trl, or use "
                         "--engine native")

@@ -9,7 +9,9 @@ Layout of ``--out DIR``::
     metrics.jsonl        one JSON object per step (and step 0 for the base evaluation)
     samples.jsonl        (prompt, response, reward) every N steps
     token_records.jsonl  per-token probe records every N steps
-    tb/                  TensorBoard events
+    tb/                  TensorBoard events (train.report_to: tensorboard)
+    trackers.json        each tracker's run id, so that a resume continues the same run (entropy_rft.trackers)
+    wandb/, mlflow.db    W&B's and MLflow's local files (train.report_to: wandb, mlflow; mlartifacts/: MLflow's)
     checkpoints/step_000050/   model, optimizer, scheduler, RNG states (atomic, last k kept)
     final/               the final policy, HF format (save_pretrained)
 """
@@ -29,6 +31,7 @@ from typing import Any
 import torch
 
 from entropy_rft.errors import UserError
+from entropy_rft.trackers import Trackers
 
 CHECKPOINTS = "checkpoints"
 LOGS = ("metrics.jsonl", "samples.jsonl", "token_records.jsonl")
@@ -238,7 +241,8 @@ def truncate_logs(out: str | Path, step: int) -> None:
 
 
 class Logger:
-    """metrics.jsonl (+ TensorBoard, + W&B), samples.jsonl and token_records.jsonl, append-only."""
+    """metrics.jsonl (+ the trackers of ``train.report_to``, :mod:`entropy_rft.trackers`), samples.jsonl and
+    token_records.jsonl, append-only."""
 
     def __init__(self, out: Path, cfg: Any, purge_step: int | None):
         # Lines are flushed as written (a kill loses none); fsync happens with each checkpoint (resume truncates
@@ -246,35 +250,13 @@ class Logger:
         self.metrics = JsonlWriter(out / "metrics.jsonl", fsync=False)
         self.samples = JsonlWriter(out / "samples.jsonl", fsync=False)
         self.records = JsonlWriter(out / "token_records.jsonl", fsync=False)
-        self.tb = self.wandb = None
-        if cfg.train.tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self.tb = SummaryWriter(str(out / "tb"), purge_step=purge_step)
-        if cfg.train.wandb:
-            try:
-                import wandb
-            except ImportError:
-                raise UserError("train.wandb is true but wandb is not installed; pip install wandb") from None
-            from entropy_rft.config import config_to_dict
-
-            self.wandb = wandb.init(dir=str(out), config=config_to_dict(cfg), resume="allow")
+        self.trackers = Trackers(out, cfg, purge_step)
 
     def log(self, row: dict[str, Any]) -> None:
         self.metrics.write(row)
-        step = row["step"]
         scalars = {k: v for k, v in json_safe(row).items()
                    if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step"}
-        if self.tb is not None:
-            try:
-                for k, v in scalars.items():
-                    self.tb.add_scalar(k, v, step)
-                self.tb.flush()
-            except Exception as e:  # noqa: BLE001 - TensorBoard is a view of metrics.jsonl, never its keeper
-                warn(f"TensorBoard logging stopped ({type(e).__name__}: {e}); metrics.jsonl goes on")
-                self.tb = None
-        if self.wandb is not None:
-            self.wandb.log(scalars, step=step)
+        self.trackers.log(scalars, row["step"])
 
     def sync(self) -> None:
         for w in (self.metrics, self.samples, self.records):
@@ -283,16 +265,13 @@ class Logger:
     def close(self, quiet: bool = False) -> None:
         """Close every writer; ``quiet`` (the run is already failing) keeps a full or read-only disk from
         hiding the first error behind a second one."""
-        for close in (self.metrics.close, self.samples.close, self.records.close,
-                      self.tb.close if self.tb is not None else None,
-                      self.wandb.finish if self.wandb is not None else None):
-            if close is None:
-                continue
+        for close in (self.metrics.close, self.samples.close, self.records.close):
             try:
                 close()
             except Exception:
                 if not quiet:
                     raise
+        self.trackers.finish(quiet)
 
 
 # ----------------------------------------------------------------------------- the directory
@@ -301,9 +280,9 @@ SCHEMA = "erft.run/1"  # run.json's marker: a folder holding it was created by e
 LOCK = ".erft.lock"
 # What a run writes (files, folders, and the prefixes of its temp files): all --overwrite may remove.
 RUN_ENTRIES = ("config.yaml", "run.json", *LOGS, *(f"{n}.damaged" for n in LOGS), "tb", CHECKPOINTS, "final",
-               "trl", "wandb", LOCK)
+               "trl", "wandb", "mlflow.db", "mlartifacts", "trackers.json", LOCK)
 RUN_TEMP_PREFIXES = (".final_", ".config.yaml.", ".run.json.", ".metrics.jsonl.", ".samples.jsonl.",
-                     ".token_records.jsonl.")
+                     ".token_records.jsonl.", ".trackers.json.", "mlflow.db-")
 
 
 def is_run_dir(out: str | Path) -> bool:

@@ -17,6 +17,7 @@ from typing import Any
 
 from entropy_rft.config import AlgoConfig
 from entropy_rft.errors import UserError
+from entropy_rft.trackers import selected
 
 # GRPOConfig fields erft sets from its own settings: refused in the `trl:` section, naming what to use instead.
 RESERVED: dict[str, str] = {
@@ -119,6 +120,12 @@ def unhonoured(cfg: Any) -> tuple[list[str], list[str]]:
                        ("counterfactual_every", "runs no vanilla counterfactual")):
         if getattr(p, name):
             warnings.append(f"probe.{name} {getattr(p, name)}: engine 'trl' {what}; set probe.{name}=0")
+    # TRL's W&B callback logs into the W&B run already open (erft's): two step axes in one run. (TensorBoard,
+    # MLflow and trackio get a run or folder of TRL's own.)
+    if "wandb" in selected(cfg.train) and ({"wandb", "all"} & set(report_to(cfg))):
+        warnings.append("wandb in both train.report_to (erft's rows, erft steps) and trl.report_to (TRL's keys, "
+                        "optimizer steps): TRL would log into erft's W&B run on another step axis; remove wandb "
+                        "from trl.report_to")
     if cfg.rollout.backend != "auto":
         warnings.append(f"rollout.backend {cfg.rollout.backend!r}: engine 'trl' samples with TRL's generate (or "
                         "vLLM: trl.use_vllm); set rollout.backend=auto")
@@ -126,15 +133,13 @@ def unhonoured(cfg: Any) -> tuple[list[str], list[str]]:
 
 
 def report_to(cfg: Any) -> list[str]:
-    """TRL's ``report_to``: the section's (a name or a list; default none), plus wandb for ``train.wandb``.
-    erft's own TensorBoard (``train.tensorboard``, ``<out>/tb``) is written by erft, not by TRL."""
+    """TRL's own ``report_to``: the ``trl:`` section's (a name or a list; default none), TRL's keys on the
+    optimizer-step axis. erft's trackers (``train.report_to``, ``train.tensorboard``, ``train.wandb``) get erft's
+    metrics rows from erft's callback (``integrations.trl_logging``), with the native keys on the erft step axis,
+    as on the native engine: they are not TRL's."""
     want = cfg.trl.get("report_to") or []
     want = [want] if isinstance(want, str) else list(want)
-    if want == ["none"]:
-        want = []
-    if cfg.train.wandb and "wandb" not in want and "all" not in want:
-        want.append("wandb")
-    return want
+    return [] if want == ["none"] else want
 
 
 def loss_overrides(cfg: Any, method_kwargs: dict[str, Any]) -> dict[str, Any]:

@@ -1,13 +1,13 @@
 """What ``erft train --engine trl`` logs, in the native engine's layout: one metrics row per erft step (one
 generation batch = ``minibatches × ppo_epochs`` optimizer steps) with the native key names, written through
-``rundir.Logger`` to ``metrics.jsonl`` and ``<out>/tb`` on the erft step axis, and the completions with their
-prompt, gold answer and reward to ``samples.jsonl`` every ``train.samples_every`` steps. TRL's own trackers are
-only what ``trl.report_to`` (and ``train.wandb``) ask for (``trl_settings.report_to``).
+``rundir.Logger`` to ``metrics.jsonl`` and erft's trackers (``train.report_to``: TensorBoard in ``<out>/tb``, W&B,
+MLflow, trackio; :mod:`entropy_rft.trackers`) on the erft step axis, and the completions with their prompt, gold
+answer and reward to ``samples.jsonl`` every ``train.samples_every`` steps. TRL's own trackers are only what
+``trl.report_to`` asks for (``trl_settings.report_to``).
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -27,8 +27,7 @@ class ErftLog(TrainerCallback):
 
     def __init__(self, trainer: Any, cfg: Any, out: Path, k: int, purge_step: int | None) -> None:
         self.trainer, self.cfg, self.k = trainer, cfg, k
-        quiet = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, wandb=False))  # W&B: TRL's report_to
-        self.logger = rundir.Logger(Path(out), quiet, purge_step) if trainer.accelerator.is_main_process else None
+        self.logger = rundir.Logger(Path(out), cfg, purge_step) if trainer.accelerator.is_main_process else None
         self.trl: dict[str, list[float]] = defaultdict(list)
 
     def erft_step(self) -> int:
