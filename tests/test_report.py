@@ -68,10 +68,14 @@ def test_agreement_against_a_naive_loop():
 
 
 def _write_synthetic(d: Path, method: str, ent_end: float, *, seed=0, drop=0.0, pass_k_final=0.5, engine=None,
-                     model=None, label=None, records=True):
-    """20 steps, entropy 1.0 -> ent_end; evals at 0, 10, 20 following R = 0.8 - 0.2*exp(H)."""
+                     model=None, label=None, records=True, target=None):
+    """20 steps, entropy 1.0 -> ent_end; evals at 0, 10, 20 following R = 0.8 - 0.2*exp(H). With ``target``, an
+    autopilot run (its setpoint in the config, the controller's rows) that also logs the batch predictions of the
+    entropy change and the measured change."""
     d.mkdir(parents=True)
     cfg = {"method": {"name": method, "params": {}}, "train": {"seed": seed}}
+    if target:
+        cfg["method"]["entropy_target"] = target
     if engine:
         cfg["engine"] = engine
     if model:
@@ -90,6 +94,10 @@ def _write_synthetic(d: Path, method: str, ent_end: float, *, seed=0, drop=0.0, 
                         "lens/dH_dropped": -1e-3 if drop else 0.0,
                         "lens_ppo/drop_frac": 0.01, "lens_ppo/drop_frac/pos_sneg": 0.01,
                         "lens_ppo/dH_dropped/pos_sneg": 2e-4, "lens_ppo/dH_dropped": 2e-4})
+            if target:
+                row.update({"control/entropy_target": 0.6, "control/entropy_smoothed": h, "control/knob": 2.0,
+                            "dynamics/cov_logp_adv": 0.01 * (1 + s % 3), "dynamics/cov_adv_s_centered": 0.02,
+                            "dynamics/pred_dH": -0.001 * s, "probe/dH_actual": -0.002 * (s % 4)})
             for q in ("pos_spos", "pos_sneg", "neg_spos", "neg_sneg", "zero"):
                 row[f"lens/drop_frac/{q}"] = drop if q == "neg_sneg" else 0.0
                 row[f"lens/dH_dropped/{q}"] = (-1e-3 if drop else 0.0) if q == "neg_sneg" else 0.0
@@ -311,6 +319,7 @@ def test_summary_table_fits_a_1000px_window(tmp_path):
     long = "clip_v:mu=3:eps_high=0.28:window=12345@target=linear:0.6:0.3"
     _write_synthetic(cmp / "a", "clip_v", 0.8, label=long, model="/models/a-rather-long-model-folder-name-v2")
     _write_synthetic(cmp / "b", "none", 0.3, model="HuggingFaceTB/SmolLM2-135M-Instruct", engine="trl")
+    _write_synthetic(cmp / "c", "high_entropy", 0.6, target="0.65x", model="/models/a-rather-long-model-folder-name-v2")
     build_report([cmp], tmp_path / "rep")
     page = tmp_path / "rep" / "report.html"
     probe = page.with_name("width.html")
@@ -320,7 +329,8 @@ def test_summary_table_fits_a_1000px_window(tmp_path):
     m = re.search(r'data-width="(\d+):(\d+):(\d+):(\d+)"', res.stdout)
     assert m, f"chromium did not report the widths: rc={res.returncode} {res.stderr[-500:]}"
     tables, overflowing, page_w, window_w = map(int, m.groups())
-    assert tables == 3  # summary, entropy at fixed steps, law
+    # summary, entropy at fixed steps; equal entropy; the law and agreement per setpoint; the law and its forecasts
+    assert tables == 7
     assert overflowing == 0 and page_w <= window_w
 
 

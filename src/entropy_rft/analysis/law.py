@@ -137,6 +137,50 @@ def forecast(steps: Sequence[int], entropy: Sequence[float], perf: Sequence[floa
                     predicted=[float(v) for v in pred], actual=[float(v) for v in r[tail]])
 
 
+FORECAST_FRACS = (0.1, 0.2, 0.4)
+
+
+def forecast_final(steps: Sequence[int], entropy: Sequence[float], perf: Sequence[float],
+                   fracs: Sequence[float] = FORECAST_FRACS) -> dict[str, float | None]:
+    """The law's forecast of the last evaluation's accuracy from the first ``frac`` of the steps, per frac.
+
+    Paper B's test: fit on the early points only, then predict the final accuracy from the final entropy.
+    Returns ``law/forecast_err@10%`` = predicted − actual at the last evaluation (accuracy units, so 0.01 is one
+    point of pass@1) and ``law/forecast_rmse@10%`` over every later evaluation; None where the head holds fewer
+    than 2 points at distinct entropies or nothing comes after it.
+    """
+    out: dict[str, float | None] = {}
+    for frac in fracs:
+        tag = f"{round(100 * frac)}%"
+        try:
+            fc = forecast(steps, entropy, perf, frac)
+        except UserError:
+            out[f"law/forecast_err@{tag}"] = out[f"law/forecast_rmse@{tag}"] = None
+            continue
+        out[f"law/forecast_err@{tag}"] = fc.predicted[-1] - fc.actual[-1]
+        out[f"law/forecast_rmse@{tag}"] = fc.test_rmse
+    return out
+
+
+def run_law(rows: Sequence[dict]) -> dict[str, float | int | None]:
+    """One run's law figures for summaries: ``law/a``, ``law/b``, ``law/ceiling`` (b − a), ``law/r2``,
+    ``law/points`` and the forecasts of ``forecast_final``; None where the run cannot be fitted."""
+    keys = ("law/a", "law/b", "law/ceiling", "law/r2")
+    out: dict[str, float | int | None] = dict.fromkeys(keys)
+    try:
+        steps, hs, rs = law_points(rows)
+    except UserError:
+        steps, hs, rs = [], [], []
+    out["law/points"] = len(steps)
+    try:
+        fit = fit_law(hs, rs)
+        out.update({"law/a": fit.a, "law/b": fit.b, "law/ceiling": fit.ceiling, "law/r2": fit.r2})
+    except UserError:
+        pass
+    out.update(forecast_final(steps, hs, rs))
+    return out
+
+
 def _perf_key(row: dict, metric: str) -> str | None:
     if metric == "pass@1":
         return "eval/pass@1"

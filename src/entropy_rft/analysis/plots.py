@@ -492,7 +492,7 @@ def fig_law(fits: Sequence[dict], runs: Sequence[RunData]) -> bytes | None:
 # ----------------------------------------------------------------------------- deeper probes and the autopilot
 
 
-def _rolling(ys: Sequence[float], n: int) -> list[float]:
+def rolling(ys: Sequence[float], n: int) -> list[float]:
     out, acc = [], []
     for y in ys:
         acc.append(y)
@@ -515,11 +515,11 @@ def fig_probe_levels(runs: Sequence[RunData]) -> bytes | None:
                               (ax2, "probe/corr", "probe/jvp_corr")):
             xs, ys = series(r.train_rows, key)
             if xs:
-                ax.plot(xs, _rolling(ys, 10), color=col, lw=1.0, alpha=0.7)
+                ax.plot(xs, rolling(ys, 10), color=col, lw=1.0, alpha=0.7)
             if ax is ax1:
                 wx, wy = series(r.train_rows, "probe/sign_agreement_weighted")
                 if wx:
-                    ax.plot(wx, _rolling(wy, 10), color=col, lw=1.0, ls=":", alpha=0.8)
+                    ax.plot(wx, rolling(wy, 10), color=col, lw=1.0, ls=":", alpha=0.8)
             jx, jy = series(r.train_rows, jkey)
             if jx:
                 ax.plot(jx, jy, color=col, ls="--", marker="o", ms=4, lw=0.9,

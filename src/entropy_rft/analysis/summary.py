@@ -10,6 +10,9 @@ from typing import Any
 import numpy as np
 import yaml
 
+from entropy_rft.analysis.agreement import run_agreement
+from entropy_rft.analysis.law import run_law
+from entropy_rft.autopilot import tracking
 from entropy_rft.rundir import read_jsonl
 
 
@@ -80,6 +83,68 @@ def run_summary(run_dir: str | Path) -> dict[str, Any]:
         row = next((r for r in train_rows if r["step"] == s), None)
         if row is not None:
             out[f"entropy@{s}"] = row.get("entropy/mean")
+    out["method_name"] = out["method"]  # erft compare and the report overwrite "method" with the series label
+    out.update(prompt_standard_errors(final.get("eval/pass_rate_hist") if final else None))
+    method = cfg.get("method") or {}
+    target = method.get("entropy_target")
+    out["setpoint"] = "preset" if target is None else str(target)
+    out["train/entropy_held"] = _mean_of(train_rows[len(train_rows) // 2:], "entropy/mean")
+    out["control/touched_frac"] = touched_frac(out["method"], train_rows)
+    out.update(setpoint_tracking(train_rows))
+    out.update(run_agreement(train_rows))
+    out.update(run_law(rows))
+    return out
+
+
+def prompt_standard_errors(hist: Any) -> dict[str, float | None]:
+    """Standard errors of the final pass@1 and pass@K over the validation prompts, from the pass-rate histogram
+    (``hist[c]`` prompts had c of K samples correct): per prompt pass@1 = c/K and pass@K = [c > 0]; the standard
+    error is their sample standard deviation over the P prompts divided by √P."""
+    out: dict[str, float | None] = {"final/pass@1_se": None, "final/pass@K_se": None}
+    if not isinstance(hist, list) or len(hist) < 2 or sum(hist) < 2:
+        return out
+    k = len(hist) - 1
+    counts = np.repeat(np.arange(k + 1), np.asarray(hist, dtype=np.int64))
+    n = counts.size
+    out["final/pass@1_se"] = float(np.std(counts / k, ddof=1) / math.sqrt(n))
+    out["final/pass@K_se"] = float(np.std((counts > 0).astype(np.float64), ddof=1) / math.sqrt(n))
+    return out
+
+
+def touched_frac(method: str | None, train_rows: list[dict]) -> float | None:
+    """Share of response tokens whose loss the method changed, mean over steps.
+
+    Masking methods (ClipB, ClipV, Clip-Cov, 80/20, grad_mask): the tokens they kept out of the gradient,
+    1 − ``control/kept_frac``. KL-Cov: the tokens it penalised (``control/kl_cov_selected_frac``). The entropy
+    bonus changes every token's loss (1). Clip-higher moves the ratio bound and selects no token (None).
+    """
+    if method == "clip_higher":
+        return None
+    if method == "entropy_bonus":
+        return 1.0
+    if method == "kl_cov":
+        return _mean_of(train_rows, "control/kl_cov_selected_frac")
+    kept = _mean_of(train_rows, "control/kept_frac")
+    return None if kept is None else 1.0 - kept
+
+
+def setpoint_tracking(train_rows: list[dict], band: float = 0.15) -> dict[str, Any]:
+    """How an autopilot run held its setpoint: ``autopilot/reach_step`` (None: never reached) and the share of
+    the steps after it with the smoothed entropy the controller reads (``autopilot/in_band``) and the raw
+    batch entropy (``autopilot/in_band_raw``) within ±band of the target. All None without a target."""
+    out: dict[str, Any] = {"autopilot/reach_step": None, "autopilot/in_band": None, "autopilot/in_band_raw": None}
+    rows = [r for r in train_rows if isinstance(r.get("control/entropy_target"), (int, float))
+            and isinstance(r.get("control/entropy_smoothed"), (int, float))
+            and isinstance(r.get("entropy/mean"), (int, float))]
+    if not rows:
+        return out
+    steps = [int(r["step"]) for r in rows]
+    target = [float(r["control/entropy_target"]) for r in rows]
+    smooth = tracking(steps, [float(r["control/entropy_smoothed"]) for r in rows], target, band)
+    raw = tracking(steps, [float(r["entropy/mean"]) for r in rows], target, band)
+    out["autopilot/reach_step"] = smooth["reach_step"]
+    out["autopilot/in_band"] = smooth["in_band_frac_after"]
+    out["autopilot/in_band_raw"] = raw["in_band_frac_after"]
     return out
 
 

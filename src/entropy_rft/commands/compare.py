@@ -8,6 +8,12 @@ Each entry of ``--methods`` is a method name, optionally with parameters and an 
     clip_v:mu=3@target=0.6x   the same, starting the controller from mu = 3
 
 The entry is the variant's label in the run-directory name, the summary table and the report.
+
+``--methods all`` names every registered method at its preset. ``--entropy-targets 0.5x,0.65x,0.8x`` turns each
+listed method that has a strength knob into one autopilot variant per setpoint (``clip_v@0.5x``, ...), with
+``none`` added as the reference; ``preset`` in that list also keeps each method at its preset. Methods without a
+knob (``none``, ``grad_mask``) run at their preset only. ``--jobs N`` trains N runs at a time, each in its own
+process, its output in ``OUT/logs/``.
 """
 
 from __future__ import annotations
@@ -77,10 +83,62 @@ def parse_variant(spec: str) -> Variant:
     return Variant(spec, parts[0], params, value)
 
 
+PRESET = "preset"
+
+
+def knob_of(name: str) -> str | None:
+    """The method's strength knob (None: none, grad_mask); unknown names list the registered ones."""
+    from entropy_rft.control import get_method_class
+
+    try:
+        return get_method_class(name).knob
+    except ValueError as e:
+        raise UserError(f"--methods: {e}") from None
+
+
+def expand_variants(methods: str, targets: str | None) -> list[Variant]:
+    """The variants of ``--methods`` (``all``: every registered method) crossed with ``--entropy-targets``.
+
+    Without targets each entry is one variant as written. With targets, every method that has a knob gets one
+    ``name@T`` variant per setpoint ``T`` (``preset``: the method as configured), a method without a knob runs
+    at its preset, and ``none`` is always there as the reference. Entries that already carry parameters or a
+    target are kept as written.
+    """
+    from entropy_rft.control import available_methods
+
+    entries = [m.strip() for m in methods.split(",") if m.strip()]
+    if "all" in entries:
+        i = entries.index("all")
+        named = set(entries)
+        entries = entries[:i] + [m for m in available_methods() if m not in named] + entries[i + 1:]
+    if targets is None:
+        return [parse_variant(m) for m in entries]
+    points = [t.strip() for t in targets.split(",") if t.strip()]
+    if not points:
+        raise UserError("--entropy-targets is empty; give e.g. 0.5x,0.65x,0.8x (add 'preset' to keep presets)")
+    out: list[Variant] = [] if "none" in entries else [parse_variant("none")]
+    for entry in entries:
+        if ":" in entry or "@" in entry or knob_of(entry) is None:
+            out.append(parse_variant(entry))
+            continue
+        for t in points:
+            out.append(parse_variant(entry if t == PRESET else f"{entry}@{t}"))
+    return out
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--methods", required=True,
                    help="Comma-separated variants: method names (none,clip_b,clip_v), fixed parameters "
-                        "(clip_v:mu=1.5) or an autopilot entropy target (clip_v@target=0.43, clip_v@0.6x).")
+                        "(clip_v:mu=1.5) or an autopilot entropy target (clip_v@target=0.43, clip_v@0.6x); "
+                        "'all': every registered method (`erft methods`).")
+    p.add_argument("--entropy-targets", metavar="T1,T2,...",
+                   help="Drive every listed method that has a knob to each entropy setpoint (nats, or 0.5x: "
+                        "a fraction of the first batch's entropy), one variant per method and setpoint, with "
+                        "'none' as the reference; 'preset' in the list also runs each method at its preset. "
+                        "E.g. --methods all --entropy-targets preset,0.5x,0.65x,0.8x.")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="Runs trained at a time, each in its own process (output in OUT/logs/); on a CPU keep "
+                        "jobs x threads per run <= cores.")
     p.add_argument("--seeds", type=int, default=1, help="Number of seeds, counting up from --seed.")
     p.add_argument("--seed", type=int, default=None, help="First seed (default: the config's).")
     p.add_argument("--max-steps", type=int, help="Steps per run.")
@@ -89,6 +147,70 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="Config override (repeatable).")
     p.add_argument("--out", required=True, help="Folder: one run directory per method and seed, summaries on top.")
     p.add_argument("--overwrite", action="store_true", help="Restart runs that exist instead of resuming them.")
+
+
+def _train_logged(cfg: Any, run_dir: Path, log: Path, overwrite: bool) -> None:
+    """One run in a worker process, its stdout and stderr appended to ``log``."""
+    import os
+    import sys
+
+    from entropy_rft import launch
+
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "a", buffering=1) as f:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(f.fileno(), 1)
+        os.dup2(f.fileno(), 2)
+        launch.start_or_resume(cfg, run_dir, overwrite=overwrite)
+
+
+def _run_parallel(plans: list, out: Path, jobs: int, overwrite: bool) -> None:
+    """Train the plans ``jobs`` at a time in fresh processes; a failed run is named, the others go on."""
+    import multiprocessing as mp
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+
+    todo = list(enumerate(plans, 1))
+    failed: list[str] = []
+    ctx = mp.get_context("spawn")  # a fresh interpreter per run: no torch state shared with this one
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, max_tasks_per_child=1) as pool:
+        running: dict = {}
+        while todo or running:
+            while todo and len(running) < jobs:
+                i, (v, seed, cfg) = todo.pop(0)
+                name = f"{v.dirname}-s{seed}"
+                log = out / "logs" / f"{name}.log"
+                print(f"[{i}/{len(plans)}] {v.label} seed {seed}: started (log: {log})", flush=True)
+                running[pool.submit(_train_logged, cfg, out / name, log, overwrite)] = (i, v, seed, log)
+            done, _ = wait(running, return_when=FIRST_COMPLETED)
+            for fut in done:
+                i, v, seed, log = running.pop(fut)
+                err = fut.exception()
+                if err is None:
+                    print(f"[{i}/{len(plans)}] {v.label} seed {seed}: done", flush=True)
+                else:
+                    failed.append(f"{v.label} seed {seed} ({type(err).__name__}: {err}; see {log})")
+                    print(f"[{i}/{len(plans)}] {v.label} seed {seed}: FAILED: {err}", flush=True)
+    if failed:
+        raise UserError(f"{len(failed)} run(s) failed: {'; '.join(failed)}; fix and rerun the same command "
+                        "(finished runs are kept)")
+
+
+def _equal_entropy(summaries: list[dict], numbers: dict[str, Any], table: str) -> tuple[str, str]:
+    """The equal-entropy comparison (``analysis.equal_entropy``) added to summary.json and summary.md; returns
+    summary.md's text and the table to print."""
+    from entropy_rft.analysis import equal_entropy as ee
+
+    k = next((s["k"] for s in summaries if s.get("k")), None)
+    rows = ee.comparison_rows(summaries)
+    verdict, dyn = ee.verdict(rows, k), ee.dynamics_verdict(summaries)
+    numbers["comparison"] = {"rows": rows, "verdict": verdict, "dynamics": dyn}
+    main = ee.comparison_markdown(rows, k)
+    md = ("## Methods at equal entropy (mean ± std over seeds)\n\n" + main + "\n" + verdict + "\n\n"
+          "## The law and the batch predictions of the entropy change\n\n" + ee.dynamics_markdown(rows, ee.LAW_COLUMNS)
+          + "\n" + ee.dynamics_markdown(rows, ee.AGREEMENT_COLUMNS) + "\n"
+          + dyn + "\n\n## Every figure per variant\n\n" + table)
+    return md, main + "\n" + verdict
 
 
 def _knob_last(run_dir: Path) -> float | None:
@@ -104,7 +226,7 @@ def run(args: argparse.Namespace) -> int:
     from entropy_rft.config import load_config
 
     preflight.check_out(args.out, file_hint=" (a new folder, or an earlier erft compare --out)")
-    variants = [parse_variant(m) for m in args.methods.split(",") if m.strip()]
+    variants = expand_variants(args.methods, args.entropy_targets)
     if not variants:
         raise UserError("--methods is empty; give e.g. --methods none,clip_v")
     dirs = [v.dirname for v in variants]
@@ -114,6 +236,7 @@ def run(args: argparse.Namespace) -> int:
     preflight.check_min("--seeds", args.seeds, 1)
     preflight.check_min("--max-steps", args.max_steps, 1)
     preflight.check_min("--seed", args.seed, 0)
+    preflight.check_min("--jobs", args.jobs, 1)
     out = Path(args.out)
     base_extra: dict = {}
     if args.model:
@@ -124,8 +247,9 @@ def run(args: argparse.Namespace) -> int:
     plans = []
     first_seed = (args.seed if args.seed is not None
                   else load_config(args.config, args.set, check_method=False).train.seed)
-    for v in variants:
-        for seed in range(first_seed, first_seed + args.seeds):
+    # Seed-major: an interrupted sweep holds whole seeds of every variant, not every seed of a few.
+    for seed in range(first_seed, first_seed + args.seeds):
+        for v in variants:
             extra = {**base_extra, "method": v.method_extra(),
                      "train": {**base_extra.get("train", {}), "seed": seed}}
             plans.append((v, seed, load_config(args.config, args.set, extra=extra, check_method=False)))
@@ -137,11 +261,14 @@ def run(args: argparse.Namespace) -> int:
     from entropy_rft.rundir import atomic_write_json, atomic_write_text
 
     out.mkdir(parents=True, exist_ok=True)
-    for i, (v, seed, cfg) in enumerate(plans, 1):
-        print(f"[{i}/{len(plans)}] {v.label} seed {seed}")
-        launch.start_or_resume(cfg, out / f"{v.dirname}-s{seed}", overwrite=args.overwrite)
+    if args.jobs == 1:
+        for i, (v, seed, cfg) in enumerate(plans, 1):
+            print(f"[{i}/{len(plans)}] {v.label} seed {seed}")
+            launch.start_or_resume(cfg, out / f"{v.dirname}-s{seed}", overwrite=args.overwrite)
+    else:
+        _run_parallel(plans, out, args.jobs, args.overwrite)
     summaries = []
-    for v, s, _ in plans:
+    for v, s, _ in sorted(plans, key=lambda p: variants.index(p[0])):
         summ = run_summary(out / f"{v.dirname}-s{s}")
         summ["method"] = v.label
         summ["control/knob_last"] = _knob_last(out / f"{v.dirname}-s{s}")
@@ -151,8 +278,13 @@ def run(args: argparse.Namespace) -> int:
     if any(v.target is not None for v in variants):
         columns, short = (*DEFAULT_COLUMNS, "control/knob_last"), (*SHORT_COLUMNS, "control/knob_last")
     table = markdown_table(agg, columns)
-    atomic_write_json(out / "summary.json", {"runs": summaries, "methods": agg})
+    numbers: dict[str, Any] = {"runs": summaries, "methods": agg}
+    if args.entropy_targets is not None or any(v.target is not None for v in variants):
+        table, short_table = _equal_entropy(summaries, numbers, table)
+    else:
+        short_table = markdown_table(agg, short)  # the full table is in summary.md
+    atomic_write_json(out / "summary.json", numbers)
     atomic_write_text(out / "summary.md", table)
-    print(markdown_table(agg, short))  # the full table is in summary.md
+    print(short_table)
     print(f"summary written to {out / 'summary.md'} and {out / 'summary.json'}")
     return 0
