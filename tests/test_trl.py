@@ -338,3 +338,31 @@ def test_engine_trl_logs_on_the_erft_step_axis_with_native_names(policy_dir, tmp
     for step, row in zip((1, 2), rows):  # the samples are the step's batch: their mean is its reward/mean
         mean = sum(s["reward"] for s in samples if s["step"] == step) / per_step
         assert mean == pytest.approx(row["reward/mean"])
+
+
+def test_zero3_path_hands_trl_the_folder_and_trains_the_same(policy_dir, tmp_path, monkeypatch):
+    """Under DeepSpeed ZeRO-3 erft does not load the model itself: GRPOTrainer gets the policy's folder and loads
+    it (transformers partitions it under zero.Init, so no rank holds a full copy), with model.dtype in
+    model_init_kwargs. DeepSpeed is not installed here, so the ZeRO-3 switch is forced; the run must equal the
+    default path's, which loads the model in erft."""
+    from entropy_rft.integrations import trl as erft_trl
+
+    seen: list = []
+    real_init = erft_trl.EntropyControlGRPOTrainer.__init__
+
+    def spy(self, *a, **kw):
+        seen.append((kw["model"], dict(kw["args"].model_init_kwargs or {})))
+        real_init(self, *a, **kw)
+
+    monkeypatch.setattr(erft_trl.EntropyControlGRPOTrainer, "__init__", spy)
+    launch.start(trl_config(policy_dir, "clip_v"), tmp_path / "loaded")
+    monkeypatch.setattr(erft_trl, "zero3_enabled", lambda: True)
+    launch.start(trl_config(policy_dir, "clip_v"), tmp_path / "zero3")
+    (loaded_model, loaded_kw), (zero3_model, zero3_kw) = seen
+    assert not isinstance(loaded_model, str) and "dtype" not in loaded_kw
+    assert zero3_model == str(policy_dir) and zero3_kw["dtype"] == "float32"
+
+    def stable(out):
+        return [{k: v for k, v in r.items() if not k.startswith(("time/", "perf/"))} for r in read_rows(out)]
+
+    assert stable(tmp_path / "zero3") == stable(tmp_path / "loaded")

@@ -432,6 +432,28 @@ def _dtype(dtype: str | torch.dtype | None) -> torch.dtype | str | None:
         raise ValueError(f"unknown dtype {dtype!r}") from None
 
 
+def load_tokenizer(name: str, where: str) -> PreTrainedTokenizerBase:
+    """The tokenizer of the policy in ``where`` (a folder or a hub id; ``name`` is the ``--model`` value, for
+    messages), padding on the left and always with a pad token (falling back to EOS). A broken tokenizer is one
+    ``UserError`` line naming its file."""
+    local = Path(where).is_dir()
+    hub_kwargs: dict[str, Any] = {} if local else {"cache_dir": str(hub_cache_dir())}
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(where, **hub_kwargs)
+    except (MemoryError, torch.OutOfMemoryError):
+        raise
+    except Exception as e:  # tokenizers' parse errors are plain Exception
+        files = [t for t in TOKENIZER_FILES if (Path(where) / t).is_file()] if local else []
+        what = (str(Path(where) / files[0]) if len(files) == 1 else
+                f"the tokenizer ({', '.join(files)}) in {where}" if files else f"the tokenizer of {where}")
+        raise UserError(f"--model {name!r}: {what} cannot be loaded ({type(e).__name__}: {first_line(e)}); "
+                        "re-save or re-download the model") from e
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token is None and tokenizer.eos_token is not None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
 def load_policy(
     name_or_path: str,
     *,
@@ -454,23 +476,10 @@ def load_policy(
     torch_dtype = _dtype(dtype) or torch.float32
     if build_kwargs:
         raise ValueError(f"build_kwargs only apply to {DEFAULT_NAME!r}: use entropy_rft.policies.load_policy")
-    located = locate_policy(name)
-    where = _builtin_folder(located, cache_dir)
+    where = _builtin_folder(locate_policy(name), cache_dir)
+    tokenizer = load_tokenizer(name, where)
     local = Path(where).is_dir()
     hub_kwargs: dict[str, Any] = {} if local else {"cache_dir": str(hub_cache_dir())}
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(where, **hub_kwargs)
-    except (MemoryError, torch.OutOfMemoryError):
-        raise
-    except Exception as e:  # tokenizers' parse errors are plain Exception
-        files = [t for t in TOKENIZER_FILES if (Path(where) / t).is_file()] if local else []
-        what = (str(Path(where) / files[0]) if len(files) == 1 else
-                f"the tokenizer ({', '.join(files)}) in {where}" if files else f"the tokenizer of {where}")
-        raise UserError(f"--model {name!r}: {what} cannot be loaded ({type(e).__name__}: {first_line(e)}); "
-                        "re-save or re-download the model") from e
-    tokenizer.padding_side = "left"
-    if tokenizer.pad_token is None and tokenizer.eos_token is not None:
-        tokenizer.pad_token = tokenizer.eos_token
     try:
         model = AutoModelForCausalLM.from_pretrained(where, dtype=torch_dtype, **hub_kwargs)
     except (MemoryError, torch.OutOfMemoryError):

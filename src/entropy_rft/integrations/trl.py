@@ -31,7 +31,8 @@ from entropy_rft.integrations._compat import require_version
 from entropy_rft.integrations.stats_forward import chunked_policy_out, fused_policy_out, install_stats_forward
 from entropy_rft.integrations.trl_logging import ErftLog
 from entropy_rft.loss import policy_loss
-from entropy_rft.policies import load_policy
+from entropy_rft.models import load_tokenizer
+from entropy_rft.policies import load_policy, resolve_policy
 from entropy_rft.prompts import ChatPrompt, as_conversation, has_chat_template
 from entropy_rft.tasks import build_task
 from entropy_rft.threads import apply_threads
@@ -54,7 +55,7 @@ import trl  # noqa: E402
 
 check_trl_version(trl.__version__)
 
-from trl import GRPOTrainer  # noqa: E402
+from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 
 # TRL loss_type -> our aggregation mode (DESIGN.md, "Semantics of policy_loss").
 AGG_FOR_LOSS_TYPE = {"dapo": "token-mean", "bnpo": "token-mean", "grpo": "seq-mean-token-mean",
@@ -291,6 +292,33 @@ def task_reward_func(erft_task, examples: list, on_scored=None):
     return task
 
 
+def zero3_enabled() -> bool:
+    """Whether this process trains under DeepSpeed ZeRO-3 (``accelerate launch`` with a ZeRO-3 config); valid
+    once the ``GRPOConfig`` exists, which registers the DeepSpeed config with transformers."""
+    from transformers.integrations import is_deepspeed_zero3_enabled
+
+    return bool(is_deepspeed_zero3_enabled())
+
+
+def policy_for_trl(cfg, args: GRPOConfig) -> tuple[Any, Any]:
+    """The policy as ``GRPOTrainer`` should receive it, and its tokenizer.
+
+    Under DeepSpeed ZeRO-3, the policy's folder (or hub id): TRL then loads it with ``from_pretrained`` inside
+    transformers' ``deepspeed.zero.Init``, so each rank materialises only its shard of the weights and no
+    process holds the whole model in host memory (``args.model_init_kwargs`` carries ``model.dtype``). Otherwise
+    the model loaded on CPU in every process, as the native engine loads it (``model.gradient_checkpointing``
+    applied).
+    """
+    if zero3_enabled():
+        where = resolve_policy(cfg.model.name)  # builds or converts a built-in policy on first use
+        args.model_init_kwargs = {**(args.model_init_kwargs or {}), "dtype": cfg.model.dtype}
+        return where, load_tokenizer(cfg.model.name, where)
+    model, tok = load_policy(cfg.model.name, device="cpu", dtype=getattr(torch, cfg.model.dtype))
+    if cfg.model.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    return model, tok
+
+
 def train_trl(cfg, out: str | Path, resume: bool = False) -> dict[str, Any]:
     """``erft train --engine trl``: train ``cfg`` into run directory ``out`` with EntropyControlGRPOTrainer.
 
@@ -318,16 +346,14 @@ def train_trl(cfg, out: str | Path, resume: bool = False) -> dict[str, Any]:
     state.wait_for_everyone()
     task = build_task(cfg.task.name, **cfg.task.params)
     train_set, _ = task.split(cfg.train.seed)
-    model, tok = load_policy(cfg.model.name, device="cpu", dtype=getattr(torch, cfg.model.dtype))
-    apply_threads(cfg.train.threads, model, cfg.model.device)  # 0: automatic (entropy_rft.threads)
-    if cfg.model.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
-
+    args = grpo_config(cfg, out, state.num_processes)  # first: under ZeRO-3 it sets up transformers' zero.Init
+    model, tok = policy_for_trl(cfg, args)
     reward = task_reward_func(task, train_set, on_scored=lambda *scored: log.samples(*scored))  # log: below
     trainer = EntropyControlGRPOTrainer(
-        model=model, reward_funcs=reward, args=grpo_config(cfg, out, state.num_processes),
+        model=model, reward_funcs=reward, args=args,
         train_dataset=prompt_dataset(train_set, tok), processing_class=tok, method=cfg.method.name,
         method_params=cfg.method_params(), agg=cfg.algo.agg, dual_clip=cfg.algo.dual_clip)
+    apply_threads(cfg.train.threads, trainer.model, cfg.model.device)  # 0: automatic (entropy_rft.threads)
     trainer.loss_kwargs.update(loss_overrides(cfg, trainer.method.loss_kwargs()))
     log = ErftLog(trainer, cfg, out, k, purge_step=start + 1 if resume else None)
     trainer.add_callback(log)
