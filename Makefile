@@ -5,7 +5,7 @@ PIP     := $(PY) -m pip --disable-pip-version-check
 STAMP   := .venv/.erft-installed
 JOBS    ?= auto
 
-.PHONY: run run-real test test-verl lint bench setup clean browser
+.PHONY: run run-real equal-entropy test test-verl lint bench setup clean browser
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || python3 -m venv .venv
@@ -30,6 +30,13 @@ run-real: $(STAMP)
 		--out runs/smollm2/base_eval
 	.venv/bin/erft compare --config $(REAL) --methods none,clip_v --out runs/smollm2
 	.venv/bin/erft report runs/smollm2 --out runs/smollm2/report
+
+# Issue 17's comparison (not part of CI; about 2 h on 2 cores): every method at its preset and driven by the
+# autopilot to 0.5x / 0.65x / 0.8x of the first batch's entropy, 3 seeds, 300 steps, two runs at a time.
+equal-entropy: $(STAMP)
+	.venv/bin/erft compare --methods all --entropy-targets preset,0.5x,0.65x,0.8x --seeds 3 --max-steps 300 \
+		--jobs 2 --set eval.every=10 --set eval.prompts=128 --set probe.jvp_every=0 --out runs/equal_entropy
+	.venv/bin/erft report runs/equal_entropy --out runs/equal_entropy/report
 
 # The report test renders report.html in headless Chromium from Debian's package (no browser downloads).
 browser:

@@ -215,7 +215,8 @@ def _wait_rows(path: Path, n: int, proc: subprocess.Popen, timeout: float = 90) 
 
 
 def test_a_run_directory_has_one_writer(micro_model, tmp_path):
-    sets = micro_overrides(micro_model, **{"train.max_steps": 400, "train.checkpoint_every": 1000,
+    # The first run must outlive three process starts even on a loaded machine: it is stopped by SIGTERM below.
+    sets = micro_overrides(micro_model, **{"train.max_steps": 100_000, "train.checkpoint_every": 100_000,
                                            "eval.every": 0})
     out = tmp_path / "run"
     first = subprocess.Popen(_train_cmd(out, sets), env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
