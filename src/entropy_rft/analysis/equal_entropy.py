@@ -88,8 +88,9 @@ def setpoint_order(setpoints: Sequence[str]) -> list[str]:
 def comparison_rows(summaries: Sequence[dict]) -> list[dict[str, Any]]:
     """One row per (setpoint, method): the columns' statistics over seeds and the setpoint's status.
 
-    ``status`` is ``preset`` (no target), ``held`` (reached, then ≥ 50% of steps within ±15%), ``not held``
-    (reached, then less) or ``not reached`` (never reached it within the knob's clamps on any seed); a method that
+    ``status`` is ``preset`` (no target), ``held`` (on every seed reached, then ≥ 50% of the later steps within
+    ±15%), ``held on k of n seeds``, ``not held`` (on no seed) or ``not reached`` (never reached it within the
+    knob's clamps on any seed); a method that
     misses its setpoint stays in the table with that status. The reference ``none`` sits in every setpoint's
     block as the row ``none (reference)``.
     """
@@ -134,7 +135,7 @@ def _status(setpoint: str, method: str, runs: Sequence[dict]) -> str:
     held = [s for s in reached if (s.get("autopilot/in_band") or 0.0) >= 0.5]
     if len(held) == len(runs):
         return "held"
-    return f"held on {len(held)} of {len(runs)} seeds"
+    return "not held" if not held else f"held on {len(held)} of {len(runs)} seeds"
 
 
 def best_within_noise(rows: Sequence[dict], key: str) -> tuple[str | None, list[str]]:
