@@ -126,6 +126,9 @@ def test_fit_law_cli_text_and_json(tmp_path, capsys):
     assert res["fit"]["a"] == pytest.approx(0.25, abs=1e-9)
     assert res["forecast"]["fit_steps"] == [0, 10, 20]
     assert res["forecast"]["test_rmse"] == pytest.approx(0.0, abs=1e-9)
+    # The rows follow the law exactly: the final pass@1 is forecast without error from 10, 20 and 40% of steps.
+    assert all(abs(v) < 1e-9 for v in res["final_forecast"].values())
+    assert "from the first 10% / 20% / 40% of steps (predicted - actual): 0.0000 / 0.0000 / 0.0000" in text
     assert fit_run(run, metric="avg@K")["fit"]["b"] == pytest.approx(0.75, abs=1e-9)
 
 

@@ -230,7 +230,8 @@ def fit_run(run_dir: str | Path, *, fit_frac: float = 0.2, entropy: str = "eval"
     fit = fit_law(hs, rs, what=str(path))
     out: dict[str, Any] = {"run": str(run_dir), "entropy": entropy, "metric": metric, "fit": fit.to_dict(),
                            "warning": reliability_warning(fit.n),
-                           "points": {"step": steps, "entropy": hs, "accuracy": rs}}
+                           "points": {"step": steps, "entropy": hs, "accuracy": rs},
+                           "final_forecast": forecast_final(steps, hs, rs)}
     try:
         out["forecast"] = forecast(steps, hs, rs, fit_frac, what=str(path)).to_dict()
         out["forecast_error"] = None

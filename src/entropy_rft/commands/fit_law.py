@@ -65,6 +65,9 @@ def run(args: argparse.Namespace) -> int:
               f"a = {_f(fc['fit']['a'])}, b = {_f(fc['fit']['b'])}")
         print(f"    predicting steps {fc['test_steps']}: RMSE = {_f(fc['test_rmse'])}, "
               f"MAE = {_f(fc['test_mae'])} (accuracy units; Paper B reports ~0.01 on real models)")
+    ff = res["final_forecast"]
+    print("  the last evaluation forecast from the first 10% / 20% / 40% of steps (predicted - actual): "
+          + " / ".join(_f(ff[f"law/forecast_err@{p}"]) for p in ("10%", "20%", "40%")))
     if args.json:
         atomic_write_json(args.json, res)
         print(f"  written to {args.json}")
