@@ -216,6 +216,12 @@ CASES: list[Case] = [
     case("compare-task-unknown", "compare", "--methods", "none", "--set", "task.name=nosuch", "--out", "cmp/k",
          must="nosuch", out="cmp/k"),
     case("compare-no-out", "compare", "--methods", "none", must="--out"),
+    case("compare-jobs-zero", "compare", "--methods", "none", "--jobs", "0", "--out", "cmp/j", must="--jobs",
+         out="cmp/j"),
+    case("compare-targets-empty", "compare", "--methods", "all", "--entropy-targets", ",", "--out", "cmp/te",
+         must="--entropy-targets", out="cmp/te"),
+    case("compare-targets-method-unknown", "compare", "--methods", "nosuch", "--entropy-targets", "0.5x", "--out",
+         "cmp/tm", must="nosuch", out="cmp/tm"),
     # --- report
     case("report-run-missing", "report", "no_such_run", "--out", "rep/a", must="no_such_run", out="rep/a"),
     case("report-run-is-file", "report", "afile", "--out", "rep/b", must="afile", out="rep/b"),
