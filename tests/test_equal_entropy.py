@@ -141,7 +141,7 @@ def test_setpoint_tracking_by_hand():
 
 def _summ(method, setpoint, p1, pk, t, *, reach=10, in_band=0.9, seed=0):
     return {"method": f"{method}@{setpoint}", "method_name": method, "setpoint": setpoint, "seed": seed, "k": 8,
-            "final/pass@1": p1, "final/pass@8": pk, "time/step": t, "autopilot/reach_step": reach,
+            "final/pass@1": p1, "final/pass@8": pk, "time/step_train": t, "autopilot/reach_step": reach,
             "autopilot/in_band": in_band, "final/pass@1_se": 0.02, "final/pass@K_se": 0.03}
 
 
@@ -184,6 +184,24 @@ def test_best_within_noise():
            {"method": "b", "x": {"mean": 0.5, "std": 0.0, "n": 1, "se": None}},
            {"method": "c", "x": {"mean": 0.49, "std": 0.0, "n": 1, "se": None}}]
     assert equal_entropy.best_within_noise(one, "x") == ("a", ["b"])
+
+
+def test_one_seed_uses_the_prompt_standard_error():
+    # One seed each: no seed standard error, so the means' errors over the validation prompts decide.
+    block = [{"method": "a", "x": {"mean": 0.50, "std": 0.0, "n": 1, "se": None, "se_prompts": 0.02}},
+             {"method": "b", "x": {"mean": 0.45, "std": 0.0, "n": 1, "se": None, "se_prompts": 0.02}},  # 0.05 < 0.057
+             {"method": "c", "x": {"mean": 0.44, "std": 0.0, "n": 1, "se": None, "se_prompts": 0.02}}]  # 0.06 > 0.057
+    assert equal_entropy.best_within_noise(block, "x") == ("a", ["b"])
+    rows = equal_entropy.comparison_rows([_summ("clip_v", "0.5x", 0.2, 0.4, 1.0)])
+    assert rows[-1]["final/pass@1"]["se_prompts"] == pytest.approx(0.02)  # one run: its own prompt error
+
+
+def test_train_step_time_leaves_out_measurement():
+    from entropy_rft.analysis.summary import train_step_time
+
+    rows = [{"step": 1, "time/step": 1.0, "time/probe": 0.1}, {"step": 2, "time/step": 5.0, "time/eval": 4.2},
+            {"step": 3, "time/step": 1.2, "time/counterfactual": 0.3, "time/probe": 0.1}, {"step": 4, "time/step": 9.0}]
+    assert train_step_time(rows) == pytest.approx((0.8 + 0.9) / 2)  # median of 0.9, 0.8, 0.8, 9.0
 
 
 def test_setpoint_order():
@@ -258,12 +276,16 @@ def test_compare_all_methods_at_setpoints(swept):
     assert row["final/distinct_correct"]["mean"] == evals[-1]["eval/distinct_correct"]
     assert row["train/entropy_held"]["mean"] == pytest.approx(np.mean([r["entropy/mean"] for r in train[1:]]))
     assert row["control/touched_frac"]["mean"] == pytest.approx(1 - np.mean([r["control/kept_frac"] for r in train]))
-    none_t = [r["time/step"] for r in read_jsonl(swept / "none-s0" / "metrics.jsonl") if r["step"] >= 1]
-    assert row["overhead"]["mean"] == pytest.approx(np.mean([r["time/step"] for r in train]) / np.mean(none_t))
+    def train_time(rows):  # the median training part of a step: evaluations and probes left out
+        return statistics.median(r["time/step"] - (r.get("time/eval") or 0) - (r.get("time/probe") or 0)
+                                 - (r.get("time/counterfactual") or 0) for r in rows if r["step"] >= 1)
+
+    none_t = train_time(read_jsonl(swept / "none-s0" / "metrics.jsonl"))
+    assert row["overhead"]["mean"] == pytest.approx(train_time(m) / none_t)
     assert row["status"] in ("held", "not reached", "not held")
     md = (swept / "summary.md").read_text()
     for head in ("pass@1", "pass@4", "distinct correct", "final entropy (val)", "held entropy (train)",
-                 "tokens touched", "step time × none", "in ±15%", "status", "forecast err, 10%", "Cov > 0"):
+                 "tokens touched", "train step time × none", "in ±15%", "status", "forecast err, 10%", "Cov > 0"):
         assert head in md
     assert summ["comparison"]["verdict"].startswith("At the presets")
 

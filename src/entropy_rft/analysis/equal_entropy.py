@@ -6,7 +6,8 @@ module turns the runs' summaries (``summary.run_summary``) into that comparison:
 
 - ``comparison_rows``: per (setpoint, method) the mean ± std over seeds of pass@1, pass@K, distinct correct
   answers, final and held entropy, the share of tokens the method touched, the step-time overhead against
-  ``none`` and how the autopilot held the setpoint (reached or not, share of steps within ±15%).
+  ``none`` (median training time per step, evaluations and probes left out: ``summary.train_step_time``) and how
+  the autopilot held the setpoint (reached or not, share of steps within ±15%).
 - ``best_within_noise``: per setpoint, the best method and those whose mean is within two standard errors of
   it (standard error of the mean over seeds, combined in quadrature).
 - ``comparison_markdown`` and ``verdict``: the table and the computed paragraph of summary.md, the report and
@@ -30,7 +31,7 @@ COLUMNS: tuple[tuple[str, str], ...] = (
     ("final/entropy", "final entropy (val)"),
     ("train/entropy_held", "held entropy (train)"),
     ("control/touched_frac", "tokens touched"),
-    ("overhead", "step time × none"),
+    ("overhead", "train step time × none"),
     ("autopilot/in_band", "in ±15%"),
 )
 # The law per setpoint and method: its fit, and its forecast of the final pass@1 from early evaluations.
@@ -98,7 +99,7 @@ def comparison_rows(summaries: Sequence[dict]) -> list[dict[str, Any]]:
     groups: dict[tuple[str, str], list[dict]] = {}
     for s in summaries:
         groups.setdefault((str(s.get("setpoint") or PRESET), str(s.get("method_name") or s["method"])), []).append(s)
-    none_time = _stats([s.get("time/step") for (sp, m), ss in groups.items() if m == "none" for s in ss])
+    none_time = _stats([s.get("time/step_train") for (sp, m), ss in groups.items() if m == "none" for s in ss])
     rows = []
     for sp in setpoint_order([sp for sp, _ in groups]):
         block = [(m, ss) for (p, m), ss in groups.items() if p == sp]
@@ -109,7 +110,7 @@ def comparison_rows(summaries: Sequence[dict]) -> list[dict[str, Any]]:
                                    "reference": sp != PRESET and method == "none"}
             for key, _ in COLUMNS:
                 if key == "overhead":
-                    t = _stats([s.get("time/step") for s in ss])
+                    t = _stats([s.get("time/step_train") for s in ss])
                     ratio = t["mean"] / none_time["mean"] if t and none_time and none_time["mean"] > 0 else None
                     row[key] = None if ratio is None else {"mean": ratio, "std": t["std"] / none_time["mean"],
                                                            "n": t["n"], "se": None}
@@ -121,6 +122,9 @@ def comparison_rows(summaries: Sequence[dict]) -> list[dict[str, Any]]:
                                                   if isinstance(s.get("law/forecast_err@20%"), (int, float))])
             row["pass@1_se_prompts"] = _stats([s.get("final/pass@1_se") for s in ss])
             row["pass@K_se_prompts"] = _stats([s.get("final/pass@K_se") for s in ss])
+            for key, se in (("final/pass@1", "pass@1_se_prompts"), ("final/pass@K", "pass@K_se_prompts")):
+                if row[key] and row[se]:  # the mean's error over the validation prompts
+                    row[key]["se_prompts"] = row[se]["mean"] / math.sqrt(row[key]["n"])
             row["status"] = _status(sp, method, ss)
             rows.append(row)
     return rows
@@ -138,10 +142,15 @@ def _status(setpoint: str, method: str, runs: Sequence[dict]) -> str:
     return "not held" if not held else f"held on {len(held)} of {len(runs)} seeds"
 
 
+def _se(v: dict) -> float:
+    """A mean's standard error: over seeds with two or more, else over the validation prompts (0 if unknown)."""
+    return v["se"] if v.get("se") is not None else (v.get("se_prompts") or 0.0)
+
+
 def best_within_noise(rows: Sequence[dict], key: str) -> tuple[str | None, list[str]]:
     """The method with the highest mean of ``key`` among ``rows`` and every method within ``NOISE_SE`` standard
-    errors of it (the standard errors of the two means over seeds, in quadrature; a one-seed mean has none, so
-    only exact ties join it)."""
+    errors of it: the two means' standard errors in quadrature, each over seeds (two or more) or else over the
+    validation prompts (``_se``)."""
     have = [r for r in rows if r.get(key)]
     if not have:
         return None, []
@@ -152,7 +161,7 @@ def best_within_noise(rows: Sequence[dict], key: str) -> tuple[str | None, list[
         if r is best:
             continue
         v = r[key]
-        se = math.sqrt((b["se"] or 0.0) ** 2 + (v["se"] or 0.0) ** 2)
+        se = math.sqrt(_se(b) ** 2 + _se(v) ** 2)
         if b["mean"] - v["mean"] <= NOISE_SE * se:
             near.append(r["method"])
     return best["method"], near

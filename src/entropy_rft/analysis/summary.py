@@ -89,6 +89,7 @@ def run_summary(run_dir: str | Path) -> dict[str, Any]:
     target = method.get("entropy_target")
     out["setpoint"] = "preset" if target is None else str(target)
     out["train/entropy_held"] = _mean_of(train_rows[len(train_rows) // 2:], "entropy/mean")
+    out["time/step_train"] = train_step_time(train_rows)
     out["control/touched_frac"] = touched_frac(out["method"], train_rows)
     out.update(setpoint_tracking(train_rows))
     out.update(run_agreement(train_rows))
@@ -109,6 +110,18 @@ def prompt_standard_errors(hist: Any) -> dict[str, float | None]:
     out["final/pass@1_se"] = float(np.std(counts / k, ddof=1) / math.sqrt(n))
     out["final/pass@K_se"] = float(np.std((counts > 0).astype(np.float64), ddof=1) / math.sqrt(n))
     return out
+
+
+# Per-step times that measure rather than train: left out of a method's step-time overhead.
+MEASUREMENT_TIMES = ("time/eval", "time/probe", "time/counterfactual")
+
+
+def train_step_time(train_rows: list[dict]) -> float | None:
+    """The median over steps of the training part of a step: ``time/step`` less its evaluation and probes
+    (``MEASUREMENT_TIMES``). The median, because a run that shares the CPU has slow outliers."""
+    vals = [float(r["time/step"]) - sum(float(r.get(k) or 0.0) for k in MEASUREMENT_TIMES)
+            for r in train_rows if isinstance(r.get("time/step"), (int, float))]
+    return float(np.median(vals)) if vals else None
 
 
 def touched_frac(method: str | None, train_rows: list[dict]) -> float | None:
