@@ -8,8 +8,11 @@ Two measurements, side by side in one run:
 2. the method's own cost on identical work: the same rollout batch, then the step's stages after the
    rollout (old-policy pass, masks, updates, probe) for each method from the same parameters and
    optimizer state, repeated ``--repeats`` times, interleaved. Target: ClipV ≤ 1.03× of ``none``.
+   ``--methods all`` times every registered method at its preset this way (the step-time column of
+   ``erft compare --entropy-targets`` is taken inside a sweep that shares the CPU; this is the clean figure).
 
-Usage: ``python benchmarks/step_time.py [--model default] [--steps 30] [--threads 2]``.
+Usage: ``python benchmarks/step_time.py [--model default] [--steps 30] [--threads 2] [--methods all]
+[--same-batch-only]``.
 """
 
 from __future__ import annotations
@@ -44,10 +47,11 @@ def whole_steps(model: str, method: str, steps: int, out: Path, threads: int) ->
     return res
 
 
-def same_batch_overhead(model: str, repeats: int, out: Path, threads: int) -> dict[str, float]:
-    """Time the post-rollout part of a step for none and clip_v on one fixed batch, interleaved."""
+def same_batch_overhead(model: str, repeats: int, out: Path, threads: int,
+                        methods: tuple[str, ...] = ("none", "clip_v")) -> dict[str, float]:
+    """Time the post-rollout part of a step for each method (``none`` first) on one fixed batch, interleaved."""
     sets = [f"model.name={model}", "eval.every=0", "train.progress=false", f"train.threads={threads}"]
-    runs = {m: Run(load_config(None, sets + [f"method.name={m}"]), out / f"sb-{m}") for m in ("none", "clip_v")}
+    runs = {m: Run(load_config(None, sets + [f"method.name={m}"]), out / f"sb-{m}") for m in methods}
     base = runs["none"]
     exs = base.sample_prompts()
     group = [e for e in exs for _ in range(base.cfg.rollout.group_size)]
@@ -69,29 +73,42 @@ def same_batch_overhead(model: str, repeats: int, out: Path, threads: int) -> di
 
 
 def main() -> None:
+    from entropy_rft.control import available_methods
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="default")
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--methods", default="none,clip_v", help="Methods for the same-batch timing ('all': every one).")
+    ap.add_argument("--same-batch-only", action="store_true", help="Skip the whole-step runs.")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    names = available_methods() if args.methods == "all" else args.methods.split(",")
+    methods = ("none", *[m for m in names if m != "none"])
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
-        res = {m: whole_steps(args.model, m, args.steps, out, args.threads) for m in ("none", "clip_v")}
-        sb = same_batch_overhead(args.model, args.repeats, out, args.threads)
-    print(f"\nWhole steps ({args.steps} steps each, first 2 dropped), seconds per step:")
-    print("| stage | none | clip_v | ratio |\n|---|---|---|---|")
-    for k in (*STAGES, "tokens/step"):
-        a, b = res["none"][k], res["clip_v"][k]
-        print(f"| {k} | {a:.4f} | {b:.4f} | {b / a:.3f} |")
-    print(f"steps/s: none {1 / res['none']['time/step']:.2f}, clip_v {1 / res['clip_v']['time/step']:.2f}")
-    ratio = sb["clip_v"] / sb["none"]
-    print(f"\nSame batch, post-rollout stages (median of {args.repeats}): none {sb['none']:.4f} s, "
-          f"clip_v {sb['clip_v']:.4f} s, ratio {ratio:.3f} (target <= 1.03: {'PASS' if ratio <= 1.03 else 'MISS'})")
-    gen = res["none"]["time/generate"] / res["none"]["time/step"]
-    print(f"generate share of a GRPO step: {gen:.0%}; full-step overhead incl. rollout: "
-          f"{(sb['clip_v'] - sb['none']) / res['none']['time/step']:+.1%}")
+        res = ({} if args.same_batch_only else
+               {m: whole_steps(args.model, m, args.steps, out, args.threads) for m in ("none", "clip_v")})
+        sb = same_batch_overhead(args.model, args.repeats, out, args.threads, methods)
+    if res:
+        print(f"\nWhole steps ({args.steps} steps each, first 2 dropped), seconds per step:")
+        print("| stage | none | clip_v | ratio |\n|---|---|---|---|")
+        for k in (*STAGES, "tokens/step"):
+            a, b = res["none"][k], res["clip_v"][k]
+            print(f"| {k} | {a:.4f} | {b:.4f} | {b / a:.3f} |")
+        print(f"steps/s: none {1 / res['none']['time/step']:.2f}, clip_v {1 / res['clip_v']['time/step']:.2f}")
+    print(f"\nSame batch, post-rollout stages (median of {args.repeats}, interleaved), seconds and ratio to none:")
+    print("| method | s | × none |\n|---|---|---|")
+    for m in methods:
+        print(f"| {m} | {sb[m]:.4f} | {sb[m] / sb['none']:.3f} |")
+    if "clip_v" in sb:
+        ratio = sb["clip_v"] / sb["none"]
+        print(f"clip_v: ratio {ratio:.3f} (target <= 1.03: {'PASS' if ratio <= 1.03 else 'MISS'})")
+    if res:
+        gen = res["none"]["time/generate"] / res["none"]["time/step"]
+        print(f"generate share of a GRPO step: {gen:.0%}; full-step overhead incl. rollout: "
+              f"{(sb['clip_v'] - sb['none']) / res['none']['time/step']:+.1%}")
 
 
 if __name__ == "__main__":
