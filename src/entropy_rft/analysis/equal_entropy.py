@@ -57,7 +57,8 @@ DYNAMICS_COLUMNS = LAW_COLUMNS + AGREEMENT_COLUMNS
 NOISE_SE = 2.0  # "within noise": within this many standard errors of the best mean
 
 
-def _k(summaries: Sequence[dict]) -> int | None:
+def summaries_k(summaries: Sequence[dict]) -> int | None:
+    """K of pass@K: the samples per validation prompt of the first run that evaluated."""
     return next((s["k"] for s in summaries if s.get("k")), None)
 
 
@@ -95,7 +96,7 @@ def comparison_rows(summaries: Sequence[dict]) -> list[dict[str, Any]]:
     misses its setpoint stays in the table with that status. The reference ``none`` sits in every setpoint's
     block as the row ``none (reference)``.
     """
-    k = _k(summaries)
+    k = summaries_k(summaries)
     groups: dict[tuple[str, str], list[dict]] = {}
     for s in summaries:
         groups.setdefault((str(s.get("setpoint") or PRESET), str(s.get("method_name") or s["method"])), []).append(s)
@@ -118,8 +119,6 @@ def comparison_rows(summaries: Sequence[dict]) -> list[dict[str, Any]]:
                     row[key] = _stats([s.get(_key(key, k)) for s in ss])
             for key, _ in DYNAMICS_COLUMNS:
                 row[key] = _stats([s.get(key) for s in ss])
-            row["law/forecast_abs@20%"] = _stats([abs(s["law/forecast_err@20%"]) for s in ss
-                                                  if isinstance(s.get("law/forecast_err@20%"), (int, float))])
             row["pass@1_se_prompts"] = _stats([s.get("final/pass@1_se") for s in ss])
             row["pass@K_se_prompts"] = _stats([s.get("final/pass@K_se") for s in ss])
             for key, se in (("final/pass@1", "pass@1_se_prompts"), ("final/pass@K", "pass@K_se_prompts")):

@@ -20,6 +20,7 @@ from entropy_rft.analysis.equal_entropy import (
     dynamics_markdown,
     dynamics_verdict,
     setpoint_order,
+    summaries_k,
     verdict,
 )
 from entropy_rft.analysis.html_parts import figure_html, table_html
@@ -130,7 +131,7 @@ DYNAMICS_CAPTION = (
 def equal_entropy_section(runs: Sequence[RunData], summaries: Sequence[dict]) -> tuple[str, dict[str, Any]]:
     """The report's comparison page: with setpoints, the verdict, Pareto plot, entropy per setpoint and table;
     for any runs, the law's forecasts and the batch predictions against the measured entropy change."""
-    k = next((s["k"] for s in summaries if s.get("k")), None)
+    k = summaries_k(summaries)
     rows = comparison_rows(summaries)
     numbers: dict[str, Any] = {"rows": rows, "verdict": None, "dynamics": dynamics_verdict(summaries)}
     out = ""

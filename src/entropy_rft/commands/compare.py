@@ -201,7 +201,7 @@ def _equal_entropy(summaries: list[dict], numbers: dict[str, Any], table: str) -
     summary.md's text and the table to print."""
     from entropy_rft.analysis import equal_entropy as ee
 
-    k = next((s["k"] for s in summaries if s.get("k")), None)
+    k = ee.summaries_k(summaries)
     rows = ee.comparison_rows(summaries)
     verdict, dyn = ee.verdict(rows, k), ee.dynamics_verdict(summaries)
     numbers["comparison"] = {"rows": rows, "verdict": verdict, "dynamics": dyn}
