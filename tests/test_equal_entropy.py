@@ -186,6 +186,24 @@ def test_best_within_noise():
     assert equal_entropy.best_within_noise(one, "x") == ("a", ["b"])
 
 
+def test_the_verdict_ranks_only_the_methods_that_held_the_setpoint():
+    # kl_cov has the best pass@1 at 0.5x but never reached it (it trained at lower entropy): it is reported as
+    # missed with its held entropy, and the ranking is among clip_v (0.17 ± 0.01) and clip_b (0.12 ± 0.00).
+    summ = [_summ("none", "preset", 0.20, 0.30, 1.0, reach=None, in_band=None, seed=s) for s in (0, 1)]
+    summ += [_summ("clip_v", "0.5x", 0.18, 0.45, 1.0, seed=0), _summ("clip_v", "0.5x", 0.16, 0.47, 1.0, seed=1),
+             _summ("clip_b", "0.5x", 0.12, 0.40, 1.0, seed=0), _summ("clip_b", "0.5x", 0.12, 0.40, 1.0, seed=1)]
+    for s, h in ((0, 0.30), (1, 0.34)):
+        summ.append({**_summ("kl_cov", "0.5x", 0.30, 0.50, 1.0, reach=None, in_band=None, seed=s),
+                     "train/entropy_held": h})
+    text = equal_entropy.verdict(equal_entropy.comparison_rows(summ), 8)
+    assert "At setpoint 0.5x, among the methods that held it: best pass@1 clip_v (0.170)" in text
+    assert "best pass@8 clip_v (0.460), clearly ahead of the rest" in text  # 0.46 - 0.40 > 2 * sqrt(0.01^2 + 0)
+    assert "Setpoint missed, so not ranked: kl_cov (not reached, 0.32 nats held)." in text
+    nobody = [r for r in summ if r["method_name"] == "kl_cov"]
+    assert "At setpoint 0.5x, among the methods that held it: no method held it." in equal_entropy.verdict(
+        equal_entropy.comparison_rows(nobody), 8)
+
+
 def test_one_seed_uses_the_prompt_standard_error():
     # One seed each: no seed standard error, so the means' errors over the validation prompts decide.
     block = [{"method": "a", "x": {"mean": 0.50, "std": 0.0, "n": 1, "se": None, "se_prompts": 0.02}},
@@ -290,7 +308,7 @@ def test_compare_all_methods_at_setpoints(swept):
     assert summ["comparison"]["verdict"].startswith("At the presets")
 
 
-def test_parallel_jobs_train_the_same_runs(micro, tmp_path):
+def test_parallel_jobs_train_the_same_runs(micro, tmp_path, capsys):
     """--jobs 2 trains each run in its own process, its output in OUT/logs; the runs equal --jobs 1's."""
     rows = {}
     for jobs in (1, 2):
@@ -302,7 +320,16 @@ def test_parallel_jobs_train_the_same_runs(micro, tmp_path):
     assert rows[1] == rows[2]
     logs = sorted(p.name for p in (tmp_path / "j2" / "logs").iterdir())
     assert logs == ["clip_v-s0.log", "none-s0.log"]
-    assert "step 2/2" in (tmp_path / "j2" / "logs" / "none-s0.log").read_text()
+    log = (tmp_path / "j2" / "logs" / "none-s0.log").read_text()
+    assert "step 2/2" in log
+    # Run again: the finished runs are kept without starting a process for them.
+    capsys.readouterr()
+    assert main(["compare", "--methods", "none,clip_v", "--jobs", "2", "--out", str(tmp_path / "j2"),
+                 *_sets(micro, **{"train.progress": True})]) == 0
+    said = capsys.readouterr().out
+    assert "[1/2] none seed 0: already finished, kept" in said and "clip_v seed 0: already finished" in said
+    assert "started" not in said
+    assert (tmp_path / "j2" / "logs" / "none-s0.log").read_text() == log
 
 
 def test_report_has_the_equal_entropy_page(swept, tmp_path):

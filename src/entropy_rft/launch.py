@@ -92,10 +92,15 @@ def resume(out: str | Path, *, max_steps: int | None = None) -> dict[str, Any]:
             rundir.atomic_write_text(out / "config.yaml", yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
         else:
             _preflight(cfg, None)
-        status = rundir.read_status(out)
-        if status.get("status") == "finished" and int(status.get("step", 0)) >= cfg.train.max_steps:
-            return {"step": status.get("step"), "already_finished": True}
+        if is_finished(out, cfg.train.max_steps):
+            return {"step": rundir.read_status(out).get("step"), "already_finished": True}
         return _train(cfg, out, resume=True)
+
+
+def is_finished(out: str | Path, max_steps: int) -> bool:
+    """Whether the run in ``out`` finished with at least ``max_steps`` steps: a sweep keeps it as it is."""
+    status = rundir.read_status(Path(out))
+    return status.get("status") == "finished" and int(status.get("step", 0)) >= max_steps
 
 
 def start_or_resume(cfg: Config, out: str | Path, *, overwrite: bool = False) -> dict[str, Any]:

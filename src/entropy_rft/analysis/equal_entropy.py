@@ -207,9 +207,22 @@ def dynamics_markdown(rows: Sequence[dict], columns: Sequence[tuple[str, str]] =
     return "\n".join(lines) + "\n"
 
 
+def ranked(block: Sequence[dict]) -> list[dict]:
+    """The rows of one setpoint that are compared at equal entropy: at the presets all of them, at a setpoint
+    only the methods that held it on every seed. A method that missed it trained at other entropy, so its
+    pass@K is not an equal-entropy figure; it is reported with its status, not ranked."""
+    return [r for r in block if r["status"] in (PRESET, "held")]
+
+
+def _held_text(r: dict) -> str:
+    v = r.get("train/entropy_held")
+    return f", {v['mean']:.2f} nats held" if v else ""
+
+
 def verdict(rows: Sequence[dict], k: int | None) -> str:
-    """The computed paragraph: per setpoint, the methods best within noise on pass@1 and pass@K, the setpoints
-    a method missed, and the size of the noise (seed std, and the standard error over validation prompts)."""
+    """The computed paragraph: per setpoint, the methods best within noise on pass@1 and pass@K among those that
+    held it (``ranked``), the methods that missed it with the entropy they held, and the size of the noise (seed
+    std, and the standard error over validation prompts)."""
     parts = []
     kk = f"pass@{k}" if k else "pass@K"
     for sp in setpoint_order([r["setpoint"] for r in rows]):
@@ -217,8 +230,11 @@ def verdict(rows: Sequence[dict], k: int | None) -> str:
         if not block:
             continue
         bits = []
+        among = ranked(block)
+        if not among:
+            bits.append("no method held it")
         for key, name in (("final/pass@1", "pass@1"), ("final/pass@K", kk)):
-            best, near = best_within_noise(block, key)
+            best, near = best_within_noise(among, key)
             if best is None:
                 continue
             val = next(r[key]["mean"] for r in block if r["method"] == best)
@@ -228,11 +244,11 @@ def verdict(rows: Sequence[dict], k: int | None) -> str:
             else:
                 txt += ", clearly ahead of the rest"
             bits.append(txt)
-        missed = [f"{r['method']} ({r['status']})" for r in block if r["status"] not in (PRESET, "held")]
-        where = "At the presets" if sp == PRESET else f"At setpoint {sp}"
+        missed = [f"{r['method']} ({r['status']}{_held_text(r)})" for r in block if r not in among]
+        where = "At the presets" if sp == PRESET else f"At setpoint {sp}, among the methods that held it"
         line = f"{where}: " + "; ".join(bits) + "."
         if missed:
-            line += f" Setpoint missed by {', '.join(missed)}."
+            line += f" Setpoint missed, so not ranked: {', '.join(missed)}."
         parts.append(line)
     se1 = _stats([r["pass@1_se_prompts"]["mean"] for r in rows if r.get("pass@1_se_prompts")])
     sek = _stats([r["pass@K_se_prompts"]["mean"] for r in rows if r.get("pass@K_se_prompts")])

@@ -170,7 +170,14 @@ def _run_parallel(plans: list, out: Path, jobs: int, overwrite: bool) -> None:
     import multiprocessing as mp
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
-    todo = list(enumerate(plans, 1))
+    from entropy_rft.launch import is_finished
+
+    todo = []
+    for i, (v, seed, cfg) in enumerate(plans, 1):
+        if not overwrite and is_finished(out / f"{v.dirname}-s{seed}", cfg.train.max_steps):
+            print(f"[{i}/{len(plans)}] {v.label} seed {seed}: already finished, kept", flush=True)
+        else:
+            todo.append((i, (v, seed, cfg)))
     failed: list[str] = []
     ctx = mp.get_context("spawn")  # a fresh interpreter per run: no torch state shared with this one
     with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, max_tasks_per_child=1) as pool:
