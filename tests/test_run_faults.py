@@ -173,6 +173,43 @@ def test_damaged_run_config_is_refused_and_left_alone(micro_model, tmp_path, cap
     assert steps(out / "metrics.jsonl") == [0, 1, 2]
 
 
+def test_run_config_with_a_bad_field_names_the_file_and_the_fix(micro_model, tmp_path, capsys):
+    out = finished_copy(micro_model, tmp_path, max_steps=2)
+    text = (out / "config.yaml").read_text()
+    (out / "config.yaml").write_text(text + "foo: 1\n")
+    assert main(["train", "--resume", str(out), "--max-steps", "4"]) == 2
+    line = last_stderr_line(capsys)
+    assert f"run config {out / 'config.yaml'}" in line and "'foo'" in line
+    assert "checkpoints/step_000002/config.yaml" in line
+    assert steps(out / "metrics.jsonl") == [0, 1, 2]
+
+
+@pytest.mark.parametrize("kind", ["empty", "foreign", "file"])
+def test_resume_of_a_folder_that_is_not_a_run_writes_nothing(tmp_path, capsys, kind):
+    target = tmp_path / kind
+    if kind == "file":
+        target.write_text("x")
+    else:
+        target.mkdir()
+        if kind == "foreign":
+            (target / "notes.txt").write_text("mine")
+    before = sorted(p.name for p in target.iterdir()) if target.is_dir() else None
+    assert main(["train", "--resume", str(target)]) == 2
+    line = last_stderr_line(capsys)
+    assert ("is a file, not a run directory" if kind == "file" else "no config.yaml there") in line
+    if before is not None:  # no lock file left behind
+        assert sorted(p.name for p in target.iterdir()) == before
+
+
+def test_training_that_diverges_stops_in_one_line_naming_the_lr(micro_model, tmp_path, capsys):
+    out = tmp_path / "run"
+    sets = micro_overrides(micro_model, **{"train.max_steps": 3, "optim.lr": 1e9})
+    assert main(["train", "--out", str(out), *sum((["--set", s] for s in sets), [])]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "logits are not finite" in err[0] and "lower optim.lr (now 1e+09)" in err[0], err
+    assert json.loads((out / "run.json").read_text())["status"] == "failed"
+
+
 # ----------------------------------------------------------------------------- --overwrite
 
 
@@ -184,6 +221,10 @@ def test_overwrite_refuses_a_folder_erft_did_not_create(micro_model, tmp_path, c
     sets = sum((["--set", s] for s in micro_overrides(micro_model, **{"train.max_steps": 1})), [])
     assert main(["train", "--out", str(foreign), "--overwrite", *sets]) == 2
     assert "not a run directory made by erft" in last_stderr_line(capsys)
+    assert sorted(p.name for p in foreign.iterdir()) == ["config.yaml", "notes.txt", "src"]
+    assert main(["train", "--out", str(foreign), *sets]) == 2  # without --overwrite: no advice to resume it
+    line = last_stderr_line(capsys)
+    assert "not a run directory made by erft" in line and "--resume" not in line
     assert sorted(p.name for p in foreign.iterdir()) == ["config.yaml", "notes.txt", "src"]
 
     run = finished_copy(micro_model, tmp_path, max_steps=1)

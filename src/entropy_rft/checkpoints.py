@@ -215,7 +215,10 @@ def load_run_config(out: str | Path):
         raise UserError(f"run config {p} is empty; {fix}")
     if not isinstance(data, dict):
         raise UserError(f"run config {p} must hold a mapping; {fix}")
-    return config_from_dict(data)
+    try:
+        return config_from_dict(data)
+    except UserError as e:
+        raise UserError(f"run config {p}: {e}; {fix}") from None
 
 
 def _config_backup(out: Path) -> Path | None:

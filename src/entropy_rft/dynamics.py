@@ -132,10 +132,14 @@ def default_chunk_rows(rows: int, vocab: int, device: torch.device | str = "cpu"
 # ------------------------------------------------------------------------------------------- core kernel
 
 
+class NonFiniteLogits(ValueError):
+    """Logits with a row of no finite entry, or a NaN or +inf: bad input, or (in training) a diverged policy."""
+
+
 def _check_rows_finite(row_max: Tensor) -> None:
     bad = ~torch.isfinite(row_max)
     if bool(bad.any()):
-        raise ValueError(
+        raise NonFiniteLogits(
             "logits must have at least one finite entry per row and no NaN or +inf; "
             f"{int(bad.sum())} row(s) violate this"
         )

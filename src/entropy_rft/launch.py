@@ -74,10 +74,12 @@ def resume(out: str | Path, *, max_steps: int | None = None) -> dict[str, Any]:
     A finished run that is not extended returns at once.
     """
     out = Path(out)
-    if not out.is_dir():
-        raise UserError(f"--resume {out}: no such run directory")
+    from entropy_rft import preflight
+
+    preflight.check_resume_dir(out)
     if not _is_main_process():
         return _train(checkpoints.load_run_config(out), out, resume=True)
+    checkpoints.load_run_config(out)  # a folder that is not a run is refused before the lock file is created
     with rundir.RunLock(out):
         cfg = checkpoints.load_run_config(out)
         if max_steps is not None and max_steps != cfg.train.max_steps:

@@ -85,6 +85,14 @@ def _is_under(path: Path, root: str) -> bool:
     return path == Path(root) or Path(root) in path.parents
 
 
+def check_resume_dir(path: str | Path) -> None:
+    """``--resume PATH``: refused in one line when it is missing or a file (a folder that is not a run is
+    refused by ``checkpoints.load_run_config``, which says which file is missing)."""
+    what = "is a file, not a run directory" if Path(path).exists() else "no such run directory"
+    if not Path(path).is_dir():
+        raise UserError(f"--resume {path}: {what}")
+
+
 def check_out(out: str | os.PathLike, flag: str = "--out", *,
               file_hint: str = " (a new folder, or an existing run with --overwrite)") -> Path:
     """``out`` can become (or already is) a folder we may write into: not empty, not a file, no parent that is

@@ -320,12 +320,12 @@ def check_new(out: str | Path, overwrite: bool, *, locked: bool = False) -> None
         return
     if not locked:
         RunLock.refuse_if_held(out)
+    if not is_run_dir(out):
+        raise UserError(f"'{out}' already exists and is not a run directory made by erft (no erft run.json); "
+                        "choose another --out")
     if not overwrite:
         raise UserError(f"run directory '{out}' already exists; pass --resume {out} to continue it, "
                         "--overwrite to replace it, or choose another --out")
-    if not is_run_dir(out):
-        raise UserError(f"--overwrite refused: '{out}' is not a run directory made by erft (no erft run.json); "
-                        "choose another --out")
     foreign = _foreign(out)
     if foreign:
         shown = ", ".join(foreign[:5]) + (", ..." if len(foreign) > 5 else "")

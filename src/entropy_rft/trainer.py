@@ -31,6 +31,8 @@ from entropy_rft import advantages as adv_lib
 from entropy_rft import checkpoints, control, evaluation, rundir
 from entropy_rft.autopilot import Autopilot, parse_target
 from entropy_rft.config import Config, autopilot_gains, config_to_dict
+from entropy_rft.dynamics import NonFiniteLogits
+from entropy_rft.errors import UserError
 from entropy_rft.forward import PolicyOut, policy_forward
 from entropy_rft.jvp import entropy_jvp
 from entropy_rft.loss import agg_weights, policy_loss
@@ -484,7 +486,14 @@ def train(cfg: Config, out: str | Path, *, resume: bool = False, on_step=None) -
                 logger.log(last)
             for step in range(start + 1, cfg.train.max_steps + 1):
                 run.step = step
-                last = train_step(run, logger)
+                try:
+                    last = train_step(run, logger)
+                except NonFiniteLogits as e:
+                    clip = "" if cfg.optim.max_grad_norm is not None else " or set optim.max_grad_norm"
+                    raise UserError(
+                        f"step {step}: the policy's logits are not finite ({e}): training diverged, or the model's "
+                        f"weights are damaged; lower optim.lr (now {cfg.optim.lr:g}){clip} and start a new run "
+                        "(the checkpoints before this step are kept)") from None
                 bar(last)
                 if on_step is not None:
                     on_step(run, last)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from entropy_rft.errors import UserError
 from entropy_rft.options import ENGINES
@@ -93,8 +92,7 @@ def run(args: argparse.Namespace) -> int:
                             "(only --max-steps can)")
         if not args.resume.strip():
             raise UserError("--resume is empty; pass the run directory to continue")
-        if not Path(args.resume).is_dir():
-            raise UserError(f"--resume {args.resume}: no such run directory")
+        preflight.check_resume_dir(args.resume)
         preflight.check_min("--max-steps", args.max_steps, 1)
         from entropy_rft import launch  # torch: only once the arguments are known to be good
 
