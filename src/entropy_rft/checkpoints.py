@@ -194,16 +194,21 @@ def resume_point(out: str | Path, required: tuple[str, ...],
 # ----------------------------------------------------------------------------- the recorded config
 
 
-def load_run_config(out: str | Path):
-    """The config a run directory recorded (``config.yaml``), refused in one line when missing or damaged."""
-    from entropy_rft.config import config_from_dict
+def _config_fix(out: Path) -> str:
+    backup = _config_backup(out)
+    p = out / "config.yaml"
+    return f"restore it with `cp {backup} {p}`" if backup else "restore it, or start a new run with --overwrite"
 
+
+def read_config_dict(out: str | Path) -> dict[str, Any]:
+    """A run directory's ``config.yaml`` as a mapping, refused in one line when missing or damaged (not UTF-8,
+    not YAML, empty, not a mapping, or a section that is not one), with the ``cp`` that restores it from the
+    newest checkpoint's copy."""
     out = Path(out)
     p = out / "config.yaml"
     if not p.is_file():
         raise UserError(f"{out}: no config.yaml there; is it a run directory made by `erft train`?")
-    backup = _config_backup(out)
-    fix = (f"restore it with `cp {backup} {p}`" if backup else "restore it, or start a new run with --overwrite")
+    fix = _config_fix(out)
     try:
         data = yaml.safe_load(p.read_text(encoding="utf-8"))
     except UnicodeDecodeError:
@@ -214,11 +219,22 @@ def load_run_config(out: str | Path):
     if not data:
         raise UserError(f"run config {p} is empty; {fix}")
     if not isinstance(data, dict):
-        raise UserError(f"run config {p} must hold a mapping; {fix}")
+        raise UserError(f"run config {p} must hold a mapping, got {type(data).__name__}; {fix}")
+    for key in ("method", "train", "model"):
+        if data.get(key) is not None and not isinstance(data[key], dict):
+            raise UserError(f"run config {p}: '{key}' must be a mapping, got {type(data[key]).__name__}; {fix}")
+    return data
+
+
+def load_run_config(out: str | Path):
+    """The config a run directory recorded (``config.yaml``), refused in one line when missing or damaged."""
+    from entropy_rft.config import config_from_dict
+
+    data = read_config_dict(out)
     try:
         return config_from_dict(data)
     except UserError as e:
-        raise UserError(f"run config {p}: {e}; {fix}") from None
+        raise UserError(f"run config {Path(out) / 'config.yaml'}: {e}; {_config_fix(Path(out))}") from None
 
 
 def _config_backup(out: Path) -> Path | None:

@@ -162,6 +162,23 @@ def _parse_lines(path: Path) -> tuple[list[tuple[int, str, dict | None]], bool]:
     return out, torn
 
 
+_WARNED: set[tuple[str, int, str]] = set()  # (file, line, text): each damaged line is warned about once
+
+
+def _warn_line(p: Path, n: int, text: str, msg: str) -> None:
+    """``warn(msg)`` about line ``n`` of ``p``, once however often the file is read (erft compare and erft report
+    read a run's log more than once) until :func:`forget_warnings`."""
+    key = (str(p.resolve()), n, text)
+    if key not in _WARNED:
+        _WARNED.add(key)
+        warn(msg)
+
+
+def forget_warnings() -> None:
+    """Warn again about damaged lines already warned about (a command calls it as it starts: once per command)."""
+    _WARNED.clear()
+
+
 def read_jsonl(path: str | Path) -> list[dict]:
     """Every intact JSON line of ``path``. A damaged line is skipped with a warning naming the file and the
     line; a torn last line (a write in progress, or one a kill interrupted) is skipped silently."""
@@ -170,17 +187,73 @@ def read_jsonl(path: str | Path) -> list[dict]:
         return []
     lines, torn = _parse_lines(p)
     out = []
-    for k, (n, _text, rec) in enumerate(lines):
+    for k, (n, text, rec) in enumerate(lines):
         if rec is not None:
             out.append(rec)
         elif not (torn and k == len(lines) - 1):
-            warn(f"{p}:{n} is not a JSON object; skipped")
+            _warn_line(p, n, text, f"{p}:{n} is not a JSON object; skipped")
     return out
 
 
 def _step(rec: dict) -> int | None:
     v = rec.get("step")
     return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def _step_damage(rec: dict | None) -> str | None:
+    """Why a per-step log row is damaged (not a JSON object; its step missing, not an integer, or negative),
+    or None when it is intact."""
+    if rec is None:
+        return "is not a JSON object"
+    if "step" not in rec:
+        return "has no step"
+    step = _step(rec)
+    if step is None or step < 0:
+        return f"has step {json.dumps(rec['step'])}, not a whole number >= 0"
+    return None
+
+
+def read_step_log(path: str | Path) -> list[dict]:
+    """The intact rows of a per-step log (``metrics.jsonl``): JSON objects whose ``step`` is an integer >= 0.
+
+    As :func:`read_jsonl`, a damaged line (not a JSON object, or a step that is missing, not an integer,
+    boolean or negative) is skipped with one warning naming the file and the line, and a torn last line
+    silently; a value that is text or a mapping (a metric is a number, null or a list) is read as null, with
+    one warning for its line. Each line is warned about once per process (:func:`_warn_line`). Refused in one
+    line (:class:`UserError`) when ``path`` is not a file or when no line is intact; a missing or empty file
+    gives ``[]``."""
+    p = Path(path)
+    if not p.exists():
+        return []
+    if not p.is_file():
+        kind = "a directory" if p.is_dir() else "not a regular file"
+        raise UserError(f"{p}: is {kind}, not a file; move it away and put the run's {p.name} back")
+    lines, torn = _parse_lines(p)
+    out, damaged, bad_values = [], [], []
+    for k, (n, text, rec) in enumerate(lines):
+        why = _step_damage(rec)
+        if why is None:
+            # A metric is a number, null (NaN) or a list (eval/pass_rate_hist); text or a mapping is damage:
+            # that value is read as null, the rest of the row is used.
+            bad = [key for key, v in rec.items() if isinstance(v, (str, dict))]
+            if bad:
+                bad_values.append((n, text, bad[0], rec[bad[0]], len(bad) - 1))
+                rec = {**rec, **dict.fromkeys(bad)}
+            out.append(rec)
+        elif not (torn and k == len(lines) - 1):
+            damaged.append((n, text, why))
+    if not out and damaged:  # one line, not a warning per line before it
+        n, _text, why = damaged[0]
+        more = f", and {len(damaged) - 1} more line(s) are damaged" if len(damaged) > 1 else ""
+        raise UserError(f"{p}: no intact row (line {n} {why}{more}); restore the file from a copy, or train "
+                        "the run again with --overwrite")
+    for n, text, why in damaged:
+        _warn_line(p, n, text, f"{p}:{n} {why}; skipped")
+    for n, text, key, v, more in bad_values:
+        others = f" (and {more} other value(s))" if more else ""
+        _warn_line(p, n, text, f"{p}:{n} has {key} = {json.dumps(v)[:40]}, not a number{others}; read as null, "
+                               "the rest of the row used")
+    return out
 
 
 def set_aside(path: Path, damaged: list[tuple[int, str]]) -> Path:

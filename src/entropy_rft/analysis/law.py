@@ -15,6 +15,7 @@ step is at most ``fit_frac`` of the last step, and report the RMSE of predicting
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -23,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from entropy_rft.errors import UserError
-from entropy_rft.rundir import read_jsonl
+from entropy_rft.rundir import read_step_log
 
 ENTROPY_SOURCES = ("eval", "train")
 
@@ -199,6 +200,9 @@ def law_points(rows: Sequence[dict], *, entropy: str = "eval", metric: str = "pa
     """
     if entropy not in ENTROPY_SOURCES:
         raise UserError(f"--entropy must be one of {', '.join(ENTROPY_SOURCES)}, got {entropy!r}")
+    if not metric.strip():
+        raise UserError("--metric is empty; give pass@1 (the default), avg@K, or an eval/ metric of the run "
+                        "such as pass@8")
     steps, hs, rs = [], [], []
     seen_metric = False
     for row in rows:
@@ -209,13 +213,30 @@ def law_points(rows: Sequence[dict], *, entropy: str = "eval", metric: str = "pa
         h = row.get("eval/entropy") if entropy == "eval" else row.get("entropy/mean")
         r = row.get(key)
         if isinstance(h, (int, float)) and isinstance(r, (int, float)) and math.isfinite(h) and math.isfinite(r):
-            steps.append(int(row.get("step", 0)))
+            steps.append(int(row.get("step", 0)))  # an integer >= 0 in rows of rundir.read_step_log
             hs.append(float(h))
             rs.append(float(r))
     if not seen_metric:
-        raise UserError(f"{what}: no evaluation rows with eval/{metric}; train with eval.every > 0 "
-                        "(or pick --metric pass@1 / avg@K)")
+        have = eval_metrics(rows)
+        if have:
+            shown = ", ".join(have[:6]) + (", ..." if len(have) > 6 else "")
+            raise UserError(f"{what}: --metric {metric!r} is not among the run's evaluation metrics; pick one of "
+                            f"{shown} (or avg@K)")
+        raise UserError(f"{what}: no evaluation rows (no eval/{metric}, nor any other eval/ metric); train with "
+                        "eval.every > 0")
     return steps, hs, rs
+
+
+def eval_metrics(rows: Sequence[dict]) -> list[str]:
+    """The --metric values a run's rows hold: the suffixes of their numeric ``eval/`` keys (eval/entropy is H,
+    not R), pass@1 first."""
+    keys: dict[str, None] = {}
+    for row in rows:
+        for k, v in row.items():
+            if (k.startswith("eval/") and k != "eval/entropy" and isinstance(v, (int, float))
+                    and not isinstance(v, bool)):
+                keys[k[5:]] = None
+    return sorted(keys, key=lambda m: (m != "pass@1", m))
 
 
 def fit_run(run_dir: str | Path, *, fit_frac: float = 0.2, entropy: str = "eval",
@@ -223,9 +244,11 @@ def fit_run(run_dir: str | Path, *, fit_frac: float = 0.2, entropy: str = "eval"
     """Full fit and forecast test for one run directory; forecast is None (with a reason) when impossible."""
     run_dir = Path(run_dir)
     path = run_dir / "metrics.jsonl"
-    if not path.is_file():
+    if not os.path.lexists(path):
         raise UserError(f"{path}: not found; give a run directory written by erft train")
-    rows = read_jsonl(path)
+    rows = read_step_log(path)  # refuses a folder or a file of damaged lines; warns about each damaged line
+    if not rows:
+        raise UserError(f"{path}: empty; the run has not logged a step yet")
     steps, hs, rs = law_points(rows, entropy=entropy, metric=metric, what=str(path))
     fit = fit_law(hs, rs, what=str(path))
     out: dict[str, Any] = {"run": str(run_dir), "entropy": entropy, "metric": metric, "fit": fit.to_dict(),

@@ -22,17 +22,23 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 
 from entropy_rft.analysis import plots
 from entropy_rft.analysis.equal_entropy_page import equal_entropy_section
 from entropy_rft.analysis.html_parts import CSS, figure_html, not_shown_html, table_html
 from entropy_rft.analysis.law import MIN_RELIABLE_POINTS, fit_law, forecast_final, law_points, reliability_warning
-from entropy_rft.analysis.summary import DEFAULT_COLUMNS, aggregate, expand_columns, markdown_table, run_summary
+from entropy_rft.analysis.summary import (
+    DEFAULT_COLUMNS,
+    aggregate,
+    expand_columns,
+    markdown_table,
+    read_run_config,
+    run_summary,
+)
 from entropy_rft.autopilot import tracking
 from entropy_rft.control.lens import QUADRANTS
 from entropy_rft.errors import UserError
-from entropy_rft.rundir import atomic_write_json, atomic_write_text, read_jsonl, read_status
+from entropy_rft.rundir import atomic_write_json, atomic_write_text, read_jsonl, read_status, read_step_log
 
 
 @dataclass
@@ -56,7 +62,8 @@ class RunData:
 
 
 def is_run_dir(p: Path) -> bool:
-    return p.is_dir() and (p / "metrics.jsonl").is_file()
+    """A folder holding a metrics.jsonl (one that is not a file is refused when the run is read)."""
+    return p.is_dir() and os.path.lexists(p / "metrics.jsonl")
 
 
 def expand_run_dirs(paths: Sequence[str | Path]) -> list[Path]:
@@ -96,30 +103,18 @@ def _label(cfg: dict) -> tuple[str, str]:
     return name, name
 
 
-def _section(cfg: dict, key: str, path: Path) -> dict:
-    v = cfg.get(key)
-    if v is None:
-        return {}
-    if not isinstance(v, dict):
-        raise UserError(f"{path / 'config.yaml'}: '{key}' must be a mapping, got {type(v).__name__}; restore the "
-                        "run's config.yaml")
-    return v
+def _hist(v: Any) -> list[int] | None:
+    """A pass-rate histogram (counts of prompts by correct samples), or None when the logged value is not one."""
+    if isinstance(v, list) and len(v) >= 2 and all(
+            isinstance(c, (int, float)) and not isinstance(c, bool) and math.isfinite(c) and c >= 0 and c == int(c)
+            for c in v):
+        return [int(c) for c in v]
+    return None
 
 
 def load_run(path: Path) -> RunData:
-    cfg: dict = {}
-    if (path / "config.yaml").is_file():
-        try:
-            cfg = yaml.safe_load((path / "config.yaml").read_text()) or {}
-        except yaml.YAMLError as e:
-            raise UserError(f"{path / 'config.yaml'}: not valid YAML ({e.__class__.__name__}); "
-                            "restore it from the run") from None
-        if not isinstance(cfg, dict):
-            raise UserError(f"{path / 'config.yaml'}: must hold a mapping, got {type(cfg).__name__}; restore it "
-                            "from the run")
-        for key in ("method", "train", "model"):
-            _section(cfg, key, path)
-    rows = read_jsonl(path / "metrics.jsonl")
+    cfg = read_run_config(path)
+    rows = read_step_log(path / "metrics.jsonl")
     if not rows:
         raise UserError(f"{path / 'metrics.jsonl'}: empty; the run has not logged a step yet")
     method, label = _label(cfg)
@@ -131,18 +126,18 @@ def load_run(path: Path) -> RunData:
         seed = str(seed)  # only compared: a damaged value must not stop the report
     r = RunData(path=path, name=path.name, method=method, label=label, seed=seed, cfg=cfg, rows=rows,
                 records=read_jsonl(path / "token_records.jsonl"), variant=label, engine=engine, model=model)
-    r.train_rows = [x for x in rows if int(x.get("step", 0)) >= 1]
+    r.train_rows = [x for x in rows if x["step"] >= 1]  # read_step_log: every step is an integer >= 0
     r.eval_rows = [x for x in rows if isinstance(x.get("eval/pass@1"), (int, float))]
     for x in r.eval_rows:
-        ks = [int(k.split("@")[1]) for k in x if k.startswith("eval/avg@")]
+        ks = [int(k[9:]) for k in x if k.startswith("eval/avg@") and k[9:].isdigit()]
         if ks:
             r.k = ks[0]
             break
-    hists = [x for x in r.eval_rows if isinstance(x.get("eval/pass_rate_hist"), list)]
+    hists = [(x["step"], h) for x in r.eval_rows if (h := _hist(x.get("eval/pass_rate_hist"))) is not None]
     if hists:
-        if int(hists[0].get("step", -1)) == 0:
-            r.base_hist = [int(v) for v in hists[0]["eval/pass_rate_hist"]]
-        r.final_hist = [int(v) for v in hists[-1]["eval/pass_rate_hist"]]
+        if hists[0][0] == 0:
+            r.base_hist = hists[0][1]
+        r.final_hist = hists[-1][1]
     return r
 
 
@@ -254,7 +249,8 @@ def summary_paragraph(runs: Sequence[RunData], summaries: Sequence[dict], lens: 
     kinds = "methods" if kind == "method" else "series"
     parts = [f"This report covers {len(runs)} run{'s' if len(runs) != 1 else ''} of "
              f"{len(labels)} {kind if len(labels) == 1 else kinds} "
-             f"({_join([f'{lab} ×{len(by[lab])}' for lab in labels])}), {step_txt} training steps each."]
+             f"({_join([f'{lab} ×{len(by[lab])}' for lab in labels])}), {step_txt} training "
+             f"step{'' if steps == [1] else 's'} each."]
     # Entropy path.
     ent = {}
     for lab in labels:
@@ -513,7 +509,7 @@ def build_report(paths: Sequence[str | Path], out: str | Path) -> dict[str, Any]
     run_dirs = expand_run_dirs(paths)
     runs = [load_run(p) for p in run_dirs]
     assign_labels(runs)
-    summaries = [run_summary(r.path) for r in runs]
+    summaries = [run_summary(r.path, rows=r.rows, cfg=r.cfg) for r in runs]
     for r, s in zip(runs, summaries):
         s["method"] = r.label
     agg = aggregate(summaries)

@@ -8,12 +8,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 
 from entropy_rft.analysis.agreement import run_agreement
 from entropy_rft.analysis.law import run_law
 from entropy_rft.autopilot import tracking
-from entropy_rft.rundir import read_jsonl
+from entropy_rft.rundir import read_step_log
 
 
 def _last(rows: list[dict], key: str) -> Any:
@@ -31,17 +30,32 @@ def _mean_of(rows: list[dict], key: str) -> float | None:
 def _k(rows: list[dict]) -> int | None:
     for r in rows:
         for key in r:
-            if key.startswith("eval/avg@"):  # K = samples per problem; avg@K is logged whatever K is
-                return int(key.split("@")[1])
+            # K = samples per problem; avg@K is logged whatever K is
+            if key.startswith("eval/avg@") and key[9:].isdigit():
+                return int(key[9:])
     return None
 
 
-def run_summary(run_dir: str | Path) -> dict[str, Any]:
-    """Figures of one run: final/best accuracy, Pass@K, diversity, entropy path, probe and control."""
+def read_run_config(run_dir: str | Path) -> dict[str, Any]:
+    """A run directory's ``config.yaml`` as a dict for reading (``{}`` when it has none); a damaged one is
+    refused in one line with the ``cp`` that restores it (``checkpoints.read_config_dict``)."""
+    from entropy_rft.checkpoints import read_config_dict
+
+    return read_config_dict(run_dir) if (Path(run_dir) / "config.yaml").is_file() else {}
+
+
+def run_summary(run_dir: str | Path, *, rows: list[dict] | None = None,
+                cfg: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Figures of one run: final/best accuracy, Pass@K, diversity, entropy path, probe and control.
+
+    ``rows`` and ``cfg``: the run's metrics rows and config when the caller has read them already (else read
+    here, with :func:`read_step_log` and :func:`read_run_config`)."""
     run_dir = Path(run_dir)
-    rows = read_jsonl(run_dir / "metrics.jsonl")
-    cfg = yaml.safe_load((run_dir / "config.yaml").read_text()) if (run_dir / "config.yaml").exists() else {}
-    train_rows = [r for r in rows if r.get("step", 0) >= 1]
+    if rows is None:
+        rows = read_step_log(run_dir / "metrics.jsonl")
+    if cfg is None:
+        cfg = read_run_config(run_dir)
+    train_rows = [r for r in rows if r["step"] >= 1]
     evals = [r for r in rows if "eval/pass@1" in r]
     k = _k(rows)
     base = evals[0] if evals and evals[0].get("step") == 0 else None

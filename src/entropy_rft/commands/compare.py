@@ -231,7 +231,9 @@ def _knob_last(run_dir: Path) -> float | None:
 def run(args: argparse.Namespace) -> int:
     from entropy_rft import preflight
     from entropy_rft.config import load_config
+    from entropy_rft.rundir import forget_warnings
 
+    forget_warnings()  # each damaged line of the runs read: one warning in this command
     preflight.check_out(args.out, file_hint=" (a new folder, or an earlier erft compare --out)")
     variants = expand_variants(args.methods, args.entropy_targets)
     if not variants:

@@ -47,8 +47,9 @@ def run(args: argparse.Namespace) -> int:
 
         preflight.check_out_file(args.json, "--json")
     from entropy_rft.analysis.law import fit_run
-    from entropy_rft.rundir import atomic_write_json
+    from entropy_rft.rundir import atomic_write_json, forget_warnings
 
+    forget_warnings()  # each damaged line of metrics.jsonl: one warning in this command
     res = fit_run(run_dir, fit_frac=args.fit_frac, entropy=args.entropy, metric=args.metric)
     fit = res["fit"]
     print(f"entropy-performance law for {run_dir}  (R = {args.metric}, H = {args.entropy} entropy)")

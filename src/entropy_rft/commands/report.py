@@ -19,8 +19,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from entropy_rft import preflight
+    from entropy_rft import preflight, rundir
 
+    rundir.forget_warnings()  # each damaged line of the runs read: one warning in this command
     preflight.check_out(args.out, file_hint="")
     for d in args.run_dirs:
         if not d.strip():
