@@ -108,6 +108,10 @@ CASES: list[Case] = [
     train("config-top-list", "--config", "list.yaml", must="list.yaml"),
     train("config-missing", "--config", "missing.yaml", must="missing.yaml"),
     train("config-is-folder", "--config", "adir", must="adir"),
+    train("config-empty", "--config", "empty.yaml", must="empty.yaml' is empty"),
+    train("config-key-twice", "--config", "twice.yaml", must="'optim' twice"),
+    train("config-preset-unknown-method", "--config", "preset_name.yaml", must="method.presets.nope"),
+    train("config-preset-unknown-param", "--config", "preset_param.yaml", must="method.presets.clip_b"),
     train("config-empty-name", "--config", "", must="--config"),
     train("config-unknown-field", "--config", "typo.yaml", must="optim.lrr"),
     train("config-python-tag", "--config", "tag.yaml", must="tag.yaml"),
@@ -220,6 +224,20 @@ CASES: list[Case] = [
          out="cmp/j"),
     case("compare-targets-empty", "compare", "--methods", "all", "--entropy-targets", ",", "--out", "cmp/te",
          must="--entropy-targets", out="cmp/te"),
+    case("compare-methods-empty-item", "compare", "--methods", "none,,clip_b", "--out", "cmp/ei", must="empty item",
+         out="cmp/ei"),
+    case("compare-param-twice", "compare", "--methods", "clip_v:mu=1.5:mu=2", "--out", "cmp/pt", must="mu twice",
+         out="cmp/pt"),
+    case("compare-targets-twice", "compare", "--methods", "clip_b", "--entropy-targets", "0.5x,0.5x", "--out",
+         "cmp/tt", must="--entropy-targets names 0.5x twice", out="cmp/tt"),
+    case("compare-targets-bad", "compare", "--methods", "clip_b", "--entropy-targets", "0.5x,abc", "--out",
+         "cmp/tb", must="--entropy-targets 'abc'", out="cmp/tb"),
+    case("compare-targets-no-knob", "compare", "--methods", "none,grad_mask", "--entropy-targets", "0.5x", "--out",
+         "cmp/nk", must="knob", out="cmp/nk"),
+    case("compare-entry-target-bad", "compare", "--methods", "clip_v@foo=1", "--out", "cmp/eb",
+         must="--methods entry 'clip_v@foo=1'", out="cmp/eb"),
+    case("compare-out-run-dir", "compare", "--methods", "none", "--out", "fakerun", must="training run directory"),
+    case("compare-out-foreign", "compare", "--methods", "none", "--out", "notmodel", must="README.md"),
     case("compare-targets-method-unknown", "compare", "--methods", "nosuch", "--entropy-targets", "0.5x", "--out",
          "cmp/tm", must="nosuch", out="cmp/tm"),
     # --- report
@@ -246,6 +264,8 @@ CASES: list[Case] = [
     case("filter-dataset-unknown", "filter", "--dataset", "nosuch", "--out", "flt/d", must="nosuch", out="flt/d"),
     case("filter-model-missing", "filter", "--dataset", "countdown", "--model", "/nonexistent/model", "--out",
          "flt/m", must="/nonexistent/model", out="flt/m"),
+    case("filter-out-run-dir", "filter", "--dataset", "countdown", "--model", "default", "--out", "fakerun",
+         must="training run directory"),
     case("filter-out-is-file", "filter", "--dataset", "countdown", "--model", "default", "--out", "afile",
          must="afile"),
     # --- fit-law
@@ -292,6 +312,10 @@ def make_workdir(root: Path) -> Path:
     (w / "bad.yaml").write_text("optim: [unclosed\n")
     (w / "list.yaml").write_text("- 1\n- 2\n")
     (w / "typo.yaml").write_text("optim:\n  lrr: 0.1\n")
+    (w / "empty.yaml").write_text("# nothing but a comment\n")
+    (w / "twice.yaml").write_text("optim:\n  lr: 1.0e-3\nrollout:\n  group_size: 2\noptim:\n  lr: 2.0e-3\n")
+    (w / "preset_name.yaml").write_text("method:\n  presets:\n    nope: {mu: 1.0}\n")
+    (w / "preset_param.yaml").write_text("method:\n  presets:\n    clip_b: {nope: 1.0}\n")
     (w / "tag.yaml").write_text("optim: !!python/object/apply:os.system ['true']\n")
     (w / "data_latin1.jsonl").write_bytes('{"prompt": "caf\xe9?", "answer": "1"}\n'.encode("latin-1"))
     (w / "data_bad.json").write_text('[{"prompt": "1+1", "answer": ')

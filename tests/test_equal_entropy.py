@@ -332,6 +332,19 @@ def test_parallel_jobs_train_the_same_runs(micro, tmp_path, capsys):
     assert (tmp_path / "j2" / "logs" / "none-s0.log").read_text() == log
 
 
+def test_a_rerun_with_other_settings_is_refused_and_changes_nothing(swept, micro, capsys):
+    def snapshot():
+        return {p: p.read_bytes() for p in sorted(swept.rglob("*")) if p.is_file() and p.suffix in (".jsonl", ".md")}
+
+    before = snapshot()
+    sets = _sets(micro, **{"train.max_steps": 3, "optim.lr": 0.02})  # the sweep ran at micro's lr 0.01
+    assert main(["compare", "--methods", "all", "--entropy-targets", "0.9x", "--out", str(swept), *sets]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "was trained with other settings (optim.lr: 0.01 there, 0.02 now)" in err[0], err
+    assert "--overwrite" in err[0]
+    assert snapshot() == before
+
+
 def test_report_has_the_equal_entropy_page(swept, tmp_path):
     assert main(["report", str(swept), "--out", str(tmp_path / "rep")]) == 0
     page = (tmp_path / "rep" / "report.html").read_text()

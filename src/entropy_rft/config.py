@@ -306,6 +306,24 @@ def config_to_dict(cfg: Config) -> dict:
     return dataclasses.asdict(cfg)
 
 
+def _flat(d: dict, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def changed_fields(a: Config, b: Config, ignore: tuple[str, ...] = ()) -> list[tuple[str, Any, Any]]:
+    """The dotted fields whose values differ between two configs, as (field, value in a, value in b), sorted;
+    a field missing on one side shows as None."""
+    fa, fb = _flat(config_to_dict(a)), _flat(config_to_dict(b))
+    return [(k, fa.get(k), fb.get(k)) for k in sorted(set(fa) | set(fb))
+            if k not in ignore and fa.get(k) != fb.get(k)]
+
+
 def default_config_path(model: str | None = None) -> Path:
     """The built-in config: the model's own for a built-in model that has one (``smollm2-135m``), else the
     default policy's (``configs/default.yaml``)."""
@@ -317,6 +335,34 @@ def default_config_path(model: str | None = None) -> Path:
 
 def _section(data: dict, name: str) -> dict:
     return data[name] if isinstance(data.get(name), dict) else {}
+
+
+class _DuplicateKey(Exception):
+    def __init__(self, key: Any, line: int, first: int):
+        super().__init__(key)
+        self.key, self.line, self.first = key, line, first
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a key given twice in one mapping (plain YAML keeps the last one)."""
+
+
+def _unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    seen: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":
+            continue
+        key = loader.construct_object(key_node, deep=deep)
+        try:
+            first = seen.setdefault(key, key_node.start_mark.line + 1)
+        except TypeError:  # an unhashable key: construct_mapping names it
+            continue
+        if first != key_node.start_mark.line + 1:
+            raise _DuplicateKey(key, key_node.start_mark.line + 1, first)
+    return loader.construct_mapping(node, deep=deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)
 
 
 def load_yaml(path: str | Path) -> dict:
@@ -339,7 +385,10 @@ def load_yaml(path: str | Path) -> dict:
         raise UserError(f"config file '{p}' is not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start}); "
                         "re-save it as UTF-8") from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+    except _DuplicateKey as e:
+        raise UserError(f"config file '{p}' gives '{e.key}' twice in one section (lines {e.first} and {e.line}); "
+                        "keep one") from None
     except yaml.YAMLError as e:
         first = str(e).splitlines()[0] if str(e) else "parse error"
         mark = getattr(e, "problem_mark", None)
@@ -348,7 +397,8 @@ def load_yaml(path: str | Path) -> dict:
     except RecursionError:
         raise UserError(f"config file '{p}' is nested too deeply to be a config") from None
     if data is None:
-        data = {}
+        raise UserError(f"config file '{p}' is empty; put field: value lines in it, or leave out --config for the "
+                        "built-in config")
     if not isinstance(data, dict):
         raise UserError(f"config file '{p}' must hold a mapping (field: value lines) at the top level, "
                         f"got a {type(data).__name__}")
@@ -554,6 +604,11 @@ def validate_method(cfg: Config) -> None:
     """The method name and its parameters, by the registry (imports torch), and the autopilot on that method."""
     from entropy_rft import control
 
+    for name, preset in cfg.method.presets.items():  # every preset, not only the selected method's
+        try:
+            control.build_method(name, **preset)
+        except (ValueError, TypeError, KeyError) as err:
+            raise UserError(f"config field 'method.presets.{name}' invalid: {err}") from None
     try:
         method = control.build_method(cfg.method.name, **cfg.method_params())
     except (ValueError, TypeError, KeyError) as err:

@@ -66,6 +66,8 @@ def parse_variant(spec: str) -> Variant:
         key, eq, raw = kv.partition("=")
         if not eq or not key.strip():
             raise UserError(f"--methods entry {spec!r}: {kv!r} must look like param=value (e.g. clip_v:mu=1.5)")
+        if key.strip() in params:
+            raise UserError(f"--methods entry {spec!r} sets {key.strip()} twice; give it once")
         try:
             params[key.strip()] = yaml.safe_load(raw) if raw.strip() else raw
         except yaml.YAMLError:
@@ -77,10 +79,22 @@ def parse_variant(spec: str) -> Variant:
             target = target[len("target="):]
         if not target:
             raise UserError(f"--methods entry {spec!r}: empty entropy target after '@' (e.g. clip_v@target=0.43)")
-        from entropy_rft.commands.train import target_value
-
-        value = target_value(target)
+        value = checked_target(target, f"--methods entry {spec!r}")
     return Variant(spec, parts[0], params, value)
+
+
+def checked_target(text: str, where: str) -> float | str:
+    """An entropy target as the config takes it (``commands.train.target_value``), checked by the autopilot's
+    parser; a bad one is refused naming ``where`` (the flag or entry it came from)."""
+    from entropy_rft.autopilot import parse_target
+    from entropy_rft.commands.train import target_value
+
+    value = target_value(text)
+    try:
+        parse_target(value, field=where)
+    except UserError as e:
+        raise UserError(str(e).replace(f"config field '{where}'", where)) from None
+    return value
 
 
 PRESET = "preset"
@@ -96,6 +110,19 @@ def knob_of(name: str) -> str | None:
         raise UserError(f"--methods: {e}") from None
 
 
+def _items(text: str, flag: str) -> list[str]:
+    """A comma-separated flag value: refused in one line with an empty item or an item given twice."""
+    items = [t.strip() for t in text.split(",")]
+    if not any(items):
+        return []
+    if not all(items):
+        raise UserError(f"{flag} {text!r} has an empty item; separate the items with single commas")
+    dup = sorted({t for t in items if items.count(t) > 1})
+    if dup:
+        raise UserError(f"{flag} names {', '.join(dup)} twice; give each once")
+    return items
+
+
 def expand_variants(methods: str, targets: str | None) -> list[Variant]:
     """The variants of ``--methods`` (``all``: every registered method) crossed with ``--entropy-targets``.
 
@@ -106,16 +133,23 @@ def expand_variants(methods: str, targets: str | None) -> list[Variant]:
     """
     from entropy_rft.control import available_methods
 
-    entries = [m.strip() for m in methods.split(",") if m.strip()]
+    entries = _items(methods, "--methods")
     if "all" in entries:
         i = entries.index("all")
         named = set(entries)
         entries = entries[:i] + [m for m in available_methods() if m not in named] + entries[i + 1:]
     if targets is None:
         return [parse_variant(m) for m in entries]
-    points = [t.strip() for t in targets.split(",") if t.strip()]
+    points = _items(targets, "--entropy-targets")
     if not points:
         raise UserError("--entropy-targets is empty; give e.g. 0.5x,0.65x,0.8x (add 'preset' to keep presets)")
+    for t in points:
+        if t != PRESET:
+            checked_target(t, f"--entropy-targets {t!r}")
+    steerable = [e for e in entries if ":" not in e and "@" not in e and knob_of(e) is not None]
+    if not steerable:
+        raise UserError(f"--entropy-targets: none of --methods {methods!r} has a knob the autopilot can steer; "
+                        "add one such as clip_v (`erft methods` lists the knobs), or leave out --entropy-targets")
     out: list[Variant] = [] if "none" in entries else [parse_variant("none")]
     for entry in entries:
         if ":" in entry or "@" in entry or knob_of(entry) is None:
@@ -203,6 +237,47 @@ def _run_parallel(plans: list, out: Path, jobs: int, overwrite: bool) -> None:
                         "(finished runs are kept)")
 
 
+OWN_FILES = ("summary.md", "summary.json", "logs", "report")  # what erft compare (and report --out) writes on top
+
+
+def _check_out_folder(out: Path, plans: list) -> None:
+    """``--out`` is new, empty, or an earlier ``erft compare --out``: it holds nothing but run directories made by
+    erft, this request's run folders and the summaries. A training run directory or someone's folder is refused
+    (never written into)."""
+    from entropy_rft.rundir import LOCK, is_run_dir
+
+    if not out.is_dir():
+        return
+    if is_run_dir(out):
+        raise UserError(f"--out {out} is a training run directory, not a folder of compared runs; choose another "
+                        "--out")
+    planned = {f"{v.dirname}-s{seed}" for v, seed, _ in plans}
+    foreign = sorted(p.name for p in out.iterdir() if p.name not in planned and p.name not in OWN_FILES
+                     and p.name != LOCK and not (p.is_dir() and is_run_dir(p)))
+    if foreign:
+        shown = ", ".join(foreign[:5]) + (", ..." if len(foreign) > 5 else "")
+        raise UserError(f"--out {out} holds files erft compare did not write ({shown}); choose a new folder or an "
+                        "earlier erft compare --out")
+
+
+def _check_recorded_configs(out: Path, plans: list) -> None:
+    """A run this request would keep or resume was trained with the same settings (all but ``train.max_steps``,
+    which a rerun may raise); otherwise one table would mix two settings."""
+    from entropy_rft.checkpoints import load_run_config
+    from entropy_rft.config import changed_fields
+
+    for v, seed, cfg in plans:
+        run_dir = out / f"{v.dirname}-s{seed}"
+        if not (run_dir / "config.yaml").is_file():
+            continue
+        changed = changed_fields(load_run_config(run_dir), cfg, ignore=("train.max_steps",))
+        if changed:
+            shown = "; ".join(f"{k}: {a!r} there, {b!r} now" for k, a, b in changed[:3])
+            more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
+            raise UserError(f"{run_dir} was trained with other settings ({shown}{more}); one table would mix "
+                            "them: choose another --out, or pass --overwrite to train every run again")
+
+
 def _equal_entropy(summaries: list[dict], numbers: dict[str, Any], table: str) -> tuple[str, str]:
     """The equal-entropy comparison (``analysis.equal_entropy``) added to summary.json and summary.md; returns
     summary.md's text and the table to print."""
@@ -263,8 +338,11 @@ def run(args: argparse.Namespace) -> int:
                      "train": {**base_extra.get("train", {}), "seed": seed}}
             plans.append((v, seed, load_config(args.config, args.set, extra=extra, check_method=False)))
     # The whole request (output folders, device, task, method, model) before anything is created.
+    _check_out_folder(out, plans)
     for v, seed, cfg in plans:
         preflight.check_train(cfg, out / f"{v.dirname}-s{seed}")
+    if not args.overwrite:
+        _check_recorded_configs(out, plans)
     from entropy_rft import launch
     from entropy_rft.analysis.summary import DEFAULT_COLUMNS, SHORT_COLUMNS, aggregate, markdown_table, run_summary
     from entropy_rft.rundir import atomic_write_json, atomic_write_text

@@ -16,7 +16,6 @@ import json
 import time
 from collections.abc import Callable
 from fractions import Fraction
-from pathlib import Path
 from typing import Any
 
 from entropy_rft.errors import UserError
@@ -118,6 +117,9 @@ def run(args: argparse.Namespace) -> int:
     lo, hi = parse_fraction(args.min_pass, "--min-pass"), parse_fraction(args.max_pass, "--max-pass")
     if lo >= hi:
         raise UserError(f"--min-pass ({args.min_pass}) must be below --max-pass ({args.max_pass})")
+    out = preflight.check_out(args.out, file_hint="")
+    if (out / "run.json").is_file():
+        raise UserError(f"--out {out} is a training run directory; choose another --out for the filtered data")
     task = preflight.build_task(args.dataset, parse_task_params(args.task_param), flag="--dataset",
                                 params_flag="--task-param")
     preflight.check_model(args.model)
@@ -140,7 +142,6 @@ def run(args: argparse.Namespace) -> int:
         counts = count_correct(model, tok, task, examples, n=args.n, temperature=args.temperature,
                                max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, generator=gen,
                                on_progress=on_progress)
-    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     kept_rows: list[dict[str, Any]] = []
     dropped_rows: list[dict[str, Any]] = []
