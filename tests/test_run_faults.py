@@ -158,6 +158,18 @@ def test_no_intact_checkpoint_is_refused_in_one_line(micro_model, tmp_path, caps
     assert (out / "metrics.jsonl").read_text() == before
 
 
+def test_deleted_checkpoints_are_refused_not_retrained(micro_model, tmp_path, capsys):
+    import shutil
+
+    out = finished_copy(micro_model, tmp_path, max_steps=2)
+    shutil.rmtree(out / "checkpoints")
+    before = (out / "metrics.jsonl").read_text()
+    assert main(["train", "--resume", str(out), "--max-steps", "4"]) == 2
+    line = last_stderr_line(capsys)
+    assert "no checkpoint in" in line and "the run finished" in line and "--overwrite" in line
+    assert (out / "metrics.jsonl").read_text() == before
+
+
 # ----------------------------------------------------------------------------- the run's config
 
 

@@ -201,8 +201,11 @@ def test_sigterm_saves_a_checkpoint_and_exits(micro_model, tmp_path):
 
 
 def test_resume_without_checkpoint_restarts_from_step_1(micro_model, tmp_path):
+    # A run killed before its first checkpoint (every 10 steps; the final one at step 2 removed as if never
+    # written) starts again from step 1 and writes the same rows. With a deleted checkpoint that must have
+    # existed, resume refuses instead (test_run_faults).
     out = tmp_path / "run"
-    start(cfg_for(micro_model, **{"train.max_steps": 2}), out)
+    start(cfg_for(micro_model, **{"train.max_steps": 2, "train.checkpoint_every": 10}), out)
     ref = stable(read_jsonl(out / "metrics.jsonl"))
     import shutil
 

@@ -191,6 +191,21 @@ def resume_point(out: str | Path, required: tuple[str, ...],
     return ckpt, state
 
 
+def refuse_lost_checkpoints(out: str | Path, checkpoint_every: int) -> None:
+    """A resume that finds no checkpoint starts again from step 0 and writes the logs again. Refused in one line
+    when a checkpoint must have existed (the run finished, or logged a step at which one is written), so that no
+    row is thrown away for a deleted ``checkpoints/`` folder."""
+    from entropy_rft.rundir import read_status, read_step_log
+
+    out = Path(out)
+    last = max((r["step"] for r in read_step_log(out / "metrics.jsonl")), default=0)
+    finished = read_status(out).get("status") == "finished"
+    if finished or last >= checkpoint_every:
+        what = "finished" if finished else f"logged step {last} (a checkpoint is written every {checkpoint_every})"
+        raise UserError(f"{out}: no checkpoint in {out / CHECKPOINTS}, but the run {what}; put its checkpoints "
+                        "back, or start it again with --overwrite")
+
+
 # ----------------------------------------------------------------------------- the recorded config
 
 

@@ -464,6 +464,8 @@ def train(cfg: Config, out: str | Path, *, resume: bool = False, on_step=None) -
     out = Path(out)
     required = ("model", "optim", "sched", "rng", "trainer")
     _, state = checkpoints.resume_point(out, required, 0 if cfg.eval.every else 1) if resume else (None, None)
+    if resume and state is None:
+        checkpoints.refuse_lost_checkpoints(out, cfg.train.checkpoint_every)
     start = int(state["trainer"]["step"]) if state else 0
     run = Run(cfg, out, start_step=start)  # loads the model and checks the prompts: a refusal writes nothing
     if resume:
