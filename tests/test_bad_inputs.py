@@ -229,7 +229,7 @@ CASES: list[Case] = [
     case("compare-param-twice", "compare", "--methods", "clip_v:mu=1.5:mu=2", "--out", "cmp/pt", must="mu twice",
          out="cmp/pt"),
     case("compare-targets-twice", "compare", "--methods", "clip_b", "--entropy-targets", "0.5x,0.5x", "--out",
-         "cmp/tt", must="--entropy-targets names 0.5x twice", out="cmp/tt"),
+         "cmp/tt", must="gives 0.5x twice", out="cmp/tt"),
     case("compare-targets-bad", "compare", "--methods", "clip_b", "--entropy-targets", "0.5x,abc", "--out",
          "cmp/tb", must="--entropy-targets 'abc'", out="cmp/tb"),
     case("compare-targets-no-knob", "compare", "--methods", "none,grad_mask", "--entropy-targets", "0.5x", "--out",

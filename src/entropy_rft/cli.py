@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import errno
 import os
+import re
 import sys
 
 from entropy_rft.commands import compare, experiment, export_verl, fit_law, methods, probe, report, tasks, train
@@ -62,8 +63,32 @@ class _DefaultsFormatter(argparse.HelpFormatter):
 class _Parser(argparse.ArgumentParser):
     """argparse with a one-line error (``erft train: error: ... (see erft train --help)``), exit 2."""
 
+    _tokens: list[str] = []  # the arguments this parser was last given (for the hint in ``error``)
+
+    def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
+        self._tokens = [str(a) for a in (sys.argv[1:] if args is None else args)]
+        return super().parse_known_args(args, namespace)
+
     def error(self, message: str) -> None:  # type: ignore[override]
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {_one_line(message)} (see '{self.prog} --help')\n")
+        message = _one_line(message) + self._dash_value_hint(message)
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+    def _dash_value_hint(self, message: str) -> str:
+        """``--entropy-target -0.5x``: argparse reads a value that starts with '-' as an option, and says only
+        "expected one argument"; name the fix, ``--entropy-target=-0.5x``."""
+        m = re.match(r"argument (\S+): expected one argument$", message)
+        if not m:
+            return ""
+        names = m.group(1).split("/")
+        tokens = self._tokens
+        for i, token in enumerate(tokens[:-1]):
+            value = tokens[i + 1]
+            named = token in names or (token.startswith("--") and len(token) > 2
+                                       and any(n.startswith(token) for n in names))  # an abbreviation
+            if named and value.startswith("-") and value not in self._option_string_actions:
+                flag = next((n for n in names if n.startswith("--")), token)
+                return f"; to pass a value that starts with '-', join it with '=': {flag}={value}"
+        return ""
 
 
 def _one_line(text: object, limit: int = 600) -> str:
@@ -93,6 +118,20 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=debug_help)
         p.set_defaults(_run=mod.run)
     return parser
+
+
+def _parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """``parser.parse_args``, except that an unknown option after the command (``erft train --nope``) is
+    reported by that command's parser, which points to its own help (``erft train --help``)."""
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        tokens = [str(a) for a in (sys.argv[1:] if argv is None else argv)]
+        before = tokens[:tokens.index(args.command)] if args.command in tokens else tokens
+        subparsers = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+        sub = subparsers.choices.get(args.command) if subparsers is not None else None
+        culprit = sub if sub is not None and not any(e in before for e in extra) else parser
+        culprit.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
 
 
 def os_error_message(e: OSError) -> tuple[str, int]:
@@ -126,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     # (benchmarks/threads.py); read once when torch loads, so it is set before any command imports torch.
     prefer_passive_wait()
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = _parse(parser, argv)
     debug = debug_enabled(bool(getattr(args, "debug", False)))
     cmd = f"erft {args.command}"
     try:

@@ -110,19 +110,6 @@ def knob_of(name: str) -> str | None:
         raise UserError(f"--methods: {e}") from None
 
 
-def _items(text: str, flag: str) -> list[str]:
-    """A comma-separated flag value: refused in one line with an empty item or an item given twice."""
-    items = [t.strip() for t in text.split(",")]
-    if not any(items):
-        return []
-    if not all(items):
-        raise UserError(f"{flag} {text!r} has an empty item; separate the items with single commas")
-    dup = sorted({t for t in items if items.count(t) > 1})
-    if dup:
-        raise UserError(f"{flag} names {', '.join(dup)} twice; give each once")
-    return items
-
-
 def expand_variants(methods: str, targets: str | None) -> list[Variant]:
     """The variants of ``--methods`` (``all``: every registered method) crossed with ``--entropy-targets``.
 
@@ -132,17 +119,16 @@ def expand_variants(methods: str, targets: str | None) -> list[Variant]:
     target are kept as written.
     """
     from entropy_rft.control import available_methods
+    from entropy_rft.preflight import comma_items
 
-    entries = _items(methods, "--methods")
+    entries = comma_items(methods, "--methods", "none,clip_v")
     if "all" in entries:
         i = entries.index("all")
         named = set(entries)
         entries = entries[:i] + [m for m in available_methods() if m not in named] + entries[i + 1:]
     if targets is None:
         return [parse_variant(m) for m in entries]
-    points = _items(targets, "--entropy-targets")
-    if not points:
-        raise UserError("--entropy-targets is empty; give e.g. 0.5x,0.65x,0.8x (add 'preset' to keep presets)")
+    points = comma_items(targets, "--entropy-targets", "preset,0.5x,0.65x,0.8x")
     for t in points:
         if t != PRESET:
             checked_target(t, f"--entropy-targets {t!r}")

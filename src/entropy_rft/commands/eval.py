@@ -88,14 +88,12 @@ def check_sampling_args(args: argparse.Namespace) -> None:
 
 
 def pass_ks(spec: str | None, n: int) -> list[int]:
+    from entropy_rft import preflight
+
     if spec is None:
         return sorted({k for k in (1, 8, n) if k <= n})
-    try:
-        ks = sorted({int(x) for x in spec.split(",") if x.strip()})
-    except ValueError:
-        raise UserError(f"--pass-k '{spec}' must be comma-separated integers, e.g. 1,8,32") from None
-    bad = [k for k in ks if not 1 <= k <= n]
-    if not ks or bad:
+    ks = sorted(preflight.parse_int_list(spec, "--pass-k", "1,4"))
+    if any(not 1 <= k <= n for k in ks):
         raise UserError(f"--pass-k values must be in 1..--samples ({n}); got {spec}")
     return ks
 
@@ -211,6 +209,9 @@ def evaluate(args: argparse.Namespace, on_result: Callable[[list[dict[str, Any]]
     """Every (model, dataset) result; ``on_result(results so far)`` after each."""
     from entropy_rft import preflight
 
+    if args.checkpoints and not args.run:
+        raise UserError("--checkpoints needs --run RUN_DIR (it also evaluates the saved checkpoints of each --run); "
+                        "add --run RUN_DIR or drop --checkpoints")
     preflight.check_min("--samples", args.samples, 1)
     preflight.check_min("--temperature", args.temperature, 0)
     preflight.check_min("--max-new-tokens", args.max_new_tokens, 1)

@@ -79,14 +79,18 @@ def _schema():
     ])
 
 
-def _check_out(out: Path) -> None:
-    if out.exists() and not out.is_dir():
-        raise UserError(f"--out {str(out)!r} is a file; pass a folder")
+def _check_out(text: str) -> Path:
+    """``--out``: a folder we may write into (``preflight.check_out``: not empty, not a file, writable) that holds
+    nothing but the two files this command writes."""
+    from entropy_rft import preflight
+
+    out = preflight.check_out(text, file_hint="")
     if out.is_dir():
         other = sorted(p.name for p in out.iterdir() if p.name not in FILES)
         if other:
             shown = ", ".join(other[:5]) + (f" and {len(other) - 5} more" if len(other) > 5 else "")
             raise UserError(f"--out {str(out)!r} holds other files ({shown}); choose a new or empty folder")
+    return out
 
 
 def write(out: Path, data: dict[str, list[dict[str, Any]]]) -> None:
@@ -118,8 +122,8 @@ def run(args: argparse.Namespace) -> int:
         json.dumps(params)
     except (TypeError, ValueError) as e:
         raise UserError(f"--task-param values must be plain values (numbers, text, lists, mappings): {e}") from None
-    out = Path(args.out)
-    _check_out(out)
+    preflight.check_min("--seed", args.seed, 0)
+    out = _check_out(args.out)
     task = preflight.build_task(args.task, params, flag="--task", params_flag="--task-param")
     data = rows(args.task, task, params, args.seed)
     if not data["train"]:

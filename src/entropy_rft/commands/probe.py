@@ -13,13 +13,6 @@ HELP = (
 )
 
 
-def _vocab_sizes(text: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a comma list of integers, got {text!r}") from None
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="synthetic",
                         help="'synthetic' (seeded random logits, no model), 'default', 'smollm2-135m', "
@@ -31,7 +24,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="update size eps (single logit) and |alpha| (GRPO); halved --halvings times")
     parser.add_argument("--halvings", type=int, default=2, help="how many times eps is halved (>= 1)")
     parser.add_argument("--temperature", type=float, default=1.0, help="sampling temperature of p")
-    parser.add_argument("--vocab-sizes", type=_vocab_sizes, default=None,
+    parser.add_argument("--vocab-sizes", default=None, metavar="V1,V2,...",
                         help="synthetic only: comma list of vocabulary sizes (default 50,1000,32000,151936)")
     parser.add_argument("--seed", type=int, default=0, help="seed for synthetic logits and sampled tokens")
     parser.add_argument("--device", default="cpu", help="device for a real model's forward pass")
@@ -43,13 +36,15 @@ def run(args: argparse.Namespace) -> int:
 
     if args.vocab_sizes is not None and args.model != "synthetic":
         raise UserError("--vocab-sizes applies only to --model synthetic; drop it or use --model synthetic")
-    if args.vocab_sizes is not None and not args.vocab_sizes:
-        raise UserError("--vocab-sizes is empty; give a comma list of integers >= 2, e.g. 50,1000")
+    vocab_sizes = (None if args.vocab_sizes is None
+                   else tuple(preflight.parse_int_list(args.vocab_sizes, "--vocab-sizes", "50,1000")))
+    if args.text is not None and not args.text.strip():
+        raise UserError("--text is empty; give the text to probe, or leave --text out for the built-in paragraph")
     preflight.check_min("--seed", args.seed, 0)
+    preflight.check_device(args.device, "--device", "--device cpu")
     if args.json is not None:
         preflight.check_out_file(args.json, "--json")
     if args.model != "synthetic":
-        preflight.check_device(args.device, "--device", "--device cpu")
         preflight.check_model(args.model)
 
     import torch
@@ -60,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = tp.ProbeConfig(
         model=args.model, positions=args.positions, eps=args.eps, halvings=args.halvings, seed=args.seed,
         temperature=args.temperature, text=args.text, device=args.device,
-        vocab_sizes=args.vocab_sizes or tp.SYNTHETIC_VOCABS,
+        vocab_sizes=vocab_sizes or tp.SYNTHETIC_VOCABS,
     )
     tp.validate(cfg)
     threads = torch.get_num_threads()

@@ -57,3 +57,15 @@ class Task(ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r})"
+
+
+def int_param(task: str, name: str, value: Any) -> int:
+    """A task parameter that must be an integer (a float with no fraction, ``2000.0``, counts as one), else a
+    one-line :class:`~entropy_rft.errors.UserError` naming the task, the parameter and the expected type."""
+    from entropy_rft.errors import UserError
+
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise UserError(f"task {task!r}: param {name!r} must be an integer, got {value!r}")
+    return value

@@ -36,7 +36,7 @@ import re
 from functools import lru_cache
 from typing import Any
 
-from entropy_rft.tasks.base import Example, Task
+from entropy_rft.tasks.base import Example, Task, int_param
 
 OPS = "+-*"
 MAX_EXPR_CHARS = 64
@@ -280,6 +280,8 @@ class CountdownTask(Task):
         holdout_mod: int = 8,
         canonical_mode: str = "syntactic",
     ) -> None:
+        n_val, max_target, holdout_mod = (int_param("countdown", k, v) for k, v in
+                                          (("n_val", n_val), ("max_target", max_target), ("holdout_mod", holdout_mod)))
         if canonical_mode not in CANONICAL_MODES:
             raise ValueError(
                 f"countdown: canonical_mode must be one of {CANONICAL_MODES}, got {canonical_mode!r}"

@@ -30,7 +30,7 @@ from typing import Any
 
 from entropy_rft.errors import UserError
 from entropy_rft.prompts import PROMPT_FORMATS, make_prompt
-from entropy_rft.tasks.base import Example, Task
+from entropy_rft.tasks.base import Example, Task, int_param
 
 PREFIX = "rg:"
 ANSWER_FORMATS = ("tag", "boxed", "line", "number")
@@ -81,6 +81,49 @@ def extract_answer(response: str, answer_format: str) -> str | None:
     return text or None
 
 
+def _expected(hint: Any) -> tuple[tuple[type, ...], str] | None:
+    """(the types a value may have, their description) for a config field's annotation; None: not told."""
+    import types
+    import typing
+
+    args = typing.get_args(hint)
+    if typing.get_origin(hint) in (typing.Union, types.UnionType) and type(None) in args:
+        inner = [a for a in args if a is not type(None)]
+        found = _expected(inner[0]) if len(inner) == 1 else None
+        return None if found is None else ((*found[0], type(None)), found[1] + " or null")
+    simple = {int: ((int,), "an integer"), float: ((int, float), "a number"), bool: ((bool,), "true or false"),
+              str: ((str,), "text")}
+    return simple.get(hint)
+
+
+def _rejected(factory: Any, dataset: str, params: dict[str, Any], err: Exception) -> str:
+    """One line for reasoning-gym refusing ``task.params.params``: the parameter at fault when it can be told
+    (an unknown name, or a value of the wrong type for the dataset's config field), else its message and the
+    parameters given."""
+    import dataclasses
+    import typing
+
+    where = f"task '{PREFIX}{dataset}':"
+    config_cls = factory.DATASETS[dataset][1]
+    try:
+        hints = typing.get_type_hints(config_cls)
+    except Exception:  # noqa: BLE001 - annotations it cannot resolve: fall back to the message
+        hints = {}
+    fields = [f.name for f in dataclasses.fields(config_cls)] if dataclasses.is_dataclass(config_cls) else []
+    unknown = [k for k in params if fields and k not in fields]
+    if unknown:
+        return (f"{where} reasoning-gym's {dataset} has no parameter {', '.join(map(repr, unknown))} (task param "
+                f"'params'); valid: {', '.join(fields)}")
+    for key, value in params.items():
+        want = _expected(hints.get(key))
+        if want is None:
+            continue
+        types_ok, what = want
+        if not isinstance(value, types_ok) or (isinstance(value, bool) and bool not in types_ok):
+            return f"{where} param 'params.{key}' must be {what}, got {value!r}"
+    return f"{where} reasoning-gym rejected param 'params' ({err}); given: {params!r}"
+
+
 class ReasoningGymTask(Task):
     """One reasoning-gym dataset as a task (see the module docstring).
 
@@ -112,6 +155,11 @@ class ReasoningGymTask(Task):
             raise UserError(f"task param 'answer_format' must be one of {ANSWER_FORMATS}, got {answer_format!r}")
         if prompt_format not in PROMPT_FORMATS:
             raise UserError(f"task param 'prompt_format' must be one of {PROMPT_FORMATS}, got {prompt_format!r}")
+        task = f"{PREFIX}{dataset}"
+        size, val_size, gen_seed, holdout_seed, max_response_tokens = (
+            int_param(task, k, v) for k, v in (("size", size), ("val_size", val_size), ("gen_seed", gen_seed),
+                                               ("holdout_seed", holdout_seed),
+                                               ("max_response_tokens", max_response_tokens)))
         if int(size) < 1 or int(val_size) < 0:
             raise UserError(f"task params 'size' must be >= 1 and 'val_size' >= 0, got {size} and {val_size}")
         template = template if template is not None else ("{question}\n" + INSTRUCTIONS[answer_format]).strip()
@@ -128,7 +176,7 @@ class ReasoningGymTask(Task):
                                                   **dict(params or {}))
             entries = list(self.dataset)
         except (TypeError, ValueError, AssertionError) as e:
-            raise UserError(f"reasoning-gym rejected task.params.params for {dataset!r}: {e}") from None
+            raise UserError(_rejected(factory, dataset, dict(params or {}), e)) from None
         seen: set[str] = set()
         unique = []
         for entry in entries:
