@@ -40,6 +40,14 @@ def run(args: argparse.Namespace) -> int:
     if not (args.tol >= 0 and math.isfinite(args.tol)):
         raise UserError(f"--tol must be a finite number >= 0, got {args.tol}")
     preflight.check_min("--steps", args.steps, 2)
+    if 2 * args.window > args.steps:
+        raise UserError(f"--window {args.window} needs --steps >= {2 * args.window} (the first and the last "
+                        f"{args.window} steps must not overlap), got --steps {args.steps}; lower --window or raise "
+                        "--steps")
+    fixed = sorted({kv.partition("=")[0].strip() for kv in args.set} & {"method.name", "method.params", "method"})
+    if fixed:
+        raise UserError(f"--set {fixed[0]}: the masking experiment sets the method of each of its runs itself; "
+                        "drop it")
     preflight.check_out(args.out, file_hint=" (a new folder, or an earlier erft experiment --out)")
     # The base request (config, device, task, model) before any run directory is made.
     extra: dict = {"train": {"max_steps": args.steps}}
