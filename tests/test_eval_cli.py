@@ -55,6 +55,23 @@ def setup(tmp_path_factory):
     return tmp, model, data
 
 
+def test_prompts_that_do_not_fit_the_context_are_refused(setup, capsys):
+    # The micro policy has 64 positions: 64 new tokens leave no room, and 80-digit prompts alone fill it.
+    tmp, model, data = setup
+    long_data = tmp / "long.jsonl"
+    long_data.write_text("".join(json.dumps({"prompt": f"{i}" + "1" * 80, "answer": "1"}) + "\n" for i in range(8)))
+    for source, budget, must in ((data, "64", "--max-new-tokens (64) leaves no room"),
+                                 (long_data, "2", "do not fit the model's context")):
+        out = tmp / f"nofit-{budget}"
+        args = ["eval", "--model", str(model), "--dataset", "math", "--task-param", f"source={source}",
+                "--task-param", "val_size=4", "--task-param", "prompt_format=plain", "--task-param",
+                "reward=erft_eval_reward:rew", "--samples", "2", "--max-new-tokens", budget, "--out", str(out)]
+        assert main(args) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert must in err[-1] and "--dataset" in err[-1], err
+        assert not out.exists()
+
+
 def test_erft_eval_writes_json_md_png(setup):
     tmp, model, data = setup
     out = tmp / "eval"

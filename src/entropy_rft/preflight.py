@@ -426,17 +426,19 @@ def check_model(name: str) -> None:
 
 
 def check_prompt_lengths(prompt_token_counts: list[int], max_new_tokens: int, max_positions: int | None, *,
-                         truncate: bool) -> None:
+                         truncate: bool, budget: str = "rollout.max_new_tokens") -> None:
     """Refuse prompts that cannot fit the model's context together with ``max_new_tokens`` response tokens.
 
     ``max_positions`` is the model's context (``max_position_embeddings``; None: unknown, nothing checked). With
     ``truncate`` the prompts are cut to ``max_positions - max_new_tokens`` tokens, so only room for at least one
-    prompt token is needed.
+    prompt token is needed. ``budget`` names the setting of ``max_new_tokens`` (a config field, or ``erft eval``'s
+    ``--max-new-tokens``).
     """
+    where = f"config field '{budget}'" if budget.startswith(("rollout.", "eval.")) else budget
     if max_positions is None or not prompt_token_counts:
         return
-    if max_new_tokens >= max_positions:
-        raise UserError(f"config field 'rollout.max_new_tokens' ({max_new_tokens}) leaves no room for the prompt in "
+    if max_new_tokens >= max_positions and min(prompt_token_counts) < max_positions:
+        raise UserError(f"{where} ({max_new_tokens}) leaves no room for the prompt in "
                         f"the model's context of {max_positions} positions; set it to at most "
                         f"{max(1, max_positions - max(1, min(prompt_token_counts)))}")
     if truncate:
@@ -446,10 +448,10 @@ def check_prompt_lengths(prompt_token_counts: list[int], max_new_tokens: int, ma
         return
     over = sum(1 for n in prompt_token_counts if n + max_new_tokens > max_positions)
     room = max_positions - longest
-    fix = (f"lower rollout.max_new_tokens to at most {room}, or shorten the prompts" if room >= 1
+    fix = (f"lower {budget} to at most {room}, or shorten the prompts" if room >= 1
            else "shorten the prompts (the longest alone fills the context)")
     raise UserError(f"{over} of {len(prompt_token_counts)} prompts do not fit the model's context: the longest has "
-                    f"{longest} tokens, + rollout.max_new_tokens {max_new_tokens} = {longest + max_new_tokens} > "
+                    f"{longest} tokens, + {budget} {max_new_tokens} = {longest + max_new_tokens} > "
                     f"{max_positions} positions; {fix}")
 
 

@@ -116,6 +116,20 @@ def run_models(run_dir: Path, checkpoints: bool) -> list[dict[str, Any]]:
     return out
 
 
+def _check_fits(model, tok, examples: list, max_new_tokens: int, what: str) -> None:
+    """The trainer's rule (``preflight.check_prompt_lengths``): every prompt plus ``--max-new-tokens`` fits the
+    model's context; otherwise the model would be scored on positions it has no embedding for."""
+    from entropy_rft.preflight import check_prompt_lengths
+    from entropy_rft.prompts import encode_prompt
+
+    try:
+        check_prompt_lengths([len(encode_prompt(tok, ex.prompt)) for ex in examples], max_new_tokens,
+                             getattr(model.config, "max_position_embeddings", None), truncate=False,
+                             budget="--max-new-tokens")
+    except UserError as e:
+        raise UserError(f"{what}: {e}; or pick a --dataset whose prompts fit this model") from None
+
+
 def load_model(spec: dict[str, Any], device: str, dtype: str):
     from entropy_rft.policies import load_policy
 
@@ -248,6 +262,7 @@ def evaluate(args: argparse.Namespace, on_result: Callable[[list[dict[str, Any]]
         model, tok = load_model(spec, args.device, args.dtype)
         apply_threads(args.threads, model, args.device)
         for name, task, examples in tasks:
+            _check_fits(model, tok, examples, args.max_new_tokens, f"{spec['label']} on {name}")
             gen = torch.Generator(device=args.device).manual_seed(args.seed)
             t0 = time.perf_counter()
             with prompt_progress(f"{spec['label']} on {name}", len(examples)) as on_progress:
