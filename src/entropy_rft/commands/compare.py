@@ -297,8 +297,6 @@ def run(args: argparse.Namespace) -> int:
     forget_warnings()  # each damaged line of the runs read: one warning in this command
     preflight.check_out(args.out, file_hint=" (a new folder, or an earlier erft compare --out)")
     variants = expand_variants(args.methods, args.entropy_targets)
-    if not variants:
-        raise UserError("--methods is empty; give e.g. --methods none,clip_v")
     dirs = [v.dirname for v in variants]
     dup = sorted({d for d in dirs if dirs.count(d) > 1})
     if dup:
