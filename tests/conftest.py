@@ -8,6 +8,10 @@ from hypothesis import settings
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 torch.set_num_threads(min(2, torch.get_num_threads()))
+# Without a GPU the Triton kernels run under Triton's interpreter (read when a kernel is defined, so before
+# entropy_rft.kernels is first imported).
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 # Property tests run the same examples on every run by default ("ci": derandomized, no example database, no
 # deadline as the cores are shared), so a suite that passed keeps passing. `--hypothesis-profile=random`

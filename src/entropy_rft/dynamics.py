@@ -35,6 +35,7 @@ further and never materialises the logits at all: it works from the hidden state
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 from typing import Literal
 
@@ -42,6 +43,7 @@ import torch
 from torch import Tensor
 
 __all__ = [
+    "BACKENDS",
     "FirstOrderChange",
     "TokenStats",
     "batch_predicted_entropy_change",
@@ -95,7 +97,7 @@ def _check_temperature(temperature: float) -> float:
     return t
 
 
-def _check_logits_ids(logits: Tensor, token_ids: Tensor, name: str = "logits") -> None:
+def _check_logits_ids(logits: Tensor, token_ids: Tensor, name: str = "logits", check_range: bool = True) -> None:
     if not isinstance(logits, Tensor) or not logits.is_floating_point():
         dt = getattr(logits, "dtype", type(logits).__name__)
         raise ValueError(f"{name} must be a floating-point tensor of shape [..., V], got dtype {dt}")
@@ -109,7 +111,8 @@ def _check_logits_ids(logits: Tensor, token_ids: Tensor, name: str = "logits") -
             f"token_ids must have shape {tuple(logits.shape[:-1])} (the {name} shape without V), "
             f"got {tuple(token_ids.shape)}"
         )
-    _check_ids_range(token_ids, logits.shape[-1])
+    if check_range:  # the Triton kernel checks the range on the device, without a host sync
+        _check_ids_range(token_ids, logits.shape[-1])
 
 
 def _check_ids_range(token_ids: Tensor, vocab: int) -> None:
@@ -228,20 +231,90 @@ def _compiled_kernel(backend: str):
     return _COMPILED[backend]
 
 
+BACKENDS = ("auto", "torch", "triton")
+
+
+def triton_available() -> bool:
+    """Whether Triton is installed (the optional extra ``pip install --no-deps 'triton==3.6.0'``)."""
+    import importlib.util
+
+    return importlib.util.find_spec("triton") is not None
+
+
+def resolve_backend(backend: str, device: torch.device) -> str:
+    """'torch' or 'triton' for tensors on ``device``: ``auto`` picks Triton on CUDA when it is installed and
+    the torch path everywhere else; ``triton`` on CPU tensors needs Triton's interpreter."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    if backend == "auto":
+        return "triton" if device.type == "cuda" and triton_available() else "torch"
+    if backend == "triton":
+        if not triton_available():
+            raise ValueError("backend='triton' needs Triton: pip install --no-deps 'triton==3.6.0' "
+                             "(or use backend='torch')")
+        if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+            raise ValueError("backend='triton' on CPU tensors runs only under Triton's interpreter: set "
+                             "TRITON_INTERPRET=1 before Triton is imported, or use backend='torch'")
+    return backend
+
+
+def _row_temperature(temperature: float | Tensor, batch_shape: torch.Size, device: torch.device
+                     ) -> float | Tensor:
+    """A checked scalar temperature, or a float32 per-row temperature tensor of the batch shape."""
+    if not isinstance(temperature, Tensor):
+        return _check_temperature(temperature)
+    if not temperature.is_floating_point() or tuple(temperature.shape) != tuple(batch_shape):
+        raise ValueError(f"a per-row temperature must be a float tensor of shape {tuple(batch_shape)} (the "
+                         f"logits without V), got {temperature.dtype} {tuple(temperature.shape)}")
+    return temperature.to(device=device, dtype=torch.float32)
+
+
+def _raise_flags(flags: list[int], token_ids: Tensor, vocab: int) -> None:
+    """The Triton kernel's counts of bad ids, temperatures and rows, raised as the torch path raises them."""
+    bad_rows, bad_ids, bad_t = flags[0], flags[1], flags[2]
+    if bad_ids:
+        _check_ids_range(token_ids, vocab)
+    if bad_t:
+        raise ValueError(f"temperature must be finite and > 0 on every row; {bad_t} row(s) are not")
+    if bad_rows:
+        raise NonFiniteLogits(
+            "logits must have at least one finite entry per row and no NaN or +inf; "
+            f"{bad_rows} row(s) violate this"
+        )
+
+
+def _token_stats_triton(logits: Tensor, token_ids: Tensor, temperature: float | Tensor) -> TokenStats:
+    """``token_stats`` through ``kernels.stats.row_stats``: one read of the logits, one host sync."""
+    from entropy_rft.kernels.stats import row_stats
+
+    batch_shape = logits.shape[:-1]
+    ids = token_ids.to(device=logits.device)
+    r = row_stats(logits, ids, temperature)
+    _raise_flags(r.flags.tolist(), token_ids, logits.shape[-1])
+    ent, logp, s_star, s_exp = (v.reshape(batch_shape) for v in (r.entropy, r.logp, r.s_star, r.s_expected))
+    return TokenStats(entropy=ent, logp=logp, s_star=s_star, s_expected=s_exp, s_centered=s_star - s_exp)
+
+
 @torch.no_grad()
 def token_stats(
     logits: Tensor,
     token_ids: Tensor,
-    temperature: float = 1.0,
+    temperature: float | Tensor = 1.0,
     *,
     chunk_size: int | None = None,
     compile: bool | str = False,
+    backend: Literal["auto", "torch", "triton"] = "auto",
 ) -> TokenStats:
     """Entropy, log p_k, S_k, E_p[S] and S_c for every position (Paper A, Lemma 3.1 and Thm 3.3).
 
     logits: [..., V], any float dtype (computed in float32); -inf entries are masked tokens.
     token_ids: [...] integer ids of the sampled tokens, in [0, V).
-    temperature: p = softmax(logits / temperature), as sampling applies it.
+    temperature: p = softmax(logits / temperature), as sampling applies it: a float, or a float tensor of
+        shape [...] with one temperature per row (verl's per-token temperature); applied inside the pass.
+    backend: ``auto`` (default) runs the Triton kernel (``kernels.stats``: one read of the logits, no
+        scratch beyond O(rows), one host sync) on CUDA when Triton is installed, and the torch path below
+        elsewhere; ``torch`` or ``triton`` forces one (``triton`` on CPU needs ``TRITON_INTERPRET=1``).
+        ``chunk_size`` and ``compile`` apply to the torch path.
     chunk_size: rows per chunk (default: ``default_chunk_rows``). Per-chunk temporaries only; neither the
         full float32 softmax nor a full copy of the logits is ever made. Results do not depend on it.
     compile: False (default) runs the eager kernel, which is deterministic across processes for a fixed
@@ -251,8 +324,15 @@ def token_stats(
     Raises ValueError for non-float logits, mismatched shapes, ids out of range, temperature <= 0, and rows
     with no finite logit (or NaN / +inf).
     """
-    _check_logits_ids(logits, token_ids)
-    t = _check_temperature(temperature)
+    path = resolve_backend(backend, logits.device)
+    _check_logits_ids(logits, token_ids, check_range=path == "torch")
+    t = _row_temperature(temperature, logits.shape[:-1], logits.device)
+    if path == "triton":
+        return _token_stats_triton(logits, token_ids, t)
+    if isinstance(t, Tensor) and not bool(((t > 0) & torch.isfinite(t)).all()):
+        raise ValueError(f"temperature must be finite and > 0 on every row; {int((~(t > 0)).sum())} row(s) "
+                         "are not")
+    t_rows = t.reshape(-1) if isinstance(t, Tensor) else None
     batch_shape = logits.shape[:-1]
     vocab = logits.shape[-1]
     ids = token_ids.reshape(-1).to(device=logits.device, dtype=torch.long)
@@ -273,13 +353,15 @@ def token_stats(
             zc = block[start : start + chunk]
             r = zc.shape[0]
             y = bufs[0, :r]
-            if t == 1.0:
+            sl = slice(offset + start, offset + start + r)
+            if t_rows is not None:
+                y.copy_(zc).div_(t_rows[sl].unsqueeze(-1))
+            elif t == 1.0:
                 y.copy_(zc)
             elif zc.dtype == torch.float32:
                 torch.div(zc, t, out=y)
             else:
                 y.copy_(zc).div_(t)
-            sl = slice(offset + start, offset + start + r)
             if kernel is None:
                 res = _rows_stats(y, ids[sl], bufs[1:, :r])
             else:

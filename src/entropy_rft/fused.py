@@ -18,6 +18,8 @@ from entropy_rft.dynamics import _GPU_CHUNK_ELEMS, TokenStats, _check_ids_range,
 
 __all__ = ["FusedOut", "fused_logp"]
 
+_TRITON_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
 # CPU tiles: up to this many tokens per tile (the matmuls' M), and vocab blocks of about _CPU_FUSED_ELEMS
 # logits per tile (the forward holds 4 buffers of a tile's size, the backward 3), at least _MIN_COLS wide.
 # On an accelerator a tile is whole rows: _GPU_CHUNK_ELEMS / 4 logits.
@@ -174,6 +176,7 @@ def fused_logp(
     chunk_size: int | None = None,
     vocab_chunk: int | None = None,
     with_entropy: bool = False,
+    backend: str = "auto",
 ) -> FusedOut:
     """Sampled-token log-probs with grad, from hidden states and the LM-head weight, without the full logits.
 
@@ -189,6 +192,12 @@ def fused_logp(
     vocabulary block by block, with an online max). Returns ``FusedOut(logp, entropy, stats)``:
     logp [...] with grad; entropy [...] with grad if ``with_entropy`` else None; stats a float32 TokenStats
     without grad. Gradients: d log p_k/dz = e_k - p; dH/dz = -S (Lemma 3.1).
+
+    backend: ``auto`` (default) runs ``kernels.head.FusedHead`` on CUDA when Triton is installed and the
+    inputs are float32, bfloat16 or float16 (token chunks of whole-vocabulary GEMMs, the statistics kernel
+    on each chunk, input-dtype GEMMs with float32 accumulation in backward, one host sync per call), and
+    the tiled torch path below elsewhere; ``torch`` or ``triton`` forces one, as ``dynamics.token_stats``'s
+    switch does (``chunk_size`` is the token chunk of either; ``vocab_chunk`` is the torch path's).
     """
     if not isinstance(hidden, Tensor) or not hidden.is_floating_point():
         raise ValueError(f"hidden must be a floating-point tensor of shape [..., D], got {type(hidden).__name__}")
@@ -208,12 +217,20 @@ def fused_logp(
         raise ValueError(
             f"token_ids must have shape {tuple(hidden.shape[:-1])} (hidden without D), got {tuple(token_ids.shape)}"
         )
-    _check_ids_range(token_ids, vocab)
     t = _check_temperature(temperature)
     for name, v in (("chunk_size", chunk_size), ("vocab_chunk", vocab_chunk)):
         if v is not None and int(v) < 1:
             raise ValueError(f"{name} must be a positive number, got {v!r}")
+    path = dyn.resolve_backend(backend, hidden.device)
+    if path == "triton" and hidden.dtype not in _TRITON_DTYPES:
+        if backend == "triton":
+            raise ValueError(f"backend='triton' takes float32, bfloat16 or float16 hidden states, got {hidden.dtype}")
+        path = "torch"
+    if path == "torch":
+        _check_ids_range(token_ids, vocab)
     n = max(1, token_ids.numel())
+    if path == "triton":
+        return _fused_logp_triton(hidden, weight, bias, token_ids, t, chunk_size, with_entropy)
     if hidden.device.type != "cpu":  # whole-vocabulary tiles: fewer, larger kernels
         rows = int(chunk_size) if chunk_size is not None else max(1, _GPU_CHUNK_ELEMS // 4 // vocab)
         cols = int(vocab_chunk) if vocab_chunk is not None else vocab
@@ -236,4 +253,23 @@ def fused_logp(
         s_expected=s_exp,
         s_centered=s_star - s_exp,
     )
+    return FusedOut(logp.reshape(batch_shape), ent.reshape(batch_shape) if with_entropy else None, stats)
+
+
+def _fused_logp_triton(hidden: Tensor, weight: Tensor, bias: Tensor | None, token_ids: Tensor, t: float,
+                       chunk_size: int | None, with_entropy: bool) -> FusedOut:
+    """``fused_logp`` through ``kernels.head.FusedHead``; bad ids and rows raise as the torch path raises
+    them, after the call's one host sync."""
+    from entropy_rft.kernels.head import FusedHead, default_chunk_tokens
+
+    vocab, dim = weight.shape
+    batch_shape = hidden.shape[:-1]
+    h2 = hidden.reshape(-1, dim)
+    ids = token_ids.reshape(-1).to(device=hidden.device, dtype=torch.long)
+    rows = int(chunk_size) if chunk_size is not None else default_chunk_tokens(ids.numel(), vocab, hidden.device)
+    logp, ent, s_star, s_exp, flags = FusedHead.apply(h2, weight, bias, ids, t, rows)
+    dyn._raise_flags(flags.tolist(), token_ids, vocab)
+    s_star, s_exp = s_star.reshape(batch_shape), s_exp.reshape(batch_shape)
+    stats = TokenStats(entropy=ent.detach().reshape(batch_shape), logp=logp.detach().reshape(batch_shape),
+                       s_star=s_star, s_expected=s_exp, s_centered=s_star - s_exp)
     return FusedOut(logp.reshape(batch_shape), ent.reshape(batch_shape) if with_entropy else None, stats)
