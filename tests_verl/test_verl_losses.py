@@ -275,3 +275,56 @@ def test_trainer_swaps_only_the_actor_worker():
     assert obj.role_worker_mapping[Role.Critic] is sentinel
     actor = obj.role_worker_mapping[Role.ActorRolloutRef]
     assert actor is not sentinel and "ErftActorRolloutRefWorker" in repr(actor.__ray_metadata__.class_name)
+
+
+def _fsdp_stats_engine():
+    """verl 0.9.1's FSDP LM engine with erft's hook, built without a model: prepare_model_outputs reads only
+    the packed logits, the sequence-parallel setting and the entropy settings."""
+    from types import SimpleNamespace
+
+    from verl.utils import torch_functional as verl_F
+    from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
+
+    eng = object.__new__(ev._stats_engine_class(FSDPEngineWithLMHead))
+    eng.use_ulysses_sp = False
+    eng.engine_config = SimpleNamespace(entropy_checkpointing=False, entropy_from_logits_with_chunking=False)
+    eng.compute_entropy_from_logits = verl_F.entropy_from_logits
+    return eng
+
+
+def test_stats_hook_through_verls_prepare_model_outputs_at_temperature_0_7():
+    """The hook inside verl's real FSDP prepare_model_outputs, per-token temperature 0.7: erft's statistics
+    equal token_stats(z / T), and verl's own entropy (computed from its own z / T copy) agrees with ours."""
+    from verl.utils import tensordict_utils as tu
+
+    from entropy_rft.dynamics import token_stats
+
+    g = torch.Generator().manual_seed(11)
+    lens = [6, 4]
+    nnz, v, pad = sum(lens), 37, 2
+    logits = torch.randn(1, nnz + pad, v, generator=g) * 3
+    labels = torch.randint(0, v, (nnz + pad,), generator=g)
+    temp = torch.full((nnz + pad,), 0.7)
+    ids = torch.nested.nested_tensor([torch.zeros(n, dtype=torch.long) for n in lens], layout=torch.jagged)
+    micro = tu.get_tensordict({"input_ids": ids}, {"use_remove_padding": True, "calculate_entropy": True,
+                                                   "erft_token_stats": True})
+    out = _fsdp_stats_engine().prepare_model_outputs(
+        type("O", (), {"logits": logits})(),
+        {"input_ids_rmpad_rolled": labels, "temperature_rmpad": temp, "pad_size": pad, "temperature_is_one": False},
+        micro, None)
+    want = token_stats(logits[0] / temp[:, None], labels)
+    for f in ("entropy", "s_star", "s_expected", "s_centered"):
+        got = out["erft_" + f].values()
+        assert torch.equal(got, getattr(want, f)[:nnz]), f  # float32 z / T on both sides: bit for bit
+    assert out["erft_entropy"].offsets().tolist() == [0, 6, 10]
+    assert torch.allclose(out["erft_entropy"].values(), out["entropy"].values(), atol=1e-5)  # verl's own
+    assert torch.allclose(out["log_probs"].values(), want.logp[:nnz], atol=1e-5)
+
+
+def test_stats_hook_refuses_an_engine_it_cannot_read():
+    """Megatron's engine (not importable without megatron-core) derives from BaseEngine, not the FSDP one."""
+    from verl.workers.engine.base import BaseEngine
+
+    megatron_like = type("MegatronEngineWithLMHead", (BaseEngine,), {})
+    with pytest.raises(ValueError, match="supports verl's FSDP language-model engine .* not MegatronEngineWithLMHead"):
+        ev._stats_engine_class(megatron_like)

@@ -334,9 +334,10 @@ def _method_of(config: Any) -> str:
 def stats_model_output(output: Any, output_args: dict[str, Any], micro_batch: Any,
                        gather: Any = None) -> dict[str, Tensor]:
     """Old-policy TokenStats from the logits of verl's FSDP language-model forward (remove-padding path,
-    no fused kernels): ``dynamics.token_stats`` on ``output.logits`` (packed, [1, nnz, V]) at verl's
-    per-token temperature, labels ``input_ids_rmpad_rolled``; returned as nested tensors like verl's
-    ``log_probs`` (``erft_entropy``, ``erft_s_star``, ``erft_s_expected``, ``erft_s_centered``).
+    no fused kernels): ``dynamics.token_stats`` on ``output.logits`` (packed, [1, nnz, V]) with verl's
+    per-token temperature applied inside the pass (``temperature_rmpad``), labels ``input_ids_rmpad_rolled``;
+    returned as nested tensors like verl's ``log_probs`` (``erft_entropy``, ``erft_s_star``,
+    ``erft_s_expected``, ``erft_s_centered``).
     ``gather(t, pad_size)`` undoes sequence-parallel packing (the engine's ``_gather_and_unpad_packed``).
     """
     if "input_ids_rmpad_rolled" not in output_args:
@@ -346,8 +347,11 @@ def stats_model_output(output: Any, output_args: dict[str, Any], micro_batch: An
         raise NotImplementedError("erft TokenStats need the logits (use_fused_kernels=False)")
     if hasattr(logits, "full_tensor"):  # tensor-parallel DTensor, sharded on the vocabulary
         logits = logits.full_tensor()
-    temp = output_args["temperature_rmpad"].to(logits.dtype).reshape(-1, 1)
-    st = dynamics.token_stats(logits / temp, output_args["input_ids_rmpad_rolled"].reshape(-1), 1.0)
+    ids = output_args["input_ids_rmpad_rolled"].reshape(-1)
+    # verl's per-token temperature goes into the statistics pass itself (no ``logits / T`` copy of the logits;
+    # on CUDA the Triton kernel divides in float32 as it reads)
+    temp = 1.0 if output_args.get("temperature_is_one", False) else output_args["temperature_rmpad"].reshape(-1)
+    st = dynamics.token_stats(logits, ids, temp if isinstance(temp, float) else temp.float())
     cu = micro_batch["input_ids"].offsets()
     out = {}
     for f in STATS_FIELDS:
@@ -377,9 +381,23 @@ def rollout_keep(method: Method, stats: dict[str, Tensor], advantages: Tensor, m
     return keep[rows, : mask.shape[-1]]
 
 
+def check_stats_engine(base: type) -> None:
+    """Refuse, in one line, a verl engine whose model outputs the statistics hook cannot read: it needs the
+    FSDP language-model engine's ``prepare_model_outputs(output, output_args, micro_batch, ...)`` with
+    untouched logits (Megatron's divides them in place and has another signature)."""
+    from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
+
+    if not issubclass(base, FSDPEngineWithLMHead):
+        raise ValueError(
+            f"erft's statistics hook supports verl's FSDP language-model engine (FSDPEngineWithLMHead), not "
+            f"{base.__name__}: set actor_rollout_ref.actor.strategy=fsdp2 (or fsdp), or pick a method that needs "
+            "no old-policy statistics (clip_cov, kl_cov, clip_higher, entropy_bonus)")
+
+
 def _stats_engine_class(base: type) -> type:
     """A subclass of verl's engine class whose forward also returns TokenStats when the micro-batch asks
     (non-tensor key ``erft_token_stats``)."""
+    check_stats_engine(base)
 
     class ErftStatsEngine(base):  # type: ignore[misc, valid-type]
         def prepare_model_outputs(self, output, output_args, micro_batch, logits_processor_func):
@@ -414,7 +432,9 @@ class ErftActorRolloutRefWorker(ActorRolloutRefWorker):
             configure(name, seed=int(self.config.actor.get("data_loader_seed", 0) or 0), **params)
         self.erft_method = configured_method(name) if name is not None else None
         engine = self.actor.engine
-        engine.__class__ = _stats_engine_class(type(engine))
+        if self.erft_method is not None and self.erft_method.stage == "rollout":
+            # only rollout-stage methods read the old-policy statistics; the others run on any engine
+            engine.__class__ = _stats_engine_class(type(engine))
         actor_config = self.loss_fn.keywords["config"]
         self.loss_fn = functools.partial(erft_ppo_loss, config=actor_config)
         self.actor.set_loss_fn(self.loss_fn)
