@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 import multiprocessing as mp
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -251,3 +253,23 @@ def test_loading_never_builds_the_default_policy():
     """Building the default policy is an explicit step (entropy_rft.policies), not a side effect of loading."""
     with pytest.raises(ValueError, match="policies.load_policy"):
         models.load_policy("default")
+
+
+def test_build_bytes_do_not_depend_on_the_callers_thread_count(tmp_path):
+    """Issue 26 item 8: the base policy is built at the training rule's thread count (1 for a model this size),
+    so fresh processes left at 1 or 2 threads write the same model.safetensors (they differed before: float sums
+    depend on the thread count at this width) and record the same thread count."""
+    code = ("import sys, torch; torch.set_num_threads(int(sys.argv[1])); from entropy_rft import sft; "
+            "f = sft.build_default_policy(sys.argv[2], progress=False, steps=8, eval_prompts=0, eval_samples=0); "
+            "print(torch.get_num_threads()); print(f)")
+    folders = []
+    for threads in (1, 2):
+        out = subprocess.run([sys.executable, "-c", code, str(threads), str(tmp_path / f"t{threads}")],
+                             capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr[-2000:]
+        caller_after, folder = out.stdout.strip().splitlines()[-2:]
+        assert int(caller_after) == threads  # the caller's setting is restored after the build
+        folders.append(Path(folder))
+    a, b = ((f / "model.safetensors").read_bytes() for f in folders)
+    assert a == b
+    assert models.read_build_info(folders[0])["threads"] == models.read_build_info(folders[1])["threads"] == 1

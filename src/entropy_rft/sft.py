@@ -53,6 +53,7 @@ from entropy_rft.models import (
 )
 from entropy_rft.tasks.base import Example, Task
 from entropy_rft.tasks.countdown import CountdownTask, expressions, values
+from entropy_rft.threads import apply_threads
 
 RECIPE_VERSION = "v2"
 
@@ -252,6 +253,22 @@ def _build(out: Path, *, seed: int, progress: bool, settings: dict[str, Any]) ->
     arch = {k: settings[k] for k in ("d_model", "layers", "heads", "mlp")}
     model = LlamaForCausalLM(llama_config(tokenizer, **arch))
     recipe = {k: settings[k] for k in ("steps", "batch_size", "lr", "warmup", "p_correct")}
+    # The training rule for this model's size (threads.choose_threads, 1 thread for the default policy), not
+    # the caller's setting: float sums depend on the thread count, and the cache must hold the same bytes
+    # whoever builds it (a fresh `make run` built at torch's default 2 threads and printed other figures).
+    caller_threads = torch.get_num_threads()
+    build_threads = apply_threads(0, model)
+    try:
+        _train_and_save(out, model, tokenizer, task, seed=seed, progress=progress, settings=settings,
+                        recipe=recipe, t0=t0, threads=build_threads)
+    finally:
+        torch.set_num_threads(caller_threads)
+
+
+def _train_and_save(out: Path, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: CountdownTask, *,
+                    seed: int, progress: bool, settings: dict[str, Any], recipe: dict[str, Any], t0: float,
+                    threads: int) -> None:
+    """SFT, save, evaluate and record the build (``_build``'s body, at the build's thread count)."""
     losses = train_sft(model, tokenizer, task, seed=seed, progress=progress, **recipe)
     train_s = time.perf_counter() - t0
     save_policy(out, model, tokenizer)
@@ -264,7 +281,7 @@ def _build(out: Path, *, seed: int, progress: bool, settings: dict[str, Any]) ->
         "params": count_parameters(model),
         "train_seconds": round(train_s, 2),
         "final_loss": sum(losses[-20:]) / len(losses[-20:]) if losses else None,
-        "threads": torch.get_num_threads(),
+        "threads": threads,
         "torch": torch.__version__,
         "python": platform.python_version(),
         "pid": os.getpid(),
