@@ -147,7 +147,10 @@ def _head_reference(h, w, b, ids, t, g_logp, g_ent):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_fused_head_triton_matches_float64(dtype):
+@pytest.mark.parametrize("tiles", [(None, 100), (4, 100), (4, None)])  # (tokens per chunk, vocab per block)
+def test_fused_head_triton_matches_float64(dtype, tiles):
+    """One token chunk (each block's grad_W one GEMM) or several (float32 accumulation), one vocabulary block
+    or several (moments merged across blocks, grad_h accumulated); last block partly filled (333 = 3 x 100 + 33)."""
     g = torch.Generator().manual_seed(4)
     n, d = 10, 16
     h = torch.randn(n, d, generator=g).to(dtype).requires_grad_()
@@ -155,7 +158,8 @@ def test_fused_head_triton_matches_float64(dtype):
     b = torch.randn(V, generator=g).to(dtype).requires_grad_()
     ids = torch.randint(0, V, (n,), generator=g)
     g_logp, g_ent = torch.randn(n, generator=g), torch.randn(n, generator=g)
-    out = fused_logp(h, w, ids, 0.7, bias=b, with_entropy=True, backend="triton", chunk_size=4)
+    out = fused_logp(h, w, ids, 0.7, bias=b, with_entropy=True, backend="triton", chunk_size=tiles[0],
+                     vocab_chunk=tiles[1])
     grads = torch.autograd.grad((out.logp * g_logp).sum() + (out.entropy * g_ent).sum(), (h, w, b))
     logp64, ent64, grads64 = _head_reference(h, w, b, ids, 0.7, g_logp.double(), g_ent.double())
     # the forward: float32 statistics of the input-dtype logits, as the torch path
@@ -178,7 +182,7 @@ def test_fused_head_per_row_temperature_and_logp_only_gradient():
     w = torch.randn(V, d, generator=g, requires_grad=True)
     ids = torch.randint(0, V, (n,), generator=g)
     t = torch.linspace(0.5, 1.5, n)
-    logp, ent, s_star, s_exp, flags = FusedHead.apply(h, w, None, ids, t, 4)
+    logp, ent, s_star, s_exp, flags = FusedHead.apply(h, w, None, ids, t, 4, 100)
     assert flags.tolist() == [0, 0, 0, 0]
     z = (h @ w.T).detach()
     assert_close_to_reference(dynamics.TokenStats(ent, logp, s_star, s_exp, s_star - s_exp), ref_stats(z, ids, t))

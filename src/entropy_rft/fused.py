@@ -194,10 +194,11 @@ def fused_logp(
     without grad. Gradients: d log p_k/dz = e_k - p; dH/dz = -S (Lemma 3.1).
 
     backend: ``auto`` (default) runs ``kernels.head.FusedHead`` on CUDA when Triton is installed and the
-    inputs are float32, bfloat16 or float16 (token chunks of whole-vocabulary GEMMs, the statistics kernel
-    on each chunk, input-dtype GEMMs with float32 accumulation in backward, one host sync per call), and
-    the tiled torch path below elsewhere; ``torch`` or ``triton`` forces one, as ``dynamics.token_stats``'s
-    switch does (``chunk_size`` is the token chunk of either; ``vocab_chunk`` is the torch path's).
+    inputs are float32, bfloat16 or float16 (vocabulary blocks inside token chunks of up to 32k tokens, so
+    the head weight is read once in forward and twice in backward; the statistics kernel on each block;
+    input-dtype GEMMs with float32 accumulation; one host sync per call), and the tiled torch path below
+    elsewhere; ``torch`` or ``triton`` forces one, as ``dynamics.token_stats``'s switch does
+    (``chunk_size`` and ``vocab_chunk`` are the tile of either).
     """
     if not isinstance(hidden, Tensor) or not hidden.is_floating_point():
         raise ValueError(f"hidden must be a floating-point tensor of shape [..., D], got {type(hidden).__name__}")
@@ -230,7 +231,7 @@ def fused_logp(
         _check_ids_range(token_ids, vocab)
     n = max(1, token_ids.numel())
     if path == "triton":
-        return _fused_logp_triton(hidden, weight, bias, token_ids, t, chunk_size, with_entropy)
+        return _fused_logp_triton(hidden, weight, bias, token_ids, t, chunk_size, vocab_chunk, with_entropy)
     if hidden.device.type != "cpu":  # whole-vocabulary tiles: fewer, larger kernels
         rows = int(chunk_size) if chunk_size is not None else max(1, _GPU_CHUNK_ELEMS // 4 // vocab)
         cols = int(vocab_chunk) if vocab_chunk is not None else vocab
@@ -257,17 +258,19 @@ def fused_logp(
 
 
 def _fused_logp_triton(hidden: Tensor, weight: Tensor, bias: Tensor | None, token_ids: Tensor, t: float,
-                       chunk_size: int | None, with_entropy: bool) -> FusedOut:
+                       chunk_size: int | None, vocab_chunk: int | None, with_entropy: bool) -> FusedOut:
     """``fused_logp`` through ``kernels.head.FusedHead``; bad ids and rows raise as the torch path raises
     them, after the call's one host sync."""
-    from entropy_rft.kernels.head import FusedHead, default_chunk_tokens
+    from entropy_rft.kernels.head import FusedHead, default_tiles
 
     vocab, dim = weight.shape
     batch_shape = hidden.shape[:-1]
     h2 = hidden.reshape(-1, dim)
     ids = token_ids.reshape(-1).to(device=hidden.device, dtype=torch.long)
-    rows = int(chunk_size) if chunk_size is not None else default_chunk_tokens(ids.numel(), vocab, hidden.device)
-    logp, ent, s_star, s_exp, flags = FusedHead.apply(h2, weight, bias, ids, t, rows)
+    rows, cols = default_tiles(ids.numel(), vocab, hidden.device)
+    rows = int(chunk_size) if chunk_size is not None else rows
+    cols = int(vocab_chunk) if vocab_chunk is not None else cols
+    logp, ent, s_star, s_exp, flags = FusedHead.apply(h2, weight, bias, ids, t, rows, cols)
     dyn._raise_flags(flags.tolist(), token_ids, vocab)
     s_star, s_exp = s_star.reshape(batch_shape), s_exp.reshape(batch_shape)
     stats = TokenStats(entropy=ent.detach().reshape(batch_shape), logp=logp.detach().reshape(batch_shape),

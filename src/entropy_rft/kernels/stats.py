@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-__all__ = ["RowStats", "default_block", "default_splits", "row_stats"]
+__all__ = ["RowStats", "block_partials", "default_block", "default_splits", "merge_partials", "row_stats"]
 
 FLAG_ROWS, FLAG_IDS, FLAG_TEMPERATURE = 0, 1, 2
 _MAX_BLOCK = 4096
@@ -183,6 +183,28 @@ def _stats_split_kernel(x_ptr, ids_ptr, t_ptr, t_scalar, part_ptr, flags_ptr, in
 
 
 @triton.jit
+def _stats_block_kernel(x_ptr, stride_x, ids_ptr, col0, t_ptr, t_scalar, part_ptr, j, NCOLS: tl.constexpr,
+                        SPAN: tl.constexpr, SPLITS: tl.constexpr, BLOCK: tl.constexpr, PER_ROW: tl.constexpr):
+    """Partials of vocabulary block j for every row of a [rows, NCOLS] buffer holding columns
+    [col0, col0 + NCOLS) of the logits (the fused head's GEMM output), written as slice j of ``part``."""
+    row = tl.program_id(0)
+    if PER_ROW:
+        t = tl.load(t_ptr + row).to(tl.float32)
+        t = tl.where((t > 0) & (t < float("inf")), t, 1.0)  # counted once, by the merge kernel
+    else:
+        t = t_scalar
+    k = tl.load(ids_ptr + row).to(tl.int64) - col0
+    m, s0, s1, s2, s3, zk = _sweep(x_ptr, row.to(tl.int64) * stride_x, t, k, 0, NCOLS, SPAN, BLOCK)
+    base = part_ptr + (row.to(tl.int64) * SPLITS + j) * 6
+    tl.store(base + 0, m)
+    tl.store(base + 1, s0)
+    tl.store(base + 2, s1)
+    tl.store(base + 3, s2)
+    tl.store(base + 4, s3)
+    tl.store(base + 5, zk)
+
+
+@triton.jit
 def _merge_kernel(part_ptr, ids_ptr, t_ptr, out_ptr, flags_ptr, out_stride, V: tl.constexpr, SPAN: tl.constexpr,
                   SPLITS: tl.constexpr, PER_ROW: tl.constexpr):
     """Merge a row's slices in slice order (bitwise reproducible) and write its statistics."""
@@ -284,3 +306,31 @@ def row_stats(logits: Tensor, token_ids: Tensor, temperature: float | Tensor = 1
     _merge_kernel[(rows,)](part, ids, t_tensor, out, flags, out.stride(0), V=vocab, SPAN=span,
                            SPLITS=n_split, PER_ROW=per_row, num_warps=1)
     return RowStats(*out, flags)
+
+
+def block_partials(z: Tensor, ids: Tensor, col0: int, temperature: float | Tensor, part: Tensor, j: int, *,
+                   block: int | None = None) -> None:
+    """Write slice ``j`` of ``part`` ([rows, splits, 6] float32): the moments of the logits block ``z``
+    ([rows, c], unit last stride), which holds columns [col0, col0 + c) of each row; ids are global."""
+    rows, ncols = z.shape
+    if rows == 0:
+        return
+    blk = int(block) if block is not None else default_block(ncols)
+    per_row = isinstance(temperature, Tensor)
+    t_tensor = temperature.reshape(-1) if per_row else part
+    _stats_block_kernel[(rows,)](z, z.stride(0), ids, col0, t_tensor, 1.0 if per_row else float(temperature), part,
+                                 j, NCOLS=ncols, SPAN=triton.cdiv(ncols, blk) * blk, SPLITS=part.shape[1],
+                                 BLOCK=blk, PER_ROW=per_row, num_warps=8 if blk >= 2048 else 4)
+
+
+def merge_partials(part: Tensor, ids: Tensor, vocab: int, span: int, temperature: float | Tensor, out: Tensor,
+                   flags: Tensor) -> None:
+    """Merge ``part``'s slices (slice j holds columns [j span, (j + 1) span)) in order into ``out`` [5, rows]
+    (log p_k, H, S_k, E_p[S], lse); bad ids, rows and per-row temperatures are counted in ``flags``."""
+    rows = part.shape[0]
+    if rows == 0:
+        return
+    per_row = isinstance(temperature, Tensor)
+    t_tensor = temperature.reshape(-1) if per_row else flags
+    _merge_kernel[(rows,)](part, ids, t_tensor, out, flags, out.stride(0), V=vocab, SPAN=span, SPLITS=part.shape[1],
+                           PER_ROW=per_row, num_warps=1)
