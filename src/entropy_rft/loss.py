@@ -148,6 +148,7 @@ def policy_loss(
     ref_logp: Tensor | None = None,
     ref_kl_coef: float = 0.0,
     ref_kl_estimator: str = "k3",
+    ref_kl_ratio_weighted: bool = False,
     entropy: Tensor | None = None,
     entropy_coef: float = 0.0,
 ) -> tuple[Tensor, dict[str, float | None]]:
@@ -156,8 +157,9 @@ def policy_loss(
     Token loss ℓ = max(−A·r, −A·clip(r, 1−eps_low, 1+eps_high)), r = exp(logp − old_logp) (PPO Eq. 7;
     a None eps leaves that side unclipped, both None give the plain −A·r of KL-Cov). ``dual_clip = c``
     (c > 1) bounds ℓ of A < 0 tokens by −A·c. Then ℓ gains kl_cov_coef·|logp − old_logp| on
-    ``kl_cov_select`` (KL-Cov), ref_kl_coef·KL_est(logp, ref_logp) and −entropy_coef·H (entropy bonus,
-    the gradient flows through ``entropy``).
+    ``kl_cov_select`` (KL-Cov), ref_kl_coef·KL_est(logp, ref_logp) (times r, gradient through both, when
+    ``ref_kl_ratio_weighted``: the importance-sampled KL of off-policy tokens, TRL's ``use_bias_correction_kl``)
+    and −entropy_coef·H (entropy bonus, the gradient flows through ``entropy``).
 
     Counting mask m = mask & keep: tokens with keep False leave the loss and every count (ClipB, ClipV,
     high_entropy, grad_mask). Tokens with ``zeroed`` True have their whole token loss multiplied by 0 but
@@ -237,6 +239,8 @@ def policy_loss(
         zero = torch.zeros_like(logp)  # padding enters as x = 0, so inf there cannot leak NaN into grads
         lp, ref = torch.where(mask, logp, zero), torch.where(mask, ref_logp.to(dt), zero)
         kl = kl_estimate(lp, ref, ref_kl_estimator)
+        if ref_kl_ratio_weighted:
+            kl = kl * r
         kl_raw = aggregate(kl.detach(), m, agg)
         loss_kl_ref = term(ref_kl_coef * kl)
         total = total + loss_kl_ref

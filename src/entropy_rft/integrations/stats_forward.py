@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 
 import torch
@@ -22,7 +22,8 @@ from entropy_rft import dynamics
 from entropy_rft.dynamics import TokenStats
 from entropy_rft.forward import supports_fused
 
-__all__ = ["chunked_policy_out", "fused_policy_out", "install_stats_forward", "map_stats"]
+__all__ = ["backbone_of", "captured_hidden", "chunked_policy_out", "fused_policy_out", "install_stats_forward",
+           "map_stats", "stats_from_hidden"]
 
 
 def map_stats(fn: Callable[..., Tensor], *stats: TokenStats) -> TokenStats:
@@ -54,6 +55,44 @@ def fused_policy_out(model, input_ids: Tensor, attention_mask: Tensor, logits_to
     logp = logprobs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     entropy = -(logprobs.exp() * logprobs).sum(-1) if with_entropy else None
     return dynamics.FusedOut(logp, entropy, stats)
+
+
+def backbone_of(model):
+    """The module whose ``last_hidden_state`` feeds the LM head: ``model.base_model`` of a Hugging Face causal
+    LM, looked up through a PEFT wrapper (``get_base_model``) as TRL's fused head looks it up."""
+    core = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return core.base_model
+
+
+@contextlib.contextmanager
+def captured_hidden(model) -> Iterator[list[Tensor]]:
+    """Inside the block, every forward of ``model``'s backbone (``backbone_of``) appends its
+    ``last_hidden_state`` (detached) to the yielded list; the hook is removed on exit.
+
+    Lets an engine run its own forward (TRL's fused head, at TRL's precision) and compute our statistics from
+    the same backbone pass, with no second forward."""
+    seen: list[Tensor] = []
+
+    def hook(_module, _args, output) -> None:
+        seen.append(output.last_hidden_state.detach())
+
+    handle = backbone_of(model).register_forward_hook(hook)
+    try:
+        yield seen
+    finally:
+        handle.remove()
+
+
+def stats_from_hidden(model, hidden: Tensor, input_ids: Tensor, logits_to_keep: int,
+                      temperature: float) -> TokenStats:
+    """TokenStats (no grad) of the last ``logits_to_keep`` tokens of ``input_ids`` [B, L], from the backbone's
+    hidden states [B, L, D] (``captured_hidden``) and ``model``'s LM head (``dynamics.fused_logp``, the head
+    in the weight's dtype; ``forward.supports_fused(model)`` must hold)."""
+    head = model.get_output_embeddings()
+    h = hidden[:, -logits_to_keep - 1 : -1].to(head.weight.dtype)
+    with torch.no_grad():
+        return dynamics.fused_logp(h, head.weight, input_ids[:, -logits_to_keep:], temperature,
+                                   bias=head.bias).stats
 
 
 def install_stats_forward(model) -> None:
