@@ -56,7 +56,8 @@ class Logs:
         return Keep()
 
 
-def run(trainer_cls, policy_dir: Path, out: Path, steps: int = 3, **cfg) -> tuple[dict, list[dict]]:
+def run(trainer_cls, policy_dir: Path, out: Path, steps: int = 3, trainer_kw: dict | None = None,
+        **cfg) -> tuple[dict, list[dict]]:
     from datasets import Dataset
     from trl import GRPOConfig
 
@@ -68,7 +69,7 @@ def run(trainer_cls, policy_dir: Path, out: Path, steps: int = 3, **cfg) -> tupl
     logs = Logs()
     trainer = trainer_cls(model=model, reward_funcs=digit_reward, args=GRPOConfig(**kw),
                           train_dataset=Dataset.from_dict({"prompt": PROMPTS * 4}), processing_class=tok,
-                          callbacks=[logs.callback()])
+                          callbacks=[logs.callback()], **(trainer_kw or {}))
     trainer.train()
     return {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}, logs.rows
 
@@ -126,3 +127,26 @@ def test_beta_with_every_other_grpo_config_default_trains(policy_dir, tmp_path):
     trainer.train()
     assert trainer.loss_kwargs["ref_kl_ratio_weighted"] is True
     assert any(not torch.equal(v, before[k]) for k, v in trainer.model.state_dict().items())
+
+
+def test_without_dynamics_metrics_method_none_does_only_stocks_work(policy_dir, tmp_path, monkeypatch):
+    """``dynamics_metrics=False`` with a static method: no statistics pass at all (stock GRPOTrainer's work
+    only), the same training as stock, and no ``dynamics/*`` keys; a selecting method refuses it."""
+    from trl import GRPOTrainer
+
+    from entropy_rft.integrations.trl import EntropyControlGRPOTrainer
+
+    model, _ = load_policy(str(policy_dir))
+    INITIAL.clear()
+    INITIAL.update({k: v.detach().clone() for k, v in model.state_dict().items()})
+    calls = []
+    real = EntropyControlGRPOTrainer._policy_stats
+    monkeypatch.setattr(EntropyControlGRPOTrainer, "_policy_stats", lambda self, *a, **k: calls.append(1) or
+                        real(self, *a, **k))
+    stock = run(GRPOTrainer, policy_dir, tmp_path / "stock")
+    ours = run(EntropyControlGRPOTrainer, policy_dir, tmp_path / "ours", trainer_kw={"dynamics_metrics": False})
+    assert_same_run(ours, stock)
+    assert calls == [] and not any(k.startswith("dynamics/") for r in ours[1] for k in r)
+    with pytest.raises(ValueError, match=r"dynamics_metrics=False: method 'clip_v' selects tokens"):
+        run(EntropyControlGRPOTrainer, policy_dir, tmp_path / "x", trainer_kw={"dynamics_metrics": False,
+                                                                              "method": "clip_v"})

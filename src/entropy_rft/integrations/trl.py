@@ -80,7 +80,10 @@ class EntropyControlGRPOTrainer(GRPOTrainer):
     - ``method_params``: parameters for ``control.build_method`` when ``method`` is a name;
     - ``agg``: loss aggregation (token-mean, seq-mean-token-mean, seq-mean-token-sum-norm); default from
       ``args.loss_type`` (dapo/bnpo: token-mean, grpo: seq-mean-token-mean, dr_grpo: sum-norm);
-    - ``dual_clip``: dual-clip constant c > 1, or None.
+    - ``dual_clip``: dual-clip constant c > 1, or None;
+    - ``dynamics_metrics``: log the generation batch's statistics (``dynamics/*``, ``entropy/mean``, ...;
+      default True). False skips the statistics altogether, so a method that needs none of them (``none``,
+      ``clip_higher``, ``entropy_bonus``) costs exactly what stock GRPOTrainer costs; other methods refuse it.
 
     The ratio clip is ``args.epsilon`` / ``args.epsilon_high`` unless the method overrides it (clip-higher,
     KL-Cov); the reference KL is ``args.beta`` with the k3 estimator, as TRL. Logs entropy-rft's metric
@@ -88,10 +91,16 @@ class EntropyControlGRPOTrainer(GRPOTrainer):
     """
 
     def __init__(self, *args: Any, method: str | Method = "none", method_params: dict[str, Any] | None = None,
-                 agg: str | None = None, dual_clip: float | None = None, **kwargs: Any) -> None:
+                 agg: str | None = None, dual_clip: float | None = None, dynamics_metrics: bool = True,
+                 **kwargs: Any) -> None:
         if isinstance(method, Method) and method_params:
             raise ValueError("pass method_params only with a method name, not with a built Method")
         self.method = method if isinstance(method, Method) else control.build_method(method, **(method_params or {}))
+        if not dynamics_metrics and self.method.stage != "static":
+            raise ValueError(f"dynamics_metrics=False: method {self.method.name!r} selects tokens from the "
+                             f"statistics ({self.method.stage} stage); keep dynamics_metrics=True, or use a "
+                             "method without selection (none, clip_higher, entropy_bonus)")
+        self.dynamics_metrics = bool(dynamics_metrics)
         super().__init__(*args, **kwargs)
         self._check_supported()
         self.agg = agg or AGG_FOR_LOSS_TYPE[self.loss_type]
@@ -180,12 +189,19 @@ class EntropyControlGRPOTrainer(GRPOTrainer):
         return ids, am, inputs["completion_ids"].shape[1]
 
     def _generate_and_score_completions(self, inputs):
-        self._erft_captured, self._erft_old_pass = None, True
+        self._erft_captured, self._erft_old_pass = None, self.dynamics_metrics
         try:
             out = super()._generate_and_score_completions(inputs)
         finally:
             self._erft_old_pass = False
         if not self.model.training:
+            return out
+        if not self.dynamics_metrics:  # a static method, no statistics: nothing beyond stock TRL's work
+            mask = self._loss_mask(out)
+            old = out.get("old_per_token_logps")
+            # static methods select nothing per minibatch, so select_minibatch never reads these log-probs
+            out["erft_old_logps"] = torch.zeros(mask.shape, device=mask.device) if old is None else old
+            out["erft_keep"] = mask.clone()
             return out
         captured, old = self._erft_captured, out.get("old_per_token_logps")
         if captured is not None and old is not None and captured[0] is old:
