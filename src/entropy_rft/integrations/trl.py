@@ -33,7 +33,6 @@ from entropy_rft.integrations._compat import require_version
 from entropy_rft.integrations.stats_forward import (
     captured_hidden,
     chunked_policy_out,
-    fused_policy_out,
     stats_from_hidden,
 )
 from entropy_rft.integrations.trl_logging import ErftLog
@@ -49,8 +48,8 @@ from entropy_rft.trl_settings import grpo_config, loss_overrides, step_factor
 # signatures change between minor releases.
 TRL_MIN, TRL_MAX_EXCLUSIVE = (1, 16, 0), (1, 17, 0)
 
-# fused_policy_out: re-exported for benchmarks/trl_overhead.py; grpo_config (trl_settings) for benchmarks
-__all__ = ["EntropyControlGRPOTrainer", "check_trl_version", "fused_policy_out", "grpo_config", "train_trl"]
+# grpo_config (trl_settings): re-exported for benchmarks
+__all__ = ["EntropyControlGRPOTrainer", "check_trl_version", "grpo_config", "train_trl"]
 
 
 def check_trl_version(version: str) -> None:
