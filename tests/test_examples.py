@@ -69,3 +69,26 @@ def test_your_reward_example_logs_trl_and_erft_keys_to_tensorboard(tmp_path, cap
     acc.Reload()
     tags = set(acc.Tags()["scalars"])
     assert {"train/entropy", "train/dynamics/s_centered_std", "train/control/kept_frac"} <= tags
+
+
+def test_your_reward_example_method_none_equals_stock_grad_norm(tmp_path, capsys):
+    """Issue 25's acceptance on the user's script (here on the micro policy; bf16 autocast, GRPOConfig's
+    default): with method none, grad_norm, loss and TRL's entropy equal stock GRPOTrainer's at every step."""
+    import json
+
+    import pytest
+
+    ex = load_example("trl_your_reward")
+    policy = make_micro_policy(tmp_path / "policy")
+    runs = {}
+    for trainer in ("stock", "erft"):
+        ex.main(["--model", str(policy), "--out", str(tmp_path / trainer), "--trainer", trainer, "--method", "none",
+                 "--max-steps", "3", "--max-completion-length", "6"])
+        runs[trainer] = [json.loads(line[4:]) for line in capsys.readouterr().out.splitlines()
+                         if line.startswith("log ")]
+    assert len(runs["stock"]) == len(runs["erft"]) == 3
+    assert any(r["grad_norm"] > 0 for r in runs["stock"])  # some step trained
+    for a, b in zip(runs["erft"], runs["stock"]):
+        for key in ("grad_norm", "reward", "entropy"):
+            assert a[key] == pytest.approx(b[key], rel=1e-5, abs=1e-9), (a["step"], key)
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-5, abs=1e-7)
