@@ -2,8 +2,9 @@
 
 1. Step time: stock ``trl.GRPOTrainer`` vs ``EntropyControlGRPOTrainer`` with ``none`` and with ClipV, on the
    same tiny model and settings (target: ClipV / stock <= 1.05).
-2. Peak memory of one old-policy pass: our statistics path (``fused_policy_out``: log p and the full
-   TokenStats) vs TRL's fused head with ``("log_probs", "entropy")``, each in a fresh subprocess (peak RSS
+2. Peak memory of one old-policy pass: the plug-in's (TRL's fused head, plus the full TokenStats from the same
+   backbone pass: ``stats_forward.captured_hidden`` + ``stats_from_hidden``) vs TRL's fused head alone with
+   ``("log_probs", "entropy")``, each in a fresh subprocess (peak RSS
    above the process's baseline), on a wider model (vocab 32k) so that logits would dominate.
 3. Our native trainer's steps/s vs stock ``GRPOTrainer`` (issue C's ">= 2x TRL" target), 16 prompts x 8
    samples, max 12 new tokens, one optimizer update per rollout batch for both, lr 2e-4: on the micro test
@@ -119,14 +120,18 @@ cfg = LlamaConfig(vocab_size=32000, hidden_size=256, intermediate_size=512, num_
 model = LlamaForCausalLM(cfg).eval()
 B, P, C = 64, 16, 64
 ids = torch.randint(0, 32000, (B, P + C)); am = torch.ones_like(ids)
+from trl.trainer.utils import add_fused_lm_head
+add_fused_lm_head(model, outputs=("log_probs", "entropy"))
+labels = ids.clone(); labels[:, :P] = -100
+trl_pass = lambda: model(input_ids=ids, attention_mask=am, labels=labels, fused_lm_head=True)
 if which == "trl":
-    from trl.trainer.utils import add_fused_lm_head
-    add_fused_lm_head(model, outputs=("log_probs", "entropy"))
-    labels = ids.clone(); labels[:, :P] = -100
-    run = lambda: model(input_ids=ids, attention_mask=am, labels=labels, fused_lm_head=True)
+    run = trl_pass
 else:
-    from entropy_rft.integrations.trl import fused_policy_out
-    run = lambda: fused_policy_out(model, ids, am, C, 1.0)
+    from entropy_rft.integrations.stats_forward import captured_hidden, stats_from_hidden
+    def run():
+        with captured_hidden(model) as hs:
+            trl_pass()
+        return stats_from_hidden(model, torch.cat(hs), ids, C, 1.0)
 with torch.no_grad():
     hidden = model.base_model(input_ids=ids, attention_mask=am).last_hidden_state  # warm the backbone
     del hidden

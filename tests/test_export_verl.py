@@ -112,3 +112,15 @@ def test_bad_input_is_one_line_exit_2(tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and "notes.txt" in err
     assert sorted(p.name for p in (tmp_path / "b").iterdir()) == ["notes.txt"]
+
+
+def test_offline_hint_names_this_commands_flag(tmp_path, capsys, monkeypatch):
+    """The data hint names ``--task-param source=`` (what export-verl takes), not the config field
+    ``task.params.source``: for a hub dataset that cannot be reached and for a missing local file."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    for argv in (["--task", "dapo_math_17k"], ["--task", "math", "--task-param", f"source={tmp_path}/no.jsonl"]):
+        code = main(["export-verl", *argv, "--out", str(tmp_path / "out")])
+        err = capsys.readouterr().err
+        assert code != 0 and "--task-param source=" in err and "task.params" not in err, err
+        assert not (tmp_path / "out").exists()

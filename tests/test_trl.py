@@ -130,13 +130,12 @@ def test_masks_and_loss_equal_native(policy_dir, tmp_path, method):
     prompt, comp, cmask, adv = fixed_batch(seed=1)
     ids, am = torch.cat([prompt, comp], 1), torch.cat([torch.ones_like(prompt), cmask.long()], 1)
     # the integration's path: old-policy pass, global rollout masks, then _compute_loss (window of one)
-    with torch.no_grad():
-        old = trainer._policy_pass(model, ids, am, comp.shape[1], None, False)
-    gb = window.global_rollout_batch(trainer.method, old.stats, adv, cmask)
+    old_logp, _, old_stats = trainer._policy_stats(model, ids, am, comp.shape[1], None)
+    gb = window.global_rollout_batch(trainer.method, old_stats, adv, cmask)
     keep = cmask.clone() if gb.masks.keep is None else gb.masks.keep & cmask
     inputs = {"prompt_ids": prompt, "prompt_mask": torch.ones_like(prompt), "completion_ids": comp,
-              "completion_mask": cmask.long(), "advantages": adv, "old_per_token_logps": old.logp.detach(),
-              "erft_keep": keep}
+              "completion_mask": cmask.long(), "advantages": adv, "old_per_token_logps": old_logp,
+              "erft_old_logps": old_logp, "erft_keep": keep}
     trainer._buffered_inputs, trainer._step, trainer._erft_window = [inputs], 0, None
     loss = trainer._compute_loss(model, inputs)
     loss.backward()

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from entropy_rft.control._common import check_like, check_mask, is_number
+from entropy_rft.control._common import as_mask, check_like, is_number
 
 __all__ = ["grpo_advantages", "gae", "whiten"]
 
@@ -64,7 +64,7 @@ def gae(
     a valid token is the next valid token of its row, and V = 0 after the last one (terminal). Returns
     ``(advantages, returns)``, both ``[B, T]`` with ``returns = advantages + values`` and 0 on padding.
     """
-    check_mask(mask)
+    mask = as_mask(mask)
     if mask.dim() != 2:
         raise ValueError(f"mask must be [B, T], got {tuple(mask.shape)}")
     check_like(values, mask, "values")
@@ -101,7 +101,7 @@ def whiten(x: Tensor, mask: Tensor, *, shift_mean: bool = True, eps: float = 1e-
 
     ``shift_mean=False`` only rescales (adds the mean back), as in verl's ``masked_whiten``.
     """
-    check_mask(mask)
+    mask = as_mask(mask)
     check_like(x, mask, "x")
     n = int(mask.sum())
     if n == 0:

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from entropy_rft.options import AGG_MODES, KL_ESTIMATORS
-from entropy_rft.tensor_checks import broadcast_advantages, check_bool_like, check_like, check_mask, is_number
+from entropy_rft.tensor_checks import as_mask, broadcast_advantages, check_bool_like, check_like, is_number
 
 __all__ = [
     "AGG_MODES",
@@ -26,6 +26,7 @@ __all__ = [
     "kl_estimate",
     "policy_loss",
     "ppo_clipped_mask",
+    "token_logprobs",
 ]
 
 
@@ -44,7 +45,7 @@ def agg_weights(m: Tensor, agg: str = "token-mean", dtype: torch.dtype = torch.f
     - ``seq-mean-token-mean``: w = 1/(n_seq · Σ_t m_b), n_seq = sequences with Σ_t m > 0;
     - ``seq-mean-token-sum-norm`` (Dr.GRPO): w = 1/(n_seq · T), T = ``m.shape[-1]``.
     """
-    check_mask(m, "m")
+    m = as_mask(m, "m")
     _check_agg(agg, m)
     mf = m.to(dtype)
     if agg == "token-mean":
@@ -64,6 +65,22 @@ def aggregate(token_loss: Tensor, m: Tensor, agg: str = "token-mean") -> Tensor:
     """
     w = agg_weights(m, agg, token_loss.dtype)
     return torch.where(m, token_loss * w, torch.zeros_like(token_loss)).sum()
+
+
+def token_logprobs(logits: Tensor, token_ids: Tensor, temperature: float = 1.0) -> Tensor:
+    """log p_k of the sampled tokens, **with grad**, from materialised logits: the ``logp`` of ``policy_loss``.
+
+    log p_k = z_k − logsumexp(z), z = logits / temperature in float32 (float64 stays float64), as
+    ``dynamics.token_stats`` computes its (gradient-free) ``logp``; d log p_k / dz = e_k − p.
+    logits: [..., V] (e.g. ``model(...).logits`` shifted to the response positions); token_ids: [...] in
+    [0, V). Without materialised logits, ``dynamics.fused_logp`` gives the same from hidden states.
+    """
+    from entropy_rft.dynamics import _check_logits_ids, _check_temperature
+
+    _check_logits_ids(logits, token_ids)
+    t = _check_temperature(temperature)
+    z = logits.to(torch.promote_types(logits.dtype, torch.float32)) / t
+    return z.gather(-1, token_ids.long().unsqueeze(-1)).squeeze(-1) - torch.logsumexp(z, dim=-1)
 
 
 def importance_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Tensor:
@@ -86,7 +103,7 @@ def ppo_clipped_mask(
     A > 0 and r > 1 + eps_high, or A < 0 and r < 1 − eps_low; with ``dual_clip = c`` also A < 0 and r > c.
     A side whose eps is None never clips.
     """
-    check_mask(mask)
+    mask = as_mask(mask)
     check_like(logp, mask, "logp")
     check_like(old_logp, mask, "old_logp")
     adv = broadcast_advantages(advantages, mask)
@@ -148,6 +165,7 @@ def policy_loss(
     ref_logp: Tensor | None = None,
     ref_kl_coef: float = 0.0,
     ref_kl_estimator: str = "k3",
+    ref_kl_ratio_weighted: bool = False,
     entropy: Tensor | None = None,
     entropy_coef: float = 0.0,
 ) -> tuple[Tensor, dict[str, float | None]]:
@@ -156,8 +174,9 @@ def policy_loss(
     Token loss ℓ = max(−A·r, −A·clip(r, 1−eps_low, 1+eps_high)), r = exp(logp − old_logp) (PPO Eq. 7;
     a None eps leaves that side unclipped, both None give the plain −A·r of KL-Cov). ``dual_clip = c``
     (c > 1) bounds ℓ of A < 0 tokens by −A·c. Then ℓ gains kl_cov_coef·|logp − old_logp| on
-    ``kl_cov_select`` (KL-Cov), ref_kl_coef·KL_est(logp, ref_logp) and −entropy_coef·H (entropy bonus,
-    the gradient flows through ``entropy``).
+    ``kl_cov_select`` (KL-Cov), ref_kl_coef·KL_est(logp, ref_logp) (times r, gradient through both, when
+    ``ref_kl_ratio_weighted``: the importance-sampled KL of off-policy tokens, TRL's ``use_bias_correction_kl``)
+    and −entropy_coef·H (entropy bonus, the gradient flows through ``entropy``).
 
     Counting mask m = mask & keep: tokens with keep False leave the loss and every count (ClipB, ClipV,
     high_entropy, grad_mask). Tokens with ``zeroed`` True have their whole token loss multiplied by 0 but
@@ -172,13 +191,13 @@ def policy_loss(
     ``control/kept_frac``, the share that trains), ``loss/zeroed_frac`` and ``control/kl_cov_selected_frac``
     (over counted tokens), ``tokens/counted`` (names: ``entropy_rft.metric_names``).
     """
-    check_mask(mask)
+    mask = as_mask(mask)
     check_like(logp, mask, "logp")
     check_like(old_logp, mask, "old_logp")
     adv = broadcast_advantages(advantages, mask)
-    check_bool_like(keep, mask, "keep")
-    check_bool_like(zeroed, mask, "zeroed")
-    check_bool_like(kl_cov_select, mask, "kl_cov_select")
+    keep = check_bool_like(keep, mask, "keep")
+    zeroed = check_bool_like(zeroed, mask, "zeroed")
+    kl_cov_select = check_bool_like(kl_cov_select, mask, "kl_cov_select")
     _check_eps(eps_low, "eps_low")
     _check_eps(eps_high, "eps_high")
     if dual_clip is not None and (not is_number(dual_clip) or not dual_clip > 1):
@@ -237,6 +256,8 @@ def policy_loss(
         zero = torch.zeros_like(logp)  # padding enters as x = 0, so inf there cannot leak NaN into grads
         lp, ref = torch.where(mask, logp, zero), torch.where(mask, ref_logp.to(dt), zero)
         kl = kl_estimate(lp, ref, ref_kl_estimator)
+        if ref_kl_ratio_weighted:
+            kl = kl * r
         kl_raw = aggregate(kl.detach(), m, agg)
         loss_kl_ref = term(ref_kl_coef * kl)
         total = total + loss_kl_ref

@@ -341,6 +341,12 @@ def settings_warnings(cfg: Any, response_tokens: int) -> list[str]:
     return out
 
 
+def in_flag_terms(message: str, params_flag: str) -> str:
+    """A task's error told in the terms of the command that built it: a hint "set task.params.KEY to WHAT"
+    (a config field) becomes "pass PARAMS_FLAG KEY=VALUE (WHAT)" (e.g. ``--task-param source=VALUE``)."""
+    return re.sub(r"set task\.params\.(\w+) to ([^;]*)", rf"pass {params_flag} \1=VALUE (\2)", message)
+
+
 def build_task(name: str, params: dict | None = None, *, flag: str = "--task / config field 'task.name'",
                params_flag: str = "task.params") -> Any:
     """``tasks.build_task(name, **params)`` with one-line errors: an unknown name lists the known tasks, an
@@ -369,8 +375,10 @@ def build_task(name: str, params: dict | None = None, *, flag: str = "--task / c
                             f"valid: {', '.join(accepted) or '(none)'}")
     try:
         task = factory(**params)
-    except UserError:
-        raise
+    except UserError as e:
+        if params_flag == "task.params":
+            raise
+        raise UserError(in_flag_terms(str(e), params_flag)) from None
     except UnicodeDecodeError as e:
         raise _not_utf8(params, e, name) from None
     except TypeError as e:

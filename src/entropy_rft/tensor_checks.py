@@ -8,13 +8,26 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["broadcast_advantages", "check_bool_like", "check_like", "check_mask", "is_number"]
+__all__ = ["as_mask", "broadcast_advantages", "check_bool_like", "check_like", "check_mask", "is_number"]
 
 
 def check_mask(mask: Tensor, name: str = "mask") -> None:
     """Require a bool tensor (the response mask, or a keep/zeroed/exclude mask)."""
     if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
         raise ValueError(f"{name} must be a bool tensor, got {getattr(mask, 'dtype', type(mask))}")
+
+
+def as_mask(mask: Tensor, name: str = "mask") -> Tensor:
+    """``mask`` as a bool tensor: a bool tensor as it is, an integer tensor of 0/1 (TRL's ``completion_mask``
+    is int64) as ``mask.bool()``. Anything else (floats, other integers) raises, naming ``name``."""
+    if isinstance(mask, Tensor) and mask.dtype == torch.bool:
+        return mask
+    if isinstance(mask, Tensor) and not mask.is_floating_point() and not mask.is_complex():
+        if bool(((mask == 0) | (mask == 1)).all()):
+            return mask.bool()
+        raise ValueError(f"{name} must hold only 0 and 1 (or be a bool tensor), got other values")
+    got = getattr(mask, "dtype", type(mask))
+    raise ValueError(f"{name} must be a bool tensor or an integer tensor of 0/1, got {got}")
 
 
 def check_like(x: Tensor, mask: Tensor, name: str) -> None:
@@ -25,12 +38,13 @@ def check_like(x: Tensor, mask: Tensor, name: str) -> None:
         raise ValueError(f"{name} must have the shape of mask {tuple(mask.shape)}, got {tuple(x.shape)}")
 
 
-def check_bool_like(x: Tensor | None, mask: Tensor, name: str) -> None:
-    """Optional bool tensor shaped like ``mask``."""
+def check_bool_like(x: Tensor | None, mask: Tensor, name: str) -> Tensor | None:
+    """Optional mask shaped like ``mask``, returned as bool (``as_mask``: 0/1 integers accepted)."""
     if x is None:
-        return
-    check_mask(x, name)
+        return None
+    x = as_mask(x, name)
     check_like(x, mask, name)
+    return x
 
 
 def broadcast_advantages(advantages: Tensor, mask: Tensor) -> Tensor:

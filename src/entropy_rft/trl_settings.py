@@ -54,8 +54,9 @@ _SUPPORTED_ONLY: dict[str, tuple[Any, str]] = {
     "off_policy_mask_threshold": (None, "no off-policy mask"),
     "vllm_importance_sampling_correction": (False, "policy_loss has no per-token sampling weight"),
 }
-# Set unless the section says otherwise (TRL's default would be refused by the trainer).
-_DEFAULTS = {"vllm_importance_sampling_correction": False}
+# Set unless the section says otherwise: TRL's vLLM correction would be refused by the trainer; TRL's
+# ratio-weighted reference KL (use_bias_correction_kl, which the trainer supports) is not the native engine's.
+_DEFAULTS = {"vllm_importance_sampling_correction": False, "use_bias_correction_kl": False}
 
 
 def grpo_fields() -> list[str]:
@@ -86,9 +87,6 @@ def section_errors(cfg: Any, fields: list[str] | None = None) -> list[str]:
             ok, why = _SUPPORTED_ONLY[key]
             out.append(f"config field 'trl.{key}' = {value!r} is not supported by engine 'trl' ({why}); set it to "
                        f"{ok!r} or remove it")
-    if cfg.trl.get("use_bias_correction_kl") and cfg.algo.ref_kl_coef:
-        out.append("config field 'trl.use_bias_correction_kl' is not supported with algo.ref_kl_coef > 0 (erft's "
-                   "KL is algo.ref_kl_estimator); remove it")
     return out
 
 

@@ -10,6 +10,7 @@ from torch import Tensor
 
 from entropy_rft.loss import agg_weights  # noqa: F401  (re-exported for control.lens)
 from entropy_rft.tensor_checks import (  # noqa: F401  (re-exported for the control modules and advantages)
+    as_mask,
     broadcast_advantages,
     check_bool_like,
     check_like,

@@ -6,6 +6,7 @@ Knob directions: ``knob_raises_entropy = +1`` when increasing the knob raises en
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -137,6 +138,29 @@ class ClipBPaper(_TwoSidedMu, Method):
                                       self.advantage_sign))
 
 
+def tiny_cap_message(name: str, max_frac: float | None, n_tokens: int) -> str | None:
+    """The warning for a ClipV cap that lets at most one token go per step, or None.
+
+    The cap drops at most K = max(int(max_frac·N), 1) of N valid tokens (``clip_v_mask``); K is 1 whenever
+    max_frac·N < 2, e.g. the released max_frac 1e-4 on fewer than 20,000 tokens per batch."""
+    if max_frac is None or n_tokens == 0 or int(max_frac * n_tokens) > 1:
+        return None
+    return (f"{name}: max_frac {max_frac:g} on {n_tokens} tokens per batch caps the drop at 1 token per step "
+            f"(K = max(int(max_frac*N), 1)), so the method barely acts; the released settings assume ~10^6 tokens "
+            f"per step. Set max_frac to at least {2 / n_tokens:.2g} (or null: no cap) and tune mu for this batch "
+            f"(the default config's preset: mu 2, max_frac null)")
+
+
+def _warn_tiny_cap(method: Method, n_tokens: int) -> None:
+    """Warn once per method instance (``tiny_cap_message``)."""
+    if method.__dict__.get("_warned_tiny_cap"):
+        return
+    msg = tiny_cap_message(method.name, method.max_frac, n_tokens)
+    if msg is not None:
+        method.__dict__["_warned_tiny_cap"] = True
+        warnings.warn(msg, UserWarning, stacklevel=3)
+
+
 @register_method
 @dataclass
 class ClipV(Method):
@@ -169,6 +193,7 @@ class ClipV(Method):
         check_sign(self.advantage_sign)
 
     def rollout_masks(self, stats: TokenStats, advantages: Tensor, mask: Tensor) -> Masks:
+        _warn_tiny_cap(self, int(mask.sum()))
         return Masks(keep=clip_v_mask(stats.s_centered, advantages, mask, self.mu, None, self.advantage_sign,
                                       self.max_frac))
 
@@ -202,6 +227,7 @@ class ClipVPaper(_TwoSidedMu, Method):
             check_fraction(self.max_frac, "max_frac")
 
     def rollout_masks(self, stats: TokenStats, advantages: Tensor, mask: Tensor) -> Masks:
+        _warn_tiny_cap(self, int(mask.sum()))
         return Masks(keep=clip_v_mask(stats.s_centered, advantages, mask, self.mu_low, self.mu_high,
                                       self.advantage_sign, self.max_frac))
 

@@ -13,10 +13,10 @@ from torch import Tensor
 
 from entropy_rft.control._common import (
     agg_weights,
+    as_mask,
     broadcast_advantages,
     check_bool_like,
     check_like,
-    check_mask,
 )
 from entropy_rft.dynamics import first_order_entropy_change
 
@@ -62,11 +62,11 @@ def lens_attribution(
     For PPO's own clipping as a diagnostic, pass ``keep = ~clipped`` and no ``clipped``.
     Every value is None when there is no valid token.
     """
-    check_mask(mask)
-    check_mask(keep, "keep")
+    mask = as_mask(mask)
+    keep = as_mask(keep, "keep")
     check_like(keep, mask, "keep")
     check_like(s_centered, mask, "s_centered")
-    check_bool_like(clipped, mask, "clipped")
+    clipped = check_bool_like(clipped, mask, "clipped")
     if ratio is not None:
         check_like(ratio, mask, "ratio")
     adv = broadcast_advantages(advantages, mask).detach().to(torch.float64)

@@ -13,11 +13,11 @@ import torch
 from torch import Tensor
 
 from entropy_rft.control._common import (
+    as_mask,
     broadcast_advantages,
     check_bool_like,
     check_fraction,
     check_like,
-    check_mask,
     check_mu,
     check_sign,
     count_for_ratio,
@@ -53,13 +53,15 @@ def _violation(
     return viol, excess
 
 
-def _check_common(s: Tensor, s_name: str, advantages: Tensor, mask: Tensor, mu_low, mu_high, sign) -> Tensor:
-    check_mask(mask)
+def _check_common(s: Tensor, s_name: str, advantages: Tensor, mask: Tensor, mu_low, mu_high,
+                  sign) -> tuple[Tensor, Tensor]:
+    """(advantages broadcast to the mask, the mask as bool) after the common checks."""
+    mask = as_mask(mask)
     check_like(s, mask, s_name)
     check_mu(mu_low, "mu_low")
     check_mu(mu_high, "mu_high")
     check_sign(sign)
-    return broadcast_advantages(advantages, mask)
+    return broadcast_advantages(advantages, mask), mask
 
 
 def clip_b_mask(
@@ -78,7 +80,7 @@ def clip_b_mask(
     two-sided with ``advantage_sign="any"``; the released code is ``mu_low=mu, mu_high=None,
     advantage_sign="negative"`` (A < 0 strictly).
     """
-    adv = _check_common(s_star, "s_star", advantages, mask, mu_low, mu_high, advantage_sign)
+    adv, mask = _check_common(s_star, "s_star", advantages, mask, mu_low, mu_high, advantage_sign)
     mean, std, n = masked_mean_std(s_star, mask)
     if n == 0:
         return mask.clone()
@@ -109,7 +111,7 @@ def clip_v_mask(
     violators (counted after the sign restriction) only the K lying farthest past their threshold are
     dropped; ties go to the earlier position in row-major order. ``max_frac=None`` means no cap.
     """
-    adv = _check_common(s_centered, "s_centered", advantages, mask, mu_low, mu_high, advantage_sign)
+    adv, mask = _check_common(s_centered, "s_centered", advantages, mask, mu_low, mu_high, advantage_sign)
     if max_frac is not None:
         check_fraction(max_frac, "max_frac")
     _, std, n = masked_mean_std(s_centered, mask)
@@ -151,7 +153,7 @@ def clip_cov_mask(
     ``ratio == 0`` picks none. The keep-mask is ``mask & ~picked``; a caller passes ``mask & ~keep`` to
     ``policy_loss`` as ``zeroed``, so picked tokens still count.
     """
-    check_mask(mask)
+    mask = as_mask(mask)
     check_like(logp, mask, "logp")
     check_fraction(ratio, "ratio")
     for v, name in ((lb, "lb"), (ub, "ub")):
@@ -159,7 +161,7 @@ def clip_cov_mask(
             raise ValueError(f"{name} must be a number, got {v!r}")
     if not lb < ub:
         raise ValueError(f"lb must be < ub, got lb={lb!r}, ub={ub!r}")
-    check_bool_like(exclude, mask, "exclude")
+    exclude = check_bool_like(exclude, mask, "exclude")
     adv = broadcast_advantages(advantages, mask)
     n = int(mask.sum())
     k = count_for_ratio(ratio, n)
@@ -186,7 +188,7 @@ def kl_cov_select(logp: Tensor, advantages: Tensor, mask: Tensor, ratio: float) 
     (logp detached; ties go to the earlier position). ``ratio == 0`` selects none. ``policy_loss`` adds
     kl_cov_coef·|logp − old_logp| on the selected tokens.
     """
-    check_mask(mask)
+    mask = as_mask(mask)
     check_like(logp, mask, "logp")
     check_fraction(ratio, "ratio")
     adv = broadcast_advantages(advantages, mask)
@@ -209,7 +211,7 @@ def high_entropy_mask(entropy: Tensor, mask: Tensor, top_q: float) -> Tensor:
     k = round-half-up(top_q·N), at least 1 when top_q > 0; ties go to the earlier position. ``top_q=1``
     keeps every valid token, ``top_q=0`` none.
     """
-    check_mask(mask)
+    mask = as_mask(mask)
     check_like(entropy, mask, "entropy")
     check_fraction(top_q, "top_q")
     n = int(mask.sum())
@@ -239,7 +241,7 @@ def grad_mask(
     when ``drop_other_samples`` (default) and train normally otherwise. ``s`` is S (``s_star``) or S_c.
     The paper's four conditions are the four (sample_sign, s_sign) combinations.
     """
-    check_mask(mask)
+    mask = as_mask(mask)
     check_like(s, mask, "s")
     check_sign(sample_sign, "sample_sign", ("positive", "negative"))
     check_sign(s_sign, "s_sign", ("positive", "negative"))

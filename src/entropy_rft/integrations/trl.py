@@ -11,6 +11,7 @@ step). docs/trl.md says what each hook does and the one configuration where sele
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import warnings
 from pathlib import Path
@@ -26,9 +27,14 @@ from transformers.trainer_utils import get_last_checkpoint
 from entropy_rft import control, dynamics, rundir
 from entropy_rft.config import config_to_dict
 from entropy_rft.control import Masks, Method
+from entropy_rft.forward import supports_fused
 from entropy_rft.integrations import window
 from entropy_rft.integrations._compat import require_version
-from entropy_rft.integrations.stats_forward import chunked_policy_out, fused_policy_out, install_stats_forward
+from entropy_rft.integrations.stats_forward import (
+    captured_hidden,
+    chunked_policy_out,
+    stats_from_hidden,
+)
 from entropy_rft.integrations.trl_logging import ErftLog
 from entropy_rft.loss import policy_loss
 from entropy_rft.models import load_tokenizer
@@ -42,8 +48,8 @@ from entropy_rft.trl_settings import grpo_config, loss_overrides, step_factor
 # signatures change between minor releases.
 TRL_MIN, TRL_MAX_EXCLUSIVE = (1, 16, 0), (1, 17, 0)
 
-# fused_policy_out: re-exported for benchmarks/trl_overhead.py; grpo_config (trl_settings) for benchmarks
-__all__ = ["EntropyControlGRPOTrainer", "check_trl_version", "fused_policy_out", "grpo_config", "train_trl"]
+# grpo_config (trl_settings): re-exported for benchmarks
+__all__ = ["EntropyControlGRPOTrainer", "check_trl_version", "grpo_config", "train_trl"]
 
 
 def check_trl_version(version: str) -> None:
@@ -73,7 +79,10 @@ class EntropyControlGRPOTrainer(GRPOTrainer):
     - ``method_params``: parameters for ``control.build_method`` when ``method`` is a name;
     - ``agg``: loss aggregation (token-mean, seq-mean-token-mean, seq-mean-token-sum-norm); default from
       ``args.loss_type`` (dapo/bnpo: token-mean, grpo: seq-mean-token-mean, dr_grpo: sum-norm);
-    - ``dual_clip``: dual-clip constant c > 1, or None.
+    - ``dual_clip``: dual-clip constant c > 1, or None;
+    - ``dynamics_metrics``: log the generation batch's statistics (``dynamics/*``, ``entropy/mean``, ...;
+      default True). False skips the statistics altogether, so a method that needs none of them (``none``,
+      ``clip_higher``, ``entropy_bonus``) costs exactly what stock GRPOTrainer costs; other methods refuse it.
 
     The ratio clip is ``args.epsilon`` / ``args.epsilon_high`` unless the method overrides it (clip-higher,
     KL-Cov); the reference KL is ``args.beta`` with the k3 estimator, as TRL. Logs entropy-rft's metric
@@ -81,20 +90,27 @@ class EntropyControlGRPOTrainer(GRPOTrainer):
     """
 
     def __init__(self, *args: Any, method: str | Method = "none", method_params: dict[str, Any] | None = None,
-                 agg: str | None = None, dual_clip: float | None = None, **kwargs: Any) -> None:
+                 agg: str | None = None, dual_clip: float | None = None, dynamics_metrics: bool = True,
+                 **kwargs: Any) -> None:
         if isinstance(method, Method) and method_params:
             raise ValueError("pass method_params only with a method name, not with a built Method")
         self.method = method if isinstance(method, Method) else control.build_method(method, **(method_params or {}))
+        if not dynamics_metrics and self.method.stage != "static":
+            raise ValueError(f"dynamics_metrics=False: method {self.method.name!r} selects tokens from the "
+                             f"statistics ({self.method.stage} stage); keep dynamics_metrics=True, or use a "
+                             "method without selection (none, clip_higher, entropy_bonus)")
+        self.dynamics_metrics = bool(dynamics_metrics)
         super().__init__(*args, **kwargs)
         self._check_supported()
         self.agg = agg or AGG_FOR_LOSS_TYPE[self.loss_type]
         self.loss_kwargs: dict[str, Any] = dict(
             eps_low=self.epsilon_low, eps_high=self.epsilon_high, dual_clip=dual_clip, agg=self.agg,
-            ref_kl_coef=float(self.beta), ref_kl_estimator="k3")
+            ref_kl_coef=float(self.beta), ref_kl_estimator="k3",
+            ref_kl_ratio_weighted=bool(self.beta and getattr(self.args, "use_bias_correction_kl", False)))
         self.loss_kwargs.update(self.method.loss_kwargs())
         self.method_generator = torch.Generator().manual_seed(int(self.args.seed) + 2)
-        install_stats_forward(self.model)
         self._erft_captured: tuple[Tensor, dynamics.TokenStats] | None = None
+        self._erft_old_pass = False  # True inside _generate_and_score_completions: capture our TokenStats
         self._erft_window: window.Window | None = None
         self.step_metrics = window.StepMetrics()  # our metrics row of the current erft step
         ga, gen_every = self.args.gradient_accumulation_steps, self.args.steps_per_generation * self.num_iterations
@@ -118,31 +134,47 @@ class EntropyControlGRPOTrainer(GRPOTrainer):
              "entropy_coef / adaptive entropy (use method='entropy_bonus')"),
             (self.use_vllm and self.vllm_importance_sampling_correction,
              "vllm_importance_sampling_correction=True (set it to False)"),
-            (getattr(a, "use_bias_correction_kl", False) and self.beta != 0.0, "use_bias_correction_kl"),
             (self.aux_loss_enabled, "MoE router aux loss"),
         ]
         if bad := [what for failed, what in checks if failed]:
             raise ValueError("EntropyControlGRPOTrainer does not support: " + "; ".join(bad))
 
-    def _policy_pass(self, model, input_ids: Tensor, attention_mask: Tensor, logits_to_keep: int,
-                     batch_size: int | None, with_entropy: bool) -> dynamics.FusedOut:
-        """Our statistics forward in row chunks of ``batch_size`` (as TRL chunks its own)."""
-        return chunked_policy_out(model, input_ids, attention_mask, logits_to_keep, self.temperature, with_entropy,
-                                  batch_size, self.accelerator.autocast)
+    def _policy_stats(self, model, input_ids: Tensor, attention_mask: Tensor, logits_to_keep: int,
+                      batch_size: int | None, compute_entropy: bool = False
+                      ) -> tuple[Tensor, Tensor | None, dynamics.TokenStats]:
+        """No grad: TRL's own log-probs (and entropies) — its forward, its fused head, its precision — and our
+        TokenStats from the same backbone pass (``captured_hidden``: the statistics cost one more head pass,
+        no second backbone forward). Models whose logits are not ``hidden @ W.T`` get the statistics from
+        ``fused_policy_out``'s materialised path."""
+        core = self.accelerator.unwrap_model(model)
+        core = core.get_base_model() if hasattr(core, "get_base_model") else core
+        fused = supports_fused(core)
+        with torch.no_grad(), (captured_hidden(core) if fused else contextlib.nullcontext([])) as hidden:
+            logp, ent, _ = super()._get_per_token_logps_and_entropies(
+                model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size,
+                compute_entropy=compute_entropy)
+            if fused:
+                stats = stats_from_hidden(core, torch.cat(hidden), input_ids, logits_to_keep, self.temperature)
+            else:
+                stats = chunked_policy_out(core, input_ids, attention_mask, logits_to_keep, self.temperature,
+                                           False, batch_size, self.accelerator.autocast).stats
+        return logp, ent, stats
 
     def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep,
                                            batch_size=None, compute_entropy=False, compute_aux_loss=False,
                                            **multimodal):
-        """TRL's hook: log-probs and entropies. The policy goes through ``fused_logp`` (full TokenStats);
-        the reference model, and multimodal inputs, keep TRL's path."""
-        if model is self.ref_model or any(v is not None for v in multimodal.values()) or compute_aux_loss:
-            return super()._get_per_token_logps_and_entropies(
-                model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size,
-                compute_entropy=compute_entropy, compute_aux_loss=compute_aux_loss, **multimodal)
-        out = self._policy_pass(model, input_ids, attention_mask, logits_to_keep, batch_size, False)
-        if not torch.is_grad_enabled():
-            self._erft_captured = (out.logp, out.stats)
-        return out.logp, (out.stats.entropy if compute_entropy else None), None
+        """TRL's hook, TRL's own computation (so method ``none`` trains as stock GRPOTrainer at any precision).
+        Only the old-policy pass of a generation batch (``_generate_and_score_completions``) adds our TokenStats,
+        from the same backbone pass (``_policy_stats``); the training forward never computes them."""
+        if (self._erft_old_pass and model is self.model and not torch.is_grad_enabled() and not compute_aux_loss
+                and all(v is None for v in multimodal.values())):
+            logp, ent, stats = self._policy_stats(model, input_ids, attention_mask, logits_to_keep, batch_size,
+                                                  compute_entropy)
+            self._erft_captured = (logp, stats)
+            return logp, ent, None
+        return super()._get_per_token_logps_and_entropies(
+            model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size,
+            compute_entropy=compute_entropy, compute_aux_loss=compute_aux_loss, **multimodal)
 
     @staticmethod
     def _loss_mask(inputs: dict[str, Any]) -> Tensor:
@@ -156,19 +188,29 @@ class EntropyControlGRPOTrainer(GRPOTrainer):
         return ids, am, inputs["completion_ids"].shape[1]
 
     def _generate_and_score_completions(self, inputs):
-        self._erft_captured = None
-        out = super()._generate_and_score_completions(inputs)
+        self._erft_captured, self._erft_old_pass = None, self.dynamics_metrics
+        try:
+            out = super()._generate_and_score_completions(inputs)
+        finally:
+            self._erft_old_pass = False
         if not self.model.training:
+            return out
+        if not self.dynamics_metrics:  # a static method, no statistics: nothing beyond stock TRL's work
+            mask = self._loss_mask(out)
+            old = out.get("old_per_token_logps")
+            # static methods select nothing per minibatch, so select_minibatch never reads these log-probs
+            out["erft_old_logps"] = torch.zeros(mask.shape, device=mask.device) if old is None else old
+            out["erft_keep"] = mask.clone()
             return out
         captured, old = self._erft_captured, out.get("old_per_token_logps")
         if captured is not None and old is not None and captured[0] is old:
             stats = captured[1]
-        else:  # TRL skipped its old-policy forward (on-policy step): run ours, once per generation batch
-            with torch.no_grad():
-                res = self._policy_pass(self.model, *self._model_inputs(out), self.args.per_device_train_batch_size,
-                                        False)
-            out["old_per_token_logps"], stats = res.logp.detach(), res.stats
+        else:  # TRL skipped its old-policy forward (on-policy step): ours, once per generation batch, for the
+            # statistics; TRL's loss keeps its own old = logp.detach() ("old_per_token_logps" stays absent)
+            old, _, stats = self._policy_stats(self.model, *self._model_inputs(out),
+                                               self.args.per_device_train_batch_size)
         self._erft_captured = None
+        out["erft_old_logps"] = old  # what the selections compare against (Clip-Cov, KL-Cov)
         mask = self._loss_mask(out)
         gb = window.global_rollout_batch(self.method, stats, out["advantages"], mask)
         out["erft_keep"] = gb.local_keep(mask)
@@ -199,13 +241,14 @@ class EntropyControlGRPOTrainer(GRPOTrainer):
         cur = None
         if self.method.stage == "minibatch":
             if start % gen_every == 0:  # no update since generation: current log-probs are the old ones
-                cur = [m["old_per_token_logps"] for m in micro]
+                cur = [m["erft_old_logps"] for m in micro]
             elif len(micro) == 1 and cur_here is not None:
                 cur = [cur_here]
             else:
                 with torch.no_grad():
-                    cur = [self._policy_pass(model, *self._model_inputs(m), None, False).logp for m in micro]
-        win = window.select_window(start, self.method, cur, [m["old_per_token_logps"] for m in micro],
+                    cur = [super(EntropyControlGRPOTrainer, self)._get_per_token_logps_and_entropies(
+                        model, *self._model_inputs(m))[0] for m in micro]
+        win = window.select_window(start, self.method, cur, [m["erft_old_logps"] for m in micro],
                                    [m["advantages"] for m in micro], masks, [m["erft_keep"] for m in micro],
                                    self.loss_kwargs, self.method_generator, self.agg, self.max_completion_length)
         if (start % gen_every) < self.args.steps_per_generation:  # first pass over this generation batch
@@ -214,27 +257,67 @@ class EntropyControlGRPOTrainer(GRPOTrainer):
         return win
 
     def _compute_loss(self, model, inputs):
-        """TRL's loss hook, replaced by ``policy_loss`` with the method's masks."""
+        """TRL's loss hook: TRL's training forward (log-probs and entropies, as stock computes them), then
+        ``policy_loss`` with the method's masks, and TRL's own log keys (``_record_trl_metrics``)."""
         mask = self._loss_mask(inputs)
-        out = self._policy_pass(model, *self._model_inputs(inputs), None, self.method.needs_entropy_grad())
+        logp, entropies, _ = self._get_per_token_logps_and_entropies(model, *self._model_inputs(inputs),
+                                                                     compute_entropy=True)
         masks, scale = Masks(), 1.0  # evaluation: no selection
         if self.model.training and "erft_keep" in inputs:  # the window's selection: rollout keep ∧ minibatch
             win = self._window_inputs()
             if win is None:  # fallback: this micro-batch is the window (global over ranks)
-                w = self._build_window(model, self._step, [inputs], out.logp.detach())
+                w = self._build_window(model, self._step, [inputs], logp.detach())
                 masks, scale = w.selections[0].masks, w.scales[0] / self._grad_accum()
             else:
                 start, micro = win
                 if self._erft_window is None or self._erft_window.start != start:
-                    self._erft_window = self._build_window(model, start, micro, out.logp.detach())
+                    self._erft_window = self._build_window(model, start, micro, logp.detach())
                 j = self._step - start
                 masks, scale = self._erft_window.selections[j].masks, self._erft_window.scales[j]
-        old = inputs.get("old_per_token_logps", out.logp.detach())  # absent in evaluation
-        loss, met = policy_loss(out.logp, old, inputs["advantages"], mask, keep=masks.keep, zeroed=masks.zeroed,
-                                kl_cov_select=masks.kl_cov_select, ref_logp=inputs.get("ref_per_token_logps"),
-                                entropy=out.entropy, **self.loss_kwargs)
+        old = inputs.get("old_per_token_logps")
+        old = logp.detach() if old is None else old  # as TRL: absent on-policy and in evaluation
+        ref = inputs.get("ref_per_token_logps")
+        loss, met = policy_loss(logp, old, inputs["advantages"], mask, keep=masks.keep, zeroed=masks.zeroed,
+                                kl_cov_select=masks.kl_cov_select, ref_logp=ref,
+                                entropy=entropies if self.method.needs_entropy_grad() else None, **self.loss_kwargs)
         self._record({k: v for k, v in met.items() if k not in _BATCH_LEVEL}, mode=None)
+        self._record_trl_metrics(logp.detach(), old, inputs["advantages"], inputs, entropies.detach(), ref)
         return loss * scale
+
+    def _record_trl_metrics(self, logp: Tensor, old: Tensor, adv: Tensor, inputs: dict[str, Any], entropies: Tensor,
+                            ref: Tensor | None) -> None:
+        """TRL's own log keys with TRL's definitions (``GRPOTrainer._compute_loss``), so a stock dashboard keeps
+        working: ``entropy`` and ``kl`` (masked means over all processes' completion tokens, the KL with TRL's
+        bias correction when on) and ``clip_ratio/{low_mean,high_mean,region_mean,low_min,high_max}`` with TRL's
+        ``epsilon``/``epsilon_high`` — whatever clip the method trains with (ours: ``clip/*``)."""
+        from trl.trainer.utils import nanmax, nanmin
+
+        mask = inputs["completion_mask"]
+        mask = mask if "tool_mask" not in inputs else mask * inputs["tool_mask"]
+        mode = "train" if self.model.training else "eval"
+        adv = adv.unsqueeze(1) if adv.dim() == 1 else adv
+
+        def global_masked_mean(x: Tensor) -> float:
+            totals = self.accelerator.reduce(torch.stack([(x * mask).sum(), mask.sum().float()]), reduction="sum")
+            return (totals[0] / totals[1].clamp(min=1.0)).item()
+
+        def masked_seq_mean(x: Tensor) -> Tensor:
+            return (x * mask).sum(-1) / mask.sum(-1)
+
+        coef_1 = torch.exp(logp - old)
+        out: dict[str, float] = {}
+        if self.beta != 0.0 and ref is not None:
+            kl = torch.exp(ref - logp) - (ref - logp) - 1
+            out["kl"] = global_masked_mean(kl * coef_1 if self.args.use_bias_correction_kl else kl)
+        out["entropy"] = global_masked_mean(entropies)
+        low = (coef_1 < 1 - self.epsilon_low) & (adv < 0)
+        high = (coef_1 > 1 + self.epsilon_high) & (adv > 0)
+        out["clip_ratio/low_mean"] = global_masked_mean(low.float())
+        out["clip_ratio/high_mean"] = global_masked_mean(high.float())
+        out["clip_ratio/region_mean"] = global_masked_mean((low | high).float())
+        out["clip_ratio/low_min"] = nanmin(self.accelerator.gather(masked_seq_mean(low.float()))).item()
+        out["clip_ratio/high_max"] = nanmax(self.accelerator.gather(masked_seq_mean(high.float()))).item()
+        self._record(out, mode=mode, ours=False)
 
     def _record(self, metrics: dict[str, float | None], mode: str | None = "train", ours: bool = True) -> None:
         """Append to TRL's log buffer (undefined values are left out, so TRL's loggers never see a None)
