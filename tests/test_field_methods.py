@@ -168,7 +168,7 @@ def trl_adaptive_reference(entropies, coef, target, delta, cmin, cmax):
     last, applied, coefs = float("inf"), [], []
     for world_entropy in entropies:
         applied.append(coef if last <= target else 0.0)
-        if world_entropy <= target:
+        if world_entropy <= target:  # noqa: SIM108  (TRL's own if/else, kept as written)
             coef = min(coef + delta, cmax)
         else:
             coef = max(coef - delta, cmin)
