@@ -438,3 +438,10 @@ def test_native_only_methods_are_refused_on_trl(micro_model):
         with pytest.raises(UserError, match=f"method '{name}' runs on engine 'native' only"):
             load_config(None, micro_overrides(micro_model, **{"method.name": name}), extra={"engine": "trl"})
     load_config(None, micro_overrides(micro_model, **{"method.name": "ce_gppo"}), extra={"engine": "trl"})
+
+
+def test_trl_trainer_refuses_a_native_only_method():
+    from entropy_rft.integrations.trl import EntropyControlGRPOTrainer
+
+    with pytest.raises(ValueError, match="'entropic' runs on engine native only"):
+        EntropyControlGRPOTrainer(method="entropic")
