@@ -445,3 +445,27 @@ def test_trl_trainer_refuses_a_native_only_method():
 
     with pytest.raises(ValueError, match="'entropic' runs on engine native only"):
         EntropyControlGRPOTrainer(method="entropic")
+
+
+def test_controller_tracking_and_table_by_hand():
+    from entropy_rft.analysis.equal_entropy import controller_markdown
+    from entropy_rft.analysis.summary import controller_tracking
+
+    # own controller, target 1.0: starts at 1.5, reaches at step 3 (0.95 <= 1.0), then 1.1 (in), 1.3 (out)
+    rows = [{"step": i + 1, "entropy/mean": h, "control/own_target": 1.0} for i, h in enumerate([1.5, 1.2, 0.95,
+                                                                                                 1.1, 1.3])]
+    t = controller_tracking(rows)
+    assert t["controller/kind"] == "own" and t["controller/reach_step"] == 3
+    assert t["controller/in_band"] == pytest.approx(2 / 3) and t["controller/max_dev"] == pytest.approx(0.3)
+    auto = controller_tracking([{**r, "control/entropy_target": r.pop("control/own_target")} for r in rows])
+    assert auto["controller/kind"] == "autopilot" and auto["controller/max_dev"] == pytest.approx(0.3)
+    assert controller_tracking([{"step": 1, "entropy/mean": 1.0}])["controller/kind"] is None
+    summ = [{"method": "entropic", "method_name": "entropic", "controller/target_spec": "0.5x", **t},
+            {"method": "entropic", "method_name": "entropic", "controller/target_spec": "0.5x", **t,
+             "controller/in_band": 1 / 3},
+            {"method": "entropic", "method_name": "entropic", "controller/target_spec": "0.5x", **auto},
+            {"method": "none", "method_name": "none", "controller/kind": None}]
+    md = controller_markdown(summ)
+    assert "| 0.5x | entropic | own | 2 | 2/2 | 50.0% ± 16.7% | 30.0% ± 0.0% |" in md
+    assert "| 0.5x | entropic | autopilot | 1 | 1/1 | 66.7% | 30.0% |" in md and "none" not in md
+    assert controller_markdown(summ[3:]) == ""
