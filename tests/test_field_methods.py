@@ -469,3 +469,48 @@ def test_controller_tracking_and_table_by_hand():
     assert "| 0.5x | entropic | own | 2 | 2/2 | 50.0% ± 16.7% | 30.0% ± 0.0% |" in md
     assert "| 0.5x | entropic | autopilot | 1 | 1/1 | 66.7% | 30.0% |" in md and "none" not in md
     assert controller_markdown(summ[3:]) == ""
+
+
+def test_erft_methods_lists_each_new_method_with_its_lens_line(capsys):
+    from entropy_rft.cli import main
+
+    assert main(["methods", *NEW, "clip_v"]) == 0
+    text = capsys.readouterr().out
+    for name in NEW:
+        assert f"{name}  (" in text
+    assert "lens: neg_sneg: drops (S_c < −mu·std)" in text
+    assert "engines: native only" in text and "arXiv 2511.15248" in text
+    assert main(["methods", "--json", "entropic"]) == 0
+    (info,) = json.loads(capsys.readouterr().out)
+    assert info["knob"] == "pos_weight" and info["engines"] == ["native"]
+    assert info["quadrants"]["neg_spos"].startswith("reweights")
+
+
+def test_report_shows_methods_through_the_lens(micro_model, tmp_path):
+    from entropy_rft.analysis.report import build_report
+
+    for name in ("none", "entropy_adv"):
+        sets = {"eval.every": 0, "train.max_steps": 2, "probe.jvp_every": 0, "probe.counterfactual_every": 0,
+                "rollout.prompts_per_step": 8, "method.name": name}
+        start(load_config(None, micro_overrides(micro_model, **sets)), tmp_path / "runs" / name)
+    nums = build_report([tmp_path / "runs"], tmp_path / "rep")
+    rows = {r["label"]: r for r in nums["quadrants"]}
+    assert rows["entropy_adv"]["effects"]["pos_spos"] == "reweights up (A + ψ)"
+    assert rows["none"]["effects"] == {q: "-" for q in control.QUADRANTS}
+    assert all(v == 0.0 for v in rows["none"]["dH_change"].values())  # vanilla against vanilla
+    metrics = read_jsonl(tmp_path / "runs" / "entropy_adv" / "metrics.jsonl")
+    want = sum(r["lensw/dH_change/pos_spos"] for r in metrics if r["step"] >= 1) / 2
+    assert rows["entropy_adv"]["dH_change"]["pos_spos"] == pytest.approx(want)
+    html_text = (tmp_path / "rep" / "report.html").read_text()
+    assert "Methods through the lens" in html_text and "reweights up (A + ψ)" in html_text
+
+
+def test_entropic_state_restores_alpha_exactly():
+    m = control.build_method("entropic", target=0.3)
+    m.observe(NS(entropy=torch.tensor([[0.4123456789]])), torch.ones(1, 1, dtype=torch.bool), "token-mean")
+    alpha, st = m.alpha, m.state_dict()
+    assert (1.0 + alpha) - 1.0 != alpha  # the knob alone loses the last bits of this alpha
+    m2 = control.build_method("entropic", target=0.3)
+    m2.set_knob(1.0 + alpha)  # what the trainer's load_state does first
+    m2.load_state_dict(st)
+    assert m2.alpha == alpha and m2.state_dict() == st

@@ -707,10 +707,12 @@ class EntropicControl(Method):
         return {"weight_alpha": float(self.alpha)}
 
     def state_dict(self) -> dict[str, Any]:
-        return {"integral": self._integral, "base": self._base}
+        # alpha itself too: the knob 1 + alpha does not give alpha back bit for bit
+        return {"integral": self._integral, "base": self._base, "alpha": self.alpha}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._integral, self._base = float(state["integral"]), state["base"]
+        self.alpha = float(state.get("alpha", self.alpha))
 
 
 def entropic_step(h: float, target: float, integral: float, kp: float, ki: float) -> tuple[float, float]:
