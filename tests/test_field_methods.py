@@ -514,3 +514,26 @@ def test_entropic_state_restores_alpha_exactly():
     m2.set_knob(1.0 + alpha)  # what the trainer's load_state does first
     m2.load_state_dict(st)
     assert m2.alpha == alpha and m2.state_dict() == st
+
+
+def test_own_law_variants_get_their_own_row_at_their_setpoint(micro_model, tmp_path):
+    """erft compare with entropic:target=0.9x next to entropic@0.9x: two rows in the 0.9x block, not one merged
+    with the preset run, each judged on its own controller's tracking."""
+    from entropy_rft.analysis.equal_entropy import comparison_rows
+    from entropy_rft.analysis.summary import run_summary
+
+    sums = []
+    for label, extra in (("entropic:target=0.9x", {"params": {"target": "0.9x", "high_prob": 0.2}}),
+                         ("entropic@0.9x", {"entropy_target": "0.9x"}), ("entropic", {})):
+        sets = {"eval.every": 0, "train.max_steps": 3, "probe.jvp_every": 0, "probe.counterfactual_every": 0}
+        cfg = load_config(None, micro_overrides(micro_model, **sets),
+                          extra={"method": {"name": "entropic", "label": label, **extra}})
+        start(cfg, tmp_path / label)
+        s = run_summary(tmp_path / label)
+        s["method"] = label
+        sums.append(s)
+    assert [s["controller/kind"] for s in sums] == ["own", "autopilot", "own"]
+    rows = {(r["setpoint"], r["method"]): r for r in comparison_rows(sums)}
+    assert set(rows) == {("0.9x", "entropic (own law)"), ("0.9x", "entropic"), ("preset", "entropic")}
+    assert rows[("0.9x", "entropic (own law)")]["status"] in ("held", "not held", "not reached") or \
+        rows[("0.9x", "entropic (own law)")]["status"].startswith("held on")

@@ -129,13 +129,19 @@ def comparison_rows(summaries: Sequence[dict]) -> list[dict[str, Any]]:
     return rows
 
 
+def _tracked(s: dict, key: str) -> Any:
+    """A run's tracking figure: a method's own law (controller/kind "own") by its own controller's tracking of
+    the raw batch entropy, the autopilot by the smoothed entropy it reads (as before issue 28)."""
+    return s.get(("controller/" if s.get("controller/kind") == "own" else "autopilot/") + key)
+
+
 def _status(setpoint: str, method: str, runs: Sequence[dict]) -> str:
     if setpoint == PRESET or method == "none":
         return PRESET
-    reached = [s for s in runs if s.get("autopilot/reach_step") is not None]
+    reached = [s for s in runs if _tracked(s, "reach_step") is not None]
     if not reached:
         return "not reached"
-    held = [s for s in reached if (s.get("autopilot/in_band") or 0.0) >= 0.5]
+    held = [s for s in reached if (_tracked(s, "in_band") or 0.0) >= 0.5]
     if len(held) == len(runs):
         return "held"
     return "not held" if not held else f"held on {len(held)} of {len(runs)} seeds"

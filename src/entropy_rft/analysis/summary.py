@@ -109,6 +109,11 @@ def run_summary(run_dir: str | Path, *, rows: list[dict] | None = None,
     out["control/touched_frac"] = touched_frac(out["method"], train_rows)
     out.update(setpoint_tracking(train_rows))
     out.update(controller_tracking(train_rows))
+    own_variant = method.get("label") not in (None, method.get("name"))  # e.g. entropic:target=0.5x
+    if out["controller/kind"] == "own" and target is None and own_variant and out["controller/target_spec"]:
+        # a method's own law at a setpoint: its own row in that setpoint's block, next to the autopilot's
+        out["setpoint"] = out["controller/target_spec"]
+        out["method_name"] = f"{out['method']} (own law)"
     out.update(run_agreement(train_rows))
     out.update(run_law(rows))
     return out
