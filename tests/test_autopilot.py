@@ -25,6 +25,8 @@ EXPECTED_DIRECTION = {
     "clip_b": ("mu", -1), "clip_b_paper": ("mu", -1), "clip_v": ("mu", -1), "clip_v_paper": ("mu", -1),
     "clip_cov": ("ratio", +1), "kl_cov": ("ratio", +1), "entropy_bonus": ("coef", +1),
     "high_entropy": ("top_q", -1), "clip_higher": ("eps_high", +1),
+    "entropy_adv": ("alpha", +1), "adaptive_entropy": ("coef", +1), "ce_gppo": ("beta_high", +1),
+    "clip_low": ("eps_low", -1), "entropic": ("pos_weight", -1),
 }
 
 

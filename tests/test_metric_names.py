@@ -20,6 +20,13 @@ PROBES = {"probe.jvp_every": 2, "probe.counterfactual_every": 2, "eval.every": 2
 NATIVE = {
     "autopilot": {"method.name": "clip_v", "method.entropy_target": "0.8x"},
     "ppo_clip_cov": {"method.name": "clip_cov", "algo.algorithm": "ppo", "algo.ref_kl_coef": 0.01},
+    # issue 28: a method's own controller and EntroPIC's terms; advantage shaping; CE-GPPO (two minibatches)
+    "entropic": {"method.name": "entropic", "method.params": "{high_prob: 0.2}", "probe.jvp_every": 0,
+                 "eval.every": 0},
+    "entropy_adv": {"method.name": "entropy_adv", "probe.jvp_every": 0, "eval.every": 0,
+                    "probe.counterfactual_every": 0},
+    "ce_gppo": {"method.name": "ce_gppo", "algo.minibatches": 2, "probe.jvp_every": 0, "eval.every": 0,
+                "probe.counterfactual_every": 0},
 }
 
 

@@ -135,7 +135,8 @@ def _training_view(rows: list[dict]) -> list[dict]:
     {"method.name": "clip_cov", "method.params": "{ratio: 0.2, lb: -100.0, ub: 100.0}"},  # its own RNG
     {"method.name": "entropy_bonus", "method.params": "{coef: 0.05}", "method.entropy_target": "0.9x",
      "algo.algorithm": "ppo"},  # loss term, autopilot knob, value head
-], ids=["clip_v", "clip_cov", "autopilot-ppo"])
+    {"method.name": "entropic", "method.params": "{high_prob: 0.2, target: 0.9x}"},  # its own controller's state
+], ids=["clip_v", "clip_cov", "autopilot-ppo", "entropic"])
 def test_counterfactual_on_and_off_give_identical_training(micro_model, tmp_path, extra):
     on = _run(micro_model, tmp_path / "on", **{"probe.counterfactual_every": 1, "probe.jvp_every": 1,
                                                "train.max_steps": 4, **extra})

@@ -613,6 +613,10 @@ def validate_method(cfg: Config) -> None:
         method = control.build_method(cfg.method.name, **cfg.method_params())
     except (ValueError, TypeError, KeyError) as err:
         raise UserError(f"config field 'method' invalid: {err}") from None
+    if cfg.engine not in method.engines:
+        raise UserError(f"config field 'method.name': method {method.name!r} runs on engine "
+                        f"{' or '.join(map(repr, method.engines))} only (its terms are not in engine {cfg.engine!r}'s "
+                        "loss path); use --engine native or another method (`erft methods` lists the engines)")
     if cfg.method.entropy_target is not None:
         from entropy_rft import autopilot
 

@@ -6,7 +6,10 @@ never knows which method produced them. Semantics are fixed in DESIGN.md ("Seman
 References: PPO clipped surrogate (Schulman et al. 2017, arXiv 1707.06347, Eq. 7); asymmetric clip
 "clip-higher" (DAPO, Yu et al. 2025, arXiv 2503.14476); dual clip (Ye et al. 2020, arXiv 1912.09729);
 KL estimators k1/k2/k3 (Schulman 2020, "Approximating KL Divergence"); aggregation modes as in verl's
-``agg_loss`` and Dr.GRPO (Liu et al. 2025, arXiv 2503.20783).
+``agg_loss`` and Dr.GRPO (Liu et al. 2025, arXiv 2503.20783); the advantage-shaping term ``adv_shift``
+(Cheng et al. 2025, arXiv 2506.14758); CE-GPPO's gradient-preserving clip (Su et al. 2025, arXiv 2509.20712);
+EntroPIC's sample-weight adjustment (Yang et al. 2025, arXiv 2511.15248). Each of the last three is off at its
+default, and the loss is then the same computation as before they existed.
 """
 
 from __future__ import annotations
@@ -168,6 +171,11 @@ def policy_loss(
     ref_kl_ratio_weighted: bool = False,
     entropy: Tensor | None = None,
     entropy_coef: float = 0.0,
+    adv_shift: Tensor | None = None,
+    ce_beta_low: float = 0.0,
+    ce_beta_high: float = 0.0,
+    weight_select: Tensor | None = None,
+    weight_alpha: float = 0.0,
 ) -> tuple[Tensor, dict[str, float | None]]:
     """The clipped policy-gradient loss with its optional terms, aggregated over the counted tokens.
 
@@ -181,6 +189,20 @@ def policy_loss(
     Counting mask m = mask & keep: tokens with keep False leave the loss and every count (ClipB, ClipV,
     high_entropy, grad_mask). Tokens with ``zeroed`` True have their whole token loss multiplied by 0 but
     still count (Clip-Cov). The loss is ``aggregate(ℓ, m, agg)``.
+
+    Three method terms, each off by default:
+
+    - ``adv_shift`` ψ (float, like the mask): the surrogate uses A + ψ in place of A on every token (entropy
+      advantage shaping, Cheng et al. 2025, where ψ = min(α·H_detached, |A|/κ)); metrics ``loss/adv_shift_mean``.
+    - ``ce_beta_low`` β1, ``ce_beta_high`` β2 (CE-GPPO, Su et al. 2025): a token the ratio clip removes
+      (A < 0, r < 1 − eps_low; or A > 0, r > 1 + eps_high) keeps a bounded gradient: ℓ gains
+      −β·b·A·(r/sg(r) − 1), b = 1 − eps_low or 1 + eps_high, whose value is 0 and whose gradient is
+      −β·b·A·∇log π (the paper's β·b·A·r/sg(r) term, with PPO's clipped value kept as the forward value).
+      0 = PPO. ``clip/ce_frac``: share of counted tokens that got it.
+    - ``weight_alpha`` α with ``weight_select`` (EntroPIC, Yang et al. 2025): the loss gains
+      α·aggregate(−r·|A|, m ∧ weight_select, agg) (the authors' code: high-probability tokens, p > 0.95), so
+      α > 0 weighs those tokens of positive samples up and of negative samples down (entropy falls), α < 0
+      the reverse; ``loss/weight_adjust`` is that term.
 
     Metrics (Python floats; None when no token counts or the term is absent), all over counted tokens:
     ``loss/total``, ``loss/pg``, ``loss/kl_cov``, ``loss/kl_ref`` (coefficient-weighted contributions that
@@ -198,6 +220,14 @@ def policy_loss(
     keep = check_bool_like(keep, mask, "keep")
     zeroed = check_bool_like(zeroed, mask, "zeroed")
     kl_cov_select = check_bool_like(kl_cov_select, mask, "kl_cov_select")
+    weight_select = check_bool_like(weight_select, mask, "weight_select")
+    if adv_shift is not None:
+        check_like(adv_shift, mask, "adv_shift")
+    _check_coef(ce_beta_low, "ce_beta_low")
+    _check_coef(ce_beta_high, "ce_beta_high")
+    _check_coef(weight_alpha, "weight_alpha")
+    if weight_alpha != 0 and weight_select is None:
+        raise ValueError("weight_alpha is non-zero but weight_select is None (pass EntroPIC's token selection)")
     _check_eps(eps_low, "eps_low")
     _check_eps(eps_high, "eps_high")
     if dual_clip is not None and (not is_number(dual_clip) or not dual_clip > 1):
@@ -223,6 +253,8 @@ def policy_loss(
     dt = torch.promote_types(logp.dtype, torch.float32)  # statistics in float32 at least (DESIGN.md)
     logp, old_logp = logp.to(dt), old_logp.detach().to(dt)
     adv = adv.detach().to(dt)
+    if adv_shift is not None:
+        adv = adv + torch.where(mask, adv_shift.detach().to(dt), torch.zeros_like(adv))
     r = importance_ratio(logp, old_logp, mask)
 
     pg1 = -adv * r
@@ -234,6 +266,19 @@ def policy_loss(
         pg = torch.maximum(pg1, -adv * torch.clamp(r, lo, hi))
     if dual_clip is not None:
         pg = torch.where(adv < 0, torch.minimum(pg, -adv * dual_clip), pg)
+    ce = None
+    if ce_beta_low != 0 or ce_beta_high != 0:
+        # CE-GPPO: value 0, gradient -beta·bound·A·grad(log pi) on the tokens the ratio clip removes
+        unit = r / r.detach() - 1
+        ce = torch.zeros_like(mask)
+        if eps_low is not None and ce_beta_low != 0:
+            low_c = (adv < 0) & (r.detach() < 1 - eps_low)
+            pg = torch.where(low_c, pg - ce_beta_low * (1 - eps_low) * adv * unit, pg)
+            ce = ce | low_c
+        if eps_high is not None and ce_beta_high != 0:
+            high_c = (adv > 0) & (r.detach() > 1 + eps_high)
+            pg = torch.where(high_c, pg - ce_beta_high * (1 + eps_high) * adv * unit, pg)
+            ce = ce | high_c
 
     live = m if zeroed is None else m & ~zeroed  # tokens whose loss is not multiplied by 0
 
@@ -265,6 +310,11 @@ def policy_loss(
     if entropy is not None:
         loss_ent = term(-entropy_coef * entropy.to(dt))
         total = total + loss_ent
+    loss_adjust = None
+    if weight_select is not None:
+        sel = live & weight_select
+        loss_adjust = weight_alpha * aggregate(torch.where(sel, -r * adv.abs(), torch.zeros_like(r)), sel, agg)
+        total = total + loss_adjust
 
     def val(x: Tensor | None) -> float | None:
         return None if x is None or n == 0 else float(x.detach())
@@ -294,4 +344,11 @@ def policy_loss(
             "control/kl_cov_selected_frac": _frac(kl_cov_select, m, n) if kl_cov_select is not None else None,
             "tokens/counted": float(n),
         })
+        if adv_shift is not None:
+            metrics["loss/adv_shift_mean"] = float(adv_shift.detach().to(torch.float64)[m].mean()) if n else None
+        if ce is not None:
+            metrics["clip/ce_frac"] = _frac(ce, m, n)
+        if weight_select is not None:
+            metrics["loss/weight_adjust"] = val(loss_adjust)
+            metrics["control/weight_selected_frac"] = _frac(weight_select, m, n)
     return total, metrics

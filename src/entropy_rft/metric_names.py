@@ -42,12 +42,15 @@ METRICS: dict[str, Metric] = {
     "dynamics/cov_adv_s_centered": Metric("Cov(A, S_c) over the valid tokens", "nats·adv"),
     "dynamics/pred_dH": Metric("Thm 3.3's first-order batch ΔH: mean of −A·S_c (no lr scale)", "nats·adv"),
     # the surrogate loss (loss.policy_loss; native: mean over minibatches)
-    "loss/total": Metric("total policy loss (surrogate + KL-Cov + ref-KL + entropy bonus)", "loss"),
+    "loss/total": Metric("total policy loss (surrogate + KL-Cov + ref-KL + entropy bonus + EntroPIC's "
+                         "adjustment)", "loss"),
     "loss/pg": Metric("policy-gradient surrogate term", "loss"),
     "loss/kl_cov": Metric("KL-Cov penalty term (null unless KL-Cov)", "loss"),
     "loss/kl_ref": Metric("reference-KL penalty term, coefficient included (null without a reference)", "loss"),
     "loss/entropy_bonus": Metric("entropy-bonus term, −coef·H aggregated (null without a bonus)", "loss"),
     "loss/value": Metric("value-head loss (PPO with a critic)", "loss"),
+    "loss/adv_shift_mean": Metric("mean advantage-shaping term ψ over counted tokens (entropy_adv)", "adv"),
+    "loss/weight_adjust": Metric("EntroPIC's term alpha·agg(−r·|A|) over its high-probability tokens", "loss"),
     "loss/counted_frac": Metric("per loss call: share of its valid tokens that count in the loss (not dropped "
                                 "by a keep-mask; zeroed tokens still count), averaged over minibatches",
                                 "fraction"),
@@ -59,6 +62,8 @@ METRICS: dict[str, Metric] = {
     "clip/ratio_high_frac": Metric("share of counted tokens clipped at 1 + ε_high (A > 0)", "fraction"),
     "clip/ratio_frac": Metric("share of counted tokens clipped at either bound", "fraction"),
     "clip/dual_frac": Metric("share of counted tokens hit by dual-clip (null without dual-clip)", "fraction"),
+    "clip/ce_frac": Metric("share of counted tokens outside the clip that CE-GPPO gives a bounded gradient",
+                           "fraction"),
     "ratio/mean": Metric("mean importance ratio π/π_old over counted tokens", "ratio"),
     "ratio/max": Metric("largest importance ratio over counted tokens", "ratio"),
     "ratio/min": Metric("smallest importance ratio over counted tokens", "ratio"),
@@ -78,6 +83,14 @@ METRICS: dict[str, Metric] = {
     "control/entropy_smoothed": Metric("the autopilot's smoothed entropy", "nats"),
     "control/entropy_error": Metric("target − smoothed entropy", "nats"),
     "control/integral": Metric("the autopilot's integral term", "nats·steps"),
+    "control/own_entropy": Metric("a controller method's own measured entropy (adaptive_entropy, entropic; no "
+                                  "autopilot)", "nats"),
+    "control/own_target": Metric("a controller method's own entropy target at this step", "nats"),
+    "control/own_output": Metric("a controller method's output: the applied entropy coefficient "
+                                 "(adaptive_entropy) or alpha (entropic)", "coef"),
+    "control/own_integral": Metric("EntroPIC's integral of the entropy error", "nats·steps"),
+    "control/weight_selected_frac": Metric("share of counted tokens in EntroPIC's adjustment (p > high_prob)",
+                                           "fraction"),
     # probes
     "probe/dH_actual": Metric(f"actual batch-mean entropy change of the step over the {_VALID}", "nats"),
     "probe/dH_pred": Metric("tabular first-order prediction, batch mean (no lr scale)", "nats·adv"),
@@ -117,6 +130,17 @@ METRICS: dict[str, Metric] = {
     "lens_ppo/dH_dropped/{q}": Metric("as lens/dH_dropped/{q}, for PPO's clip", "nats·adv"),
     "lens_ppo/dH_kept": Metric("as lens/dH_kept, for PPO's clip", "nats·adv"),
     "lens_ppo/dH_total": Metric("as lens/dH_total, for PPO's clip", "nats·adv"),
+    # weight lens: g = −∂L/∂log π per token (method's loss vs vanilla's), ΔH_t = −g·S_c (Theorem 3.3)
+    "lensw/dH_vanilla": Metric("first-order ΔH Σ −g·S_c of the vanilla loss's token weights (end-point ratios)",
+                               "nats·adv"),
+    "lensw/dH_method": Metric("first-order ΔH Σ −g·S_c of the method's token weights", "nats·adv"),
+    "lensw/dH_change": Metric("dH_method − dH_vanilla: the method's change in token weights", "nats·adv"),
+    "lensw/dH_change/{q}": Metric("the change's first-order ΔH in a quadrant (they sum to lensw/dH_change)",
+                                  "nats·adv"),
+    "lensw/removed_rate/{q}": Metric("share of a quadrant's tokens whose gradient the method removed", "fraction"),
+    "lensw/added_rate/{q}": Metric("share of a quadrant's tokens given a gradient vanilla has not", "fraction"),
+    "lensw/reweighted_rate/{q}": Metric("share of a quadrant's tokens whose weight the method changed",
+                                        "fraction"),
     # time and throughput (volatile)
     "time/generate": Metric("rollout time", "s"),
     "time/forward": Metric("scoring, old-policy forward, reference, advantages and selection time", "s"),

@@ -44,11 +44,13 @@ class OldPolicy:
 
 @dataclass(frozen=True)
 class Selection:
-    """Stage 6: the method's rollout-level keep-mask (ClipB, ClipV, high-entropy, grad-mask) and the
-    autopilot's metrics for this step."""
+    """Stage 6: the method's rollout-level masks (ClipB, ClipV, high-entropy, grad-mask keep; the advantage
+    shaping's ψ; EntroPIC's token selection) and the autopilot's (or the method's own controller's) metrics."""
 
     keep: Tensor | None  # [B, R] bool, None: every token kept
     control: dict[str, Any]
+    adv_shift: Tensor | None = None  # [B, R] float added to the advantages (entropy_adv)
+    weight_select: Tensor | None = None  # [B, R] bool, EntroPIC's adjusted tokens
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from entropy_rft import control
 from entropy_rft.config import Config
 from entropy_rft.loss import ppo_clipped_mask
 from entropy_rft.metrics import stats_metrics
-from entropy_rft.records import OldPolicy, Probed, Rule, Scored
+from entropy_rft.records import OldPolicy, Probed, Rule, Scored, Selection, Update
 from entropy_rft.rollout import RolloutBatch
 from entropy_rft.rundir import Logger
 
@@ -38,16 +38,41 @@ def batch_metrics(s: Scored, old: OldPolicy, trained: torch.Tensor, zeroed: torc
     }
 
 
-def lens_metrics(s: Scored, old: OldPolicy, probed: Probed, trained: torch.Tensor, rule: Rule) -> dict[str, Any]:
+def lens_metrics(s: Scored, old: OldPolicy, probed: Probed, trained: torch.Tensor, rule: Rule,
+                 sel: Selection | None = None, upd: Update | None = None,
+                 vanilla: Rule | None = None) -> dict[str, Any]:
     """Quadrant attribution of the tokens the method kept (``lens/``) and of those PPO's ratio clip left in
-    the gradient after the update (``lens_ppo/``)."""
+    the gradient after the update (``lens_ppo/``); with ``sel``, ``upd`` and the ``vanilla`` rule, the first-order
+    ΔH of the method's change in token weights (``lensw/``, ``weight_lens_metrics``)."""
     agg = rule.loss_kwargs["agg"]
     clipped = ppo_clipped_mask(probed.logp, old.logp, old.adv, s.mask, rule.loss_kwargs.get("eps_low"),
                                rule.loss_kwargs.get("eps_high"))
     out = control.lens_attribution(trained, old.adv, old.stats.s_centered, s.mask, agg=agg)
     out.update({k.replace("lens/", "lens_ppo/"): v for k, v in control.lens_attribution(
         ~clipped, old.adv, old.stats.s_centered, s.mask, agg=agg).items()})
+    if sel is not None and upd is not None and vanilla is not None:
+        out.update(weight_lens_metrics(s, old, probed, rule, sel, upd, vanilla))
     return out
+
+
+# policy_loss settings whose gradient does not flow through the sampled token's log-prob: not token weights
+_NOT_WEIGHTS = ("entropy_coef", "ref_kl_coef", "ref_kl_estimator", "kl_cov_coef")
+
+
+def weight_lens_metrics(s: Scored, old: OldPolicy, probed: Probed, rule: Rule, sel: Selection, upd: Update,
+                        vanilla: Rule) -> dict[str, Any]:
+    """``control.weight_lens`` of the step: the gradient coefficients of the method's loss (its rollout masks,
+    the tokens it zeroed, its loss settings) against the vanilla loss's, on the whole batch at the update's end
+    point (the ratios ``probed.ratio``, as ``lens_ppo/``: where a clip binds), over the tokens that train.
+    Not token weights and so not in it: the entropy bonus (gradient through H), the reference KL (the same in
+    both) and KL-Cov's |log-ratio| pull (selected per minibatch)."""
+    def settings(r: Rule) -> dict[str, Any]:
+        return {k: v for k, v in r.loss_kwargs.items() if k not in _NOT_WEIGHTS}
+
+    g_m = control.gradient_coefficients(probed.logp, old.logp, old.adv, s.mask, keep=sel.keep, zeroed=upd.zeroed,
+                                        adv_shift=sel.adv_shift, weight_select=sel.weight_select, **settings(rule))
+    g_v = control.gradient_coefficients(probed.logp, old.logp, old.adv, s.mask, **settings(vanilla))
+    return control.weight_lens(g_m, g_v, old.adv, old.stats.s_centered, s.mask)
 
 
 def truncated_frac(rb: RolloutBatch, eos_id: int) -> float:

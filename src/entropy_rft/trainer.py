@@ -156,6 +156,7 @@ class Run:
         self.fitting_prompts: set[tuple] = set()  # checked once each, not every step
         self.check_prompts([ex.prompt for ex in [*self.val_set[: cfg.eval.prompts], *self.train_set[:256]]])
         self.method = control.build_method(cfg.method.name, **cfg.method_params())
+        self.vanilla = control.build_method("none")  # the reference of the counterfactual and the weight lens
         target = parse_target(cfg.method.entropy_target)
         self.autopilot = None if target is None else Autopilot(self.method, target, autopilot_gains(cfg),
                                                                 cfg.train.max_steps)
@@ -213,7 +214,11 @@ class Run:
         return st
 
     def method_state(self) -> dict[str, Any]:
-        return {"knob": self.method.get_knob()} if self.method.knob else {}
+        st: dict[str, Any] = {"knob": self.method.get_knob()} if self.method.knob else {}
+        own = self.method.state_dict()  # a controller method's own state (adaptive_entropy, entropic)
+        if own:
+            st["own"] = own
+        return st
 
     def load_state(self, st: dict[str, Any]) -> None:
         self.model.load_state_dict(st["model"])
@@ -226,6 +231,8 @@ class Run:
         self.step = int(st["trainer"]["step"])
         if st["trainer"].get("method", {}).get("knob") is not None:
             self.method.set_knob(st["trainer"]["method"]["knob"])
+        if st["trainer"].get("method", {}).get("own") is not None:
+            self.method.load_state_dict(st["trainer"]["method"]["own"])
         if self.autopilot is not None and st["trainer"].get("autopilot") is not None:
             self.autopilot.load_state_dict(st["trainer"]["autopilot"])
 
@@ -300,11 +307,14 @@ class Run:
 
     def select(self, s: Scored, old: OldPolicy) -> Selection:
         """Stage 6: the autopilot (entropy target) sets the method's knob from this batch's measured entropy
-        (all response tokens); then the method's rollout-level masks, from the old-policy statistics."""
-        control_m: dict[str, Any] = {}
+        (all response tokens), or, with no autopilot, a controller method runs its own law (``Method.observe``,
+        on the tokens that train); then the method's rollout-level masks, from the old-policy statistics."""
         if self.autopilot is not None:
             control_m = self.autopilot.update(self.step, masked_mean(old.stats.entropy, s.rollout.response_mask))
-        return Selection(self.method.rollout_masks(old.stats, old.adv, s.mask).keep, control_m)
+        else:
+            control_m = self.method.observe(old.stats, s.mask, self.cfg.algo.agg)
+        masks = self.method.rollout_masks(old.stats, old.adv, s.mask)
+        return Selection(masks.keep, control_m, masks.adv_shift, masks.weight_select)
 
     def minibatches(self, n: int) -> list[torch.Tensor]:
         perm = torch.randperm(n, generator=self.gens["data"])
@@ -315,12 +325,14 @@ class Run:
         as it stands). Returns the averaged loss metrics and the tokens a minibatch-level method zeroed."""
         rule = rule or self.rule()
         keep = None if sel is None else sel.keep
+        extra = Selection(None, {}) if sel is None else sel  # adv_shift, weight_select of the method
         logs = []
         zeroed = torch.zeros_like(s.mask)  # tokens zeroed by a minibatch-level method (first epoch)
         live = old.live  # the old-policy forward, when it is the single update's own: used once
         for epoch in range(self.cfg.algo.ppo_epochs):
             for idx in self.minibatches(s.mask.shape[0]):
-                logs.append(self.update_minibatch(s, old, keep, rule, idx, zeroed if epoch == 0 else None, live))
+                logs.append(self.update_minibatch(s, old, keep, rule, idx, zeroed if epoch == 0 else None, live,
+                                                  extra))
                 live = None
         out: dict[str, Any] = {}
         for k in logs[0]:
@@ -329,7 +341,7 @@ class Run:
         return Update(out, zeroed)
 
     def update_minibatch(self, s: Scored, old: OldPolicy, keep: torch.Tensor | None, rule: Rule, idx: torch.Tensor,
-                         zeroed: torch.Tensor | None, live: PolicyOut | None) -> dict:
+                         zeroed: torch.Tensor | None, live: PolicyOut | None, extra: Selection | None = None) -> dict:
         cfg, a = self.cfg, self.cfg.algo
         need_ent = rule.method.needs_entropy_grad()
         micro = [c for c in idx.chunk(a.grad_accum) if c.numel()]
@@ -362,6 +374,8 @@ class Run:
                 keep=_rows(mb_masks.keep, local), zeroed=_rows(mb_masks.zeroed, local),
                 kl_cov_select=_rows(mb_masks.kl_cov_select, local),
                 ref_logp=None if old.ref_logp is None else old.ref_logp[mi],
+                adv_shift=None if extra is None else _rows(extra.adv_shift, mi),
+                weight_select=None if extra is None else _rows(extra.weight_select, mi),
                 entropy=out.entropy, **rule.loss_kwargs)
             if len(micro) > 1:  # re-weight so the accumulated gradient equals the whole minibatch's loss
                 loss = loss * control.microbatch_loss_scale(mb_weights[local], counted[local], a.agg)
@@ -421,7 +435,7 @@ class Run:
         the same records, measure the batch-mean entropy change, then restore the state: training is
         unaffected. The vanilla rule is a value passed to ``update``; nothing of the run is swapped."""
         saved = copy.deepcopy(self.state())
-        rule = self.rule(control.build_method("none"))
+        rule = self.rule(self.vanilla)
         try:
             self.update(s, dataclasses.replace(old, live=None), None, rule)
             with torch.no_grad():
@@ -558,7 +572,8 @@ def train_step(run: Run, logger: rundir.Logger) -> dict[str, Any]:
     # 10. log (the batch-level control fractions win over the per-minibatch averages of the loss)
     row: dict[str, Any] = {"step": step, **upd.metrics,
                            **batch_metrics(s, old, trained, upd.zeroed, run.tok.eos_token_id),
-                           **probe_m, **sel.control, **lens_metrics(s, old, probed, trained, rule)}
+                           **probe_m, **sel.control,
+                           **lens_metrics(s, old, probed, trained, rule, sel, upd, run.rule(run.vanilla))}
     if cfg.eval.every and (step % cfg.eval.every == 0 or step == cfg.train.max_steps):
         te = time.perf_counter()
         row.update(run.evaluate())

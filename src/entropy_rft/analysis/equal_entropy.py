@@ -129,13 +129,19 @@ def comparison_rows(summaries: Sequence[dict]) -> list[dict[str, Any]]:
     return rows
 
 
+def _tracked(s: dict, key: str) -> Any:
+    """A run's tracking figure: a method's own law (controller/kind "own") by its own controller's tracking of
+    the raw batch entropy, the autopilot by the smoothed entropy it reads (as before issue 28)."""
+    return s.get(("controller/" if s.get("controller/kind") == "own" else "autopilot/") + key)
+
+
 def _status(setpoint: str, method: str, runs: Sequence[dict]) -> str:
     if setpoint == PRESET or method == "none":
         return PRESET
-    reached = [s for s in runs if s.get("autopilot/reach_step") is not None]
+    reached = [s for s in runs if _tracked(s, "reach_step") is not None]
     if not reached:
         return "not reached"
-    held = [s for s in reached if (s.get("autopilot/in_band") or 0.0) >= 0.5]
+    held = [s for s in reached if (_tracked(s, "in_band") or 0.0) >= 0.5]
     if len(held) == len(runs):
         return "held"
     return "not held" if not held else f"held on {len(held)} of {len(runs)} seeds"
@@ -300,3 +306,29 @@ def dynamics_verdict(summaries: Sequence[dict]) -> str:
             f"r = {m('cov_centered_r')} and {m('cov_centered_sign', True)}; Paper A's −A·S_c gave "
             f"r = {m('a_sc_r')} and {m('a_sc_sign', True)}, predicting a fall on {m('a_sc_fall', True)} of steps.")
     return " ".join(parts)
+
+
+def controller_markdown(summaries: Sequence[dict]) -> str:
+    """Which controller holds entropy more tightly: per method, controller kind ("own": the method's published
+    law, ``adaptive_entropy``/``entropic``; "autopilot": ours driving its knob) and target, mean ± std over seeds
+    of ``controller/in_band`` (share of steps within ±15% after reaching the target) and ``controller/max_dev``
+    (worst relative excursion after it), and how many seeds reached the target. Runs without a controller are
+    left out; "" when no run has one. The target is the run's ``control`` target spec (``0.5x`` or nats)."""
+    groups: dict[tuple[str, str, str], list[dict]] = {}
+    for s in summaries:
+        if s.get("controller/kind") is None:
+            continue
+        spec = str(s.get("controller/target_spec") or s.get("setpoint") or "?")
+        groups.setdefault((spec, str(s.get("method_name") or s["method"]), s["controller/kind"]), []).append(s)
+    if not groups:
+        return ""
+    lines = ["| target | method | controller | seeds | reached | in ±15% | worst excursion |",
+             "|---|---|---|---|---|---|---|"]
+    order = setpoint_order([g[0] for g in groups])
+    for (spec, method, kind) in sorted(groups, key=lambda g: (order.index(g[0]), g[1], g[2])):
+        ss = groups[(spec, method, kind)]
+        reached = sum(s.get("controller/reach_step") is not None for s in ss)
+        band, dev = _stats([s.get("controller/in_band") for s in ss]), _stats([s.get("controller/max_dev") for s in ss])
+        lines.append(f"| {spec} | {method} | {kind} | {len(ss)} | {reached}/{len(ss)} | {_cell(band, pct=True)} | "
+                     f"{_cell(dev, pct=True)} |")
+    return "\n".join(lines) + "\n"

@@ -102,10 +102,18 @@ def run_summary(run_dir: str | Path, *, rows: list[dict] | None = None,
     method = cfg.get("method") or {}
     target = method.get("entropy_target")
     out["setpoint"] = "preset" if target is None else str(target)
+    own = (method.get("params") or {}).get("target") if isinstance(method.get("params"), dict) else None
+    out["controller/target_spec"] = str(target) if target is not None else (None if own is None else str(own))
     out["train/entropy_held"] = _mean_of(train_rows[len(train_rows) // 2:], "entropy/mean")
     out["time/step_train"] = train_step_time(train_rows)
     out["control/touched_frac"] = touched_frac(out["method"], train_rows)
     out.update(setpoint_tracking(train_rows))
+    out.update(controller_tracking(train_rows))
+    own_variant = method.get("label") not in (None, method.get("name"))  # e.g. entropic:target=0.5x
+    if out["controller/kind"] == "own" and target is None and own_variant and out["controller/target_spec"]:
+        # a method's own law at a setpoint: its own row in that setpoint's block, next to the autopilot's
+        out["setpoint"] = out["controller/target_spec"]
+        out["method_name"] = f"{out['method']} (own law)"
     out.update(run_agreement(train_rows))
     out.update(run_law(rows))
     return out
@@ -172,6 +180,26 @@ def setpoint_tracking(train_rows: list[dict], band: float = 0.15) -> dict[str, A
     out["autopilot/reach_step"] = smooth["reach_step"]
     out["autopilot/in_band"] = smooth["in_band_frac_after"]
     out["autopilot/in_band_raw"] = raw["in_band_frac_after"]
+    return out
+
+
+def controller_tracking(train_rows: list[dict], band: float = 0.15) -> dict[str, Any]:
+    """How the run's entropy controller held its target, the same figures for either kind so the two can be
+    compared at equal setpoints: ``controller/kind`` ("autopilot": ``control/entropy_target``; "own": a controller
+    method's own law, ``control/own_target``; None: no controller), and over the training batch entropy
+    (``entropy/mean``) after it first reached the target, ``controller/in_band`` (share of steps within ±band) and
+    ``controller/max_dev`` (the worst relative excursion |H − H*|/H*); ``controller/reach_step``."""
+    out: dict[str, Any] = {"controller/kind": None, "controller/reach_step": None, "controller/in_band": None,
+                           "controller/max_dev": None}
+    for kind, key in (("autopilot", "control/entropy_target"), ("own", "control/own_target")):
+        rows = [r for r in train_rows if isinstance(r.get(key), (int, float))
+                and isinstance(r.get("entropy/mean"), (int, float))]
+        if rows:
+            t = tracking([int(r["step"]) for r in rows], [float(r["entropy/mean"]) for r in rows],
+                         [float(r[key]) for r in rows], band)
+            out.update({"controller/kind": kind, "controller/reach_step": t["reach_step"],
+                        "controller/in_band": t["in_band_frac_after"], "controller/max_dev": t["max_rel_dev_after"]})
+            break
     return out
 
 

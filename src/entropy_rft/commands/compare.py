@@ -274,6 +274,10 @@ def _equal_entropy(summaries: list[dict], numbers: dict[str, Any], table: str) -
     verdict, dyn = ee.verdict(rows, k), ee.dynamics_verdict(summaries)
     numbers["comparison"] = {"rows": rows, "verdict": verdict, "dynamics": dyn}
     main = ee.comparison_markdown(rows, k)
+    ctrl = ee.controller_markdown(summaries)
+    if any(s.get("controller/kind") == "own" for s in summaries):  # a method's own law next to the autopilot
+        numbers["comparison"]["controllers"] = ctrl
+        main += ("\n## Which controller holds entropy (own law vs autopilot, mean ± std over seeds)\n\n" + ctrl)
     md = ("## Methods at equal entropy (mean ± std over seeds)\n\n" + main + "\n" + verdict + "\n\n"
           "## The law and the batch predictions of the entropy change\n\n" + ee.dynamics_markdown(rows, ee.LAW_COLUMNS)
           + "\n" + ee.dynamics_markdown(rows, ee.AGREEMENT_COLUMNS) + "\n"

@@ -13,7 +13,8 @@ import sys
 import textwrap
 
 NAME = "methods"
-HELP = "List the entropy-control methods: parameters and defaults, strength knob, its direction, paper."
+HELP = ("List the entropy-control methods: parameters and defaults, strength knob, its direction, what each "
+        "does per lens quadrant, engines, paper.")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -37,6 +38,12 @@ def _fmt_params(info: dict) -> str:
 _ARROWS = {1: "↑ raises", -1: "↓ lowers", 0: "-"}
 
 
+def _fmt_quadrants(info: dict, sep: str) -> str:
+    """What the method does to each lens quadrant (A>0/A<0/A=0 × S_c>0/S_c<=0); untouched ones left out."""
+    touched = [f"{q}: {e}" for q, e in info["quadrants"].items() if e != "-"]
+    return sep.join(touched) or "no quadrant touched (vanilla)"
+
+
 def render_blocks(infos: list[dict], width: int) -> str:
     """One block per method: name and stage, what it does, its knob and direction, parameters, paper."""
 
@@ -51,6 +58,9 @@ def render_blocks(infos: list[dict], width: int) -> str:
             lines += wrap(f"knob: {info['knob']} ({info['direction']})")
         params = "  ".join(f"{p['name']}={p['default']!r}" for p in info["params"])
         lines += wrap(f"params: {params or '-'}")
+        lines += wrap(f"lens: {_fmt_quadrants(info, '; ')}")
+        if info["engines"] != ["native", "trl", "verl"]:
+            lines += wrap(f"engines: {', '.join(info['engines'])} only")
         lines += wrap(f"paper: {info['paper']}")
         lines.append("")
     lines += wrap("Each parameter's help: erft methods --json NAME; one table: erft methods --wide.", "")
@@ -76,11 +86,12 @@ def run(args: argparse.Namespace) -> int:
 
     table = Table(title="entropy-control methods", show_lines=True)
     table.add_column("method", no_wrap=True)
-    for col in ("what it does", "parameters (defaults)", "knob", "knob ↑ ⇒ entropy", "paper"):
+    for col in ("what it does", "per quadrant (lens)", "parameters (defaults)", "knob", "knob ↑ ⇒ entropy",
+                "engines", "paper"):
         table.add_column(col, overflow="fold")
     for info in infos:
         arrow = _ARROWS[info["knob_raises_entropy"]]
-        table.add_row(info["name"], info["summary"], _fmt_params(info), info["knob"] or "-", arrow,
-                      info["paper"])
+        table.add_row(info["name"], info["summary"], _fmt_quadrants(info, "\n"), _fmt_params(info),
+                      info["knob"] or "-", arrow, ", ".join(info["engines"]), info["paper"])
     Console().print(table)
     return 0

@@ -7,19 +7,24 @@ functions") and papers.md for the rules.
 
 from entropy_rft.control import builtins as _builtins  # noqa: F401  (registers the built-in methods)
 from entropy_rft.control.builtins import (
+    CEGPPO,
+    AdaptiveEntropy,
     ClipB,
     ClipBPaper,
     ClipCov,
     ClipHigher,
+    ClipLow,
     ClipV,
     ClipVPaper,
+    EntropicControl,
+    EntropyAdvantage,
     EntropyBonus,
     GradMask,
     HighEntropy,
     KLCov,
     NoControl,
 )
-from entropy_rft.control.lens import QUADRANTS, lens_attribution
+from entropy_rft.control.lens import QUADRANTS, gradient_coefficients, lens_attribution, quadrant_effects, weight_lens
 from entropy_rft.control.masks import (
     clip_b_mask,
     clip_cov_mask,
@@ -48,6 +53,9 @@ __all__ = [
     "high_entropy_mask",
     "grad_mask",
     "lens_attribution",
+    "gradient_coefficients",
+    "weight_lens",
+    "quadrant_effects",
     "QUADRANTS",
     "Masks",
     "Method",
@@ -71,4 +79,9 @@ __all__ = [
     "EntropyBonus",
     "HighEntropy",
     "GradMask",
+    "EntropyAdvantage",
+    "AdaptiveEntropy",
+    "CEGPPO",
+    "ClipLow",
+    "EntropicControl",
 ]

@@ -84,3 +84,22 @@ def count_for_ratio(ratio: float, n: int) -> int:
     if ratio == 0 or n == 0:
         return 0
     return min(max(int(ratio * n), 1), n)
+
+
+def check_level(value: float | str | None, name: str, allow_none: bool = True) -> tuple[float, bool] | None:
+    """An entropy level of a method's own controller: nats (a number > 0), or ``"0.9x"`` (0.9 times the entropy
+    of the first batch the controller sees), or None when ``allow_none``. Returns (value, relative)."""
+    if value is None and allow_none:
+        return None
+    rel, raw = False, value
+    if isinstance(value, str) and value.strip().lower().endswith("x"):
+        rel, raw = True, value.strip()[:-1]
+        try:
+            raw = float(raw)
+        except ValueError:
+            raw = None
+    if not is_number(raw) or not 0 < raw < float("inf"):
+        hint = "None, " if allow_none else ""
+        raise ValueError(f"{name} must be {hint}a number of nats > 0 or a multiple of the first batch's entropy "
+                         f"such as '0.9x', got {value!r}")
+    return float(raw), rel

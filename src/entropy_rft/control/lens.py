@@ -4,6 +4,14 @@ For any keep-mask, report which tokens it removes in the quadrants sign(A) × si
 entropy change those tokens carried: Theorem 3.3 per token with the aggregation weights and the off-policy
 factor, −w·A·r·S_c (lr dropped; a PPO-clipped token has no gradient and carries 0), as
 ``dynamics.first_order_entropy_change`` computes it (formulas: ``entropy_rft.dynamics``).
+
+Methods that reweight tokens, add gradient to them or change the clip (advantage shaping, EntroPIC, CE-GPPO,
+clip-low/high) drop nothing, so the drop lens cannot see them. ``weight_lens`` extends it to any method: with
+g_t = −∂L/∂log π_t the gradient coefficient of token t in the loss (``gradient_coefficients``, by autograd on
+``loss.policy_loss`` itself), Theorem 3.3 per token gives the first-order entropy change −g_t·S_c,t (a logit step
+along g_t·(e_k − p)), so the method's change in token weights carries Σ_t −(g_t^method − g_t^vanilla)·S_c,t,
+per quadrant. For a keep-mask with vanilla settings g_t = w_t·A_t·r_t on the kept tokens, which is the drop lens
+with the aggregation weights renormalised over the kept tokens.
 """
 
 from __future__ import annotations
@@ -19,8 +27,9 @@ from entropy_rft.control._common import (
     check_like,
 )
 from entropy_rft.dynamics import first_order_entropy_change
+from entropy_rft.loss import policy_loss
 
-__all__ = ["QUADRANTS", "lens_attribution"]
+__all__ = ["QUADRANTS", "gradient_coefficients", "lens_attribution", "quadrant_effects", "weight_lens"]
 
 # name -> (advantage condition, S_c condition); S_c == 0 (no first-order effect) goes with "sneg".
 QUADRANTS = ("pos_spos", "pos_sneg", "neg_spos", "neg_sneg", "zero")
@@ -92,4 +101,68 @@ def lens_attribution(
     out["lens/dH_dropped"] = float(contrib[dropped].sum()) if n else None
     out["lens/dH_kept"] = float(contrib[kept].sum()) if n else None
     out["lens/dH_total"] = dh.batch
+    return out
+
+
+def quadrant_effects(declared: dict[str, str]) -> dict[str, str]:
+    """A method's declared effect per quadrant (``Method.quadrants``), every quadrant named: "all" fills the
+    quadrants not named on their own, a quadrant not declared is "-" (untouched). Unknown keys raise."""
+    bad = sorted(set(declared) - set(QUADRANTS) - {"all"})
+    if bad:
+        raise ValueError(f"unknown quadrant(s) {bad}; quadrants: {', '.join(QUADRANTS)} or 'all'")
+    return {q: declared.get(q, declared.get("all", "-")) for q in QUADRANTS}
+
+
+def gradient_coefficients(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor,
+                          **loss_kwargs) -> Tensor:
+    """g_t = −∂L/∂log π_t of ``loss.policy_loss`` at ``logp`` (float64; 0 off the mask), for any of its
+    settings and method masks. The vanilla surrogate gives g_t = w_t·A_t·r_t on unclipped counted tokens
+    (PPO Eq. 7 with the aggregation weights w). Terms whose gradient does not flow through log π_t of the sampled
+    token (the entropy bonus, the reference KL) must be left out of ``loss_kwargs``."""
+    lp = logp.detach().to(torch.float64).requires_grad_(True)
+    loss, _ = policy_loss(lp, old_logp.detach().to(torch.float64), advantages, mask, **loss_kwargs)
+    (grad,) = torch.autograd.grad(loss, lp)
+    return torch.where(mask, -grad, torch.zeros_like(grad))
+
+
+def weight_lens(g_method: Tensor, g_vanilla: Tensor, advantages: Tensor, s_centered: Tensor,
+                mask: Tensor) -> dict[str, float | None]:
+    """First-order entropy change of a method's change in token weights, per quadrant (Theorem 3.3 per token).
+
+    With g the gradient coefficients (``gradient_coefficients``) of the method's loss and of the vanilla loss
+    on the same tokens and ratios, and per token ΔH_t = −g_t·S_c,t (lr dropped):
+
+    - ``lensw/dH_vanilla`` = Σ −g^vanilla·S_c, ``lensw/dH_method`` = Σ −g^method·S_c;
+    - ``lensw/dH_change/<q>`` = Σ_{t∈q} −(g^method − g^vanilla)·S_c; they sum to ``lensw/dH_change`` =
+      dH_method − dH_vanilla;
+    - per quadrant, the share of its tokens the method ``removed`` (g^vanilla ≠ 0, g^method = 0: drops, zeroing,
+      the clip), ``added`` (g^vanilla = 0, g^method ≠ 0: CE-GPPO's clipped tokens, a looser clip) and
+      ``reweighted`` (both ≠ 0, different): ``lensw/removed_rate/<q>`` etc. (None for an empty quadrant).
+
+    Every value is None when there is no valid token.
+    """
+    mask = as_mask(mask)
+    for name, x in (("g_method", g_method), ("g_vanilla", g_vanilla), ("s_centered", s_centered)):
+        check_like(x, mask, name)
+    adv = broadcast_advantages(advantages, mask).detach().to(torch.float64)
+    s_c = s_centered.detach().to(torch.float64)
+    gm, gv = g_method.detach().to(torch.float64), g_vanilla.detach().to(torch.float64)
+    zero = torch.zeros_like(s_c)
+    dh_m = torch.where(mask, -gm * s_c, zero)
+    dh_v = torch.where(mask, -gv * s_c, zero)
+    change = dh_m - dh_v
+    n = int(mask.sum())
+    out: dict[str, float | None] = {
+        "lensw/dH_vanilla": float(dh_v.sum()) if n else None,
+        "lensw/dH_method": float(dh_m.sum()) if n else None,
+        "lensw/dH_change": float(change.sum()) if n else None,
+    }
+    removed, added = (gv != 0) & (gm == 0), (gv == 0) & (gm != 0)
+    reweighted = (gv != 0) & (gm != 0) & (gv != gm)
+    for q, qm in _quadrant_masks(adv, s_c).items():
+        qv = mask & qm
+        nq = int(qv.sum())
+        out[f"lensw/dH_change/{q}"] = float(change[qv].sum()) if n else None
+        for key, sel in (("removed", removed), ("added", added), ("reweighted", reweighted)):
+            out[f"lensw/{key}_rate/{q}"] = int((sel & qv).sum()) / nq if nq else None
     return out

@@ -1,8 +1,13 @@
 """The method registry: names -> configured entropy-control methods (verl-style, errors list the names).
 
-A method contributes to ``loss.policy_loss`` only through ``Masks`` and static ``loss_kwargs``. The trainer
+A method contributes to ``loss.policy_loss`` only through ``Masks`` and ``loss_kwargs``. The trainer
 calls ``rollout_masks`` once per rollout batch (old-policy ``TokenStats`` of the whole batch) and
 ``minibatch_masks`` once per optimizer minibatch (current log-probs, detached), as DESIGN.md fixes.
+
+A method that is itself an entropy controller (the TRL-style adaptive coefficient, EntroPIC) keeps its own
+control law in ``observe``: the native trainer calls it once per rollout batch, before the masks, when no
+autopilot drives the method; with ``method.entropy_target`` set the autopilot owns the knob and ``observe`` is
+not called (one controller per knob). ``engines`` names the engines whose loss path carries the method's terms.
 """
 
 from __future__ import annotations
@@ -37,6 +42,8 @@ class Masks:
     keep: Tensor | None = None  # False = leaves loss and counts (ClipB, ClipV, high_entropy, grad_mask)
     zeroed: Tensor | None = None  # True = loss × 0 but still counted (Clip-Cov)
     kl_cov_select: Tensor | None = None  # tokens that get kl_cov_coef·|logp − old_logp| (KL-Cov)
+    adv_shift: Tensor | None = None  # float, added to the advantage in the surrogate (entropy advantage shaping)
+    weight_select: Tensor | None = None  # tokens of EntroPIC's sample-weight adjustment (p > threshold)
 
 
 def param(default: Any, help: str, choices: tuple | None = None) -> Any:
@@ -57,6 +64,11 @@ class Method:
     stage: ClassVar[str] = "static"  # "rollout", "minibatch" or "static": when the method selects tokens
     knob: ClassVar[str | None] = None
     knob_raises_entropy: ClassVar[int] = 0
+    # What the method does to each lens quadrant (control.lens.QUADRANTS): "drops", "zeroes", "reweights",
+    # "adds gradient", "changes the clip", ... with a few words; a quadrant not named is untouched.
+    # "all" stands for every quadrant.
+    quadrants: ClassVar[dict[str, str]] = {}
+    engines: ClassVar[tuple[str, ...]] = ("native", "trl", "verl")
 
     def __post_init__(self) -> None:
         self.validate()
@@ -75,6 +87,19 @@ class Method:
     def rollout_masks(self, stats: TokenStats, advantages: Tensor, mask: Tensor) -> Masks:
         """Masks from the old-policy statistics of the whole rollout batch (once per rollout batch)."""
         return Masks()
+
+    def observe(self, stats: TokenStats, mask: Tensor, agg: str) -> dict[str, Any]:
+        """A controller method's own control law: read this rollout batch's old-policy statistics over the
+        tokens that train (``mask``; ``agg`` the loss's aggregation), update the method's state for this
+        step's update, return ``control/`` metrics. Not called while the autopilot drives the method."""
+        return {}
+
+    def state_dict(self) -> dict[str, Any]:
+        """The own controller's state beyond the knob (checkpoints); empty for methods without one."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore ``state_dict``."""
 
     def minibatch_masks(
         self,
@@ -129,6 +154,11 @@ def register_method(cls: type[Method]) -> type[Method]:
         raise ValueError(f"a method named {cls.name!r} is already registered")
     if cls.knob_raises_entropy not in (-1, 0, 1) or (cls.knob is None) != (cls.knob_raises_entropy == 0):
         raise ValueError(f"{cls.name}: knob_raises_entropy must be ±1 with a knob and 0 without one")
+    from entropy_rft.control.lens import quadrant_effects
+
+    quadrant_effects(cls.quadrants)  # unknown quadrant names fail at registration
+    if not set(cls.engines) <= {"native", "trl", "verl"} or "native" not in cls.engines:
+        raise ValueError(f"{cls.name}: engines must include 'native' and name only native, trl, verl")
     _REGISTRY[cls.name] = cls
     return cls
 
@@ -172,6 +202,8 @@ def method_info(name: str) -> dict[str, Any]:
             "choices": list(f.metadata["choices"]) if f.metadata.get("choices") else None,
         })
     direction = {1: "raises", -1: "lowers", 0: None}[cls.knob_raises_entropy]
+    from entropy_rft.control.lens import quadrant_effects
+
     return {
         "name": cls.name,
         "summary": cls.summary,
@@ -181,5 +213,7 @@ def method_info(name: str) -> dict[str, Any]:
         "knob_raises_entropy": cls.knob_raises_entropy,
         "direction": None if direction is None else f"increasing {cls.knob} {direction} entropy",
         "params": params,
+        "quadrants": quadrant_effects(cls.quadrants),
+        "engines": list(cls.engines),
         "doc": (cls.__doc__ or "").strip(),
     }

@@ -95,6 +95,9 @@ class EntropyControlGRPOTrainer(GRPOTrainer):
         if isinstance(method, Method) and method_params:
             raise ValueError("pass method_params only with a method name, not with a built Method")
         self.method = method if isinstance(method, Method) else control.build_method(method, **(method_params or {}))
+        if "trl" not in self.method.engines:
+            raise ValueError(f"method {self.method.name!r} runs on engine {', '.join(self.method.engines)} only (its "
+                             "terms are not in this trainer's loss path); use another method or erft's native engine")
         if not dynamics_metrics and self.method.stage != "static":
             raise ValueError(f"dynamics_metrics=False: method {self.method.name!r} selects tokens from the "
                              f"statistics ({self.method.stage} stage); keep dynamics_metrics=True, or use a "

@@ -240,6 +240,9 @@ def make_policy_loss(method_name: str):
             raise ValueError("entropy-rft losses take no rollout importance weights; disable "
                              "algorithm.rollout_correction's token/sequence weights (policy_loss has no weight)")
         method = configured_method(method_name)
+        if "verl" not in method.engines:
+            raise RuntimeError(f"loss_mode {method_name!r}: method runs on engine {', '.join(method.engines)} only "
+                               "(its terms are not in this loss path); pick another entropy-rft method")
         mask = response_mask.bool()
         extras = _extras()
         if method.stage == "rollout" and extras.keep is None:
