@@ -142,6 +142,10 @@ class Run:
         dtype = getattr(torch, cfg.model.dtype)
         self.model, self.tok = load_policy(cfg.model.name, device=str(self.device), dtype=dtype)
         apply_threads(cfg.train.threads, self.model, cfg.model.device)  # 0: automatic (entropy_rft.threads)
+        from entropy_rft import preflight
+        from entropy_rft.precision import lr_warning
+
+        preflight.warn_once(lr_warning(self.model, cfg.optim.lr))
         if cfg.model.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
         self.model.train()
@@ -261,7 +265,8 @@ class Run:
         r = self.cfg.rollout
         with self.autocast():
             return sample(self.model, self.tok, prompts, max_new_tokens=r.max_new_tokens, temperature=r.temperature,
-                          top_p=r.top_p, backend=r.backend, generator=self.gens["sample"])
+                          top_p=r.top_p, backend=r.backend, generator=self.gens["sample"],
+                          cuda_graphs=r.cuda_graphs, check_every=r.check_every)
 
     def score(self, group: list[Example], rb: RolloutBatch) -> Scored:
         """Stage 3: the task's rewards; with ``algo.drop_uniform_groups`` a group whose rewards are all equal
@@ -445,7 +450,8 @@ class Run:
             out = evaluation.evaluate_policy(
                 self.model, self.tok, self.task, self.val_set[: e.prompts], n_samples=e.samples,
                 temperature=e.temperature, max_new_tokens=self.cfg.rollout.max_new_tokens, generator=gen,
-                batch_size=e.batch_size,
+                batch_size=e.batch_size, cuda_graphs=self.cfg.rollout.cuda_graphs,
+                check_every=self.cfg.rollout.check_every,
                 on_progress=lambda done, total: note(f"step {self.step} evaluation: {done}/{total} prompts"))
         for k in ("eval/samples", "eval/seconds"):
             out.pop(k)
