@@ -54,6 +54,13 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def device_name(device: torch.device) -> str:
+    """The device in words for run.json: the GPU's name on CUDA (``cuda:0 NVIDIA H100 80GB HBM3``), else its type."""
+    if device.type == "cuda":
+        return f"cuda:{device.index or 0} {torch.cuda.get_device_name(device)}"
+    return str(device)
+
+
 def rng_state(gens: dict[str, torch.Generator]) -> dict[str, Any]:
     return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
             "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
@@ -478,8 +485,9 @@ def train(cfg: Config, out: str | Path, *, resume: bool = False, on_step=None) -
         rundir.truncate_logs(out, start if state else -1)
     else:
         rundir.atomic_write_text(out / "config.yaml", yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
-    rundir.write_status(out, "running", start_step=start, max_steps=cfg.train.max_steps,
-                        python=sys.version.split()[0], torch=torch.__version__)
+    where = dict(python=sys.version.split()[0], torch=torch.__version__, device=device_name(run.device))
+    t_start = time.monotonic()
+    rundir.write_status(out, "running", start_step=start, max_steps=cfg.train.max_steps, **where)
     if state is not None:
         run.load_state(state)
     logger = rundir.Logger(out, cfg, purge_step=start + 1 if resume else None)
@@ -519,7 +527,8 @@ def train(cfg: Config, out: str | Path, *, resume: bool = False, on_step=None) -
         logger.close(quiet=status != "finished")
         _restore_signal_handlers(handlers)
         with contextlib.suppress(OSError):  # a read-only or full disk must not hide the first error
-            rundir.write_status(out, status, step=run.step, start_step=start, max_steps=cfg.train.max_steps)
+            rundir.write_status(out, status, step=run.step, start_step=start, max_steps=cfg.train.max_steps, **where,
+                                wall_s=round(time.monotonic() - t_start, 1))  # this session's, from start_step
     return last
 
 
