@@ -1,6 +1,6 @@
-"""`make run-gpu` on CPU at tiny sizes (issue 27, item 6): configs/smollm2-gpu.yaml's five methods on SmolLM2 at
-2 prompts x 2 samples x 8 tokens, two steps (two of the methods), through benchmarks/run_gpu.py; the shipped files only; a second
-call (a new lease: no run folder) trains nothing again. Also `erft compare --jobs`' CPU threads per run."""
+"""`make run-gpu` on CPU at tiny sizes (issue 27, item 6): configs/smollm2-gpu.yaml on SmolLM2 at 2 prompts x
+2 samples x 8 tokens, two steps, two of its five methods, through benchmarks/run_gpu.py: the shipped files only,
+and a second call (a new lease: no run folder) trains nothing again. Also `erft compare --jobs`' CPU threads."""
 
 from __future__ import annotations
 
