@@ -91,6 +91,11 @@ def environment() -> dict:
             "python": sys.version.split()[0]}
 
 
+def _env() -> dict:
+    """This environment with the checkout's src/ first on PYTHONPATH (the lent machine has no install)."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+
+
 def run_compare(args: argparse.Namespace) -> int:
     """erft compare in its own process group; SIGTERM to the group at the deadline. Returns its exit status."""
     cmd = [sys.executable, "-m", "entropy_rft.cli", "compare", "--config", args.config, "--methods", args.methods,
@@ -99,8 +104,7 @@ def run_compare(args: argparse.Namespace) -> int:
         cmd += ["--max-steps", str(args.max_steps)]
     for s in args.set:
         cmd += ["--set", s]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+    proc = subprocess.Popen(cmd, env=_env(), start_new_session=True)
     try:
         return proc.wait(timeout=args.deadline_s)
     except subprocess.TimeoutExpired:
@@ -139,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
             shutil.copy2(args.runs / name, args.results / name)
         report = args.results / "report"
         rc = subprocess.call([sys.executable, "-m", "entropy_rft.cli", "report", str(args.results), "--out",
-                              str(report)], env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+                              str(report)], env=_env())
         complete = rc == 0
     log = args.results / "environment.json"
     entries = json.loads(log.read_text()) if log.is_file() else []
