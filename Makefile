@@ -5,7 +5,7 @@ PIP     := $(PY) -m pip --disable-pip-version-check
 STAMP   := .venv/.erft-installed
 JOBS    ?= auto
 
-.PHONY: run run-real equal-entropy test test-verl lint bench setup clean browser
+.PHONY: run run-real run-gpu equal-entropy test test-verl lint bench setup clean browser
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || python3 -m venv .venv
@@ -41,6 +41,17 @@ equal-entropy: $(STAMP)
 	.venv/bin/erft compare --methods all,$(CONTROLLERS) --entropy-targets preset,0.5x,0.65x,0.8x --seeds 3 --max-steps 300 \
 		--jobs 2 --set eval.every=10 --set eval.prompts=128 --set probe.jvp_every=0 --out runs/equal_entropy
 	.venv/bin/erft report runs/equal_entropy --out runs/equal_entropy/report
+
+# Issue 27's comparison on one GPU (not part of CI; a GPU lease): GRPO, ClipB, ClipV, Clip-Cov and KL-Cov from
+# SmolLM2-135M-Instruct, 3 seeds each, configs/smollm2-gpu.yaml. Runs already committed under results/smollm2-gpu/
+# are kept, the others train in runs/smollm2-gpu/ (5 at a time on the one GPU) until GPU_DEADLINE seconds, and the
+# finished ones' small files land in results/smollm2-gpu/ (exit 3: runs are left, call it again). On the lent
+# machine the image's CUDA torch runs it: no .venv (no network there). Plan: docs/results-smollm2-gpu.md.
+GPU_PY       ?= $(if $(wildcard .venv/bin/python),.venv/bin/python,python3)
+GPU_JOBS     ?= 5
+GPU_DEADLINE ?= 540
+run-gpu:
+	$(GPU_PY) benchmarks/run_gpu.py --jobs $(GPU_JOBS) --deadline-s $(GPU_DEADLINE)
 
 # The report test renders report.html in headless Chromium from Debian's package (no browser downloads).
 browser:

@@ -101,6 +101,7 @@ UNHONOURED = [
     ({"probe.jvp_every": 10}, "warning", "probe.jvp_every=0"),
     ({"probe.counterfactual_every": 10}, "warning", "probe.counterfactual_every=0"),
     ({"rollout.backend": "kv"}, "warning", "rollout.backend"),
+    ({"rollout.cuda_graphs": True}, "warning", "rollout.cuda_graphs"),
 ]
 
 

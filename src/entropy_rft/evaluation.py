@@ -97,14 +97,16 @@ def summarize(correct: Sequence[Sequence[float]], answers: Sequence[Sequence[str
 @torch.no_grad()
 def evaluate_policy(model, tokenizer, task, examples: Sequence, *, n_samples: int, temperature: float,
                     max_new_tokens: int, generator: torch.Generator | None = None, batch_size: int = 512,
-                    prefix: str = "eval/", on_progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+                    prefix: str = "eval/", on_progress: Callable[[int, int], None] | None = None,
+                    cuda_graphs: bool = False, check_every: int = 8) -> dict[str, Any]:
     """Sample ``n_samples`` responses per example (KV-cache sampler; ``temperature == 0`` is greedy), score them
     with the task's verifier and summarise: Avg@K, Pass@1/K, Maj@K, distinct correct answers, the pass-rate
     histogram, the mean token entropy of the sampling distribution (EOS included) and the response length.
 
     Returns the figures (slash names with ``prefix``) plus ``{prefix}samples``: a few (prompt, response, reward).
     ``on_progress(done, total)`` is called with the prompts evaluated so far, before the first batch and after
-    each (``batch_size // n_samples`` prompts at a time).
+    each (``batch_size // n_samples`` prompts at a time). ``cuda_graphs``/``check_every``: the static sampler's
+    GPU loop (``rollout.cuda_graphs``).
     """
     from entropy_rft.forward import policy_forward
     from entropy_rft.rollout import sample
@@ -122,7 +124,7 @@ def evaluate_policy(model, tokenizer, task, examples: Sequence, *, n_samples: in
         part = examples[i : i + per_chunk]
         prompts = [ex.prompt for ex in part for _ in range(n_samples)]
         rb = sample(model, tokenizer, prompts, max_new_tokens=max_new_tokens, temperature=temperature,
-                    generator=generator)
+                    generator=generator, cuda_graphs=cuda_graphs, check_every=check_every)
         st = policy_forward(model, rb, temperature if temperature > 0 else 1.0).stats
         ent_sum += float((st.entropy.double() * rb.response_mask).sum())
         n_tok += int(rb.response_mask.sum())

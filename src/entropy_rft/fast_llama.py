@@ -174,10 +174,11 @@ def _finish(w: _Weights, x: Tensor, o: Tensor) -> Tensor:
 
 
 def _layer(w: _Weights, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor,
-           cache: tuple[Tensor, Tensor] | None = None, start: int = 0) -> Tensor:
+           cache: tuple[Tensor, Tensor] | None = None, start: int | Tensor = 0) -> Tensor:
     """One decoder layer on T positions.
 
-    With ``cache`` (static K/V buffers [B, Hkv, L, D]) the new K/V are written at ``start`` and attention
+    With ``cache`` (static K/V buffers [B, Hkv, L, D]) the new K/V are written at ``start`` (an int, or a
+    long tensor of the T slots, for a step whose position lives on the device) and attention
     runs over the whole buffer; without it, over the T positions themselves. ``mask`` is boolean
     [B, 1, T, L] (prefill, full sequence) or, for a single cached position, an additive bias [B, 1, 1, L]."""
     b, t, _ = x.shape
@@ -185,8 +186,12 @@ def _layer(w: _Weights, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor,
     q, k, v = (_heads(z, hd) for z in _qkv(w, x).split(w.splits, dim=-1))
     q, k = _rope(q, cos, sin), _rope(k, cos, sin)
     if cache is not None:
-        cache[0][:, :, start:start + t] = k
-        cache[1][:, :, start:start + t] = v
+        if isinstance(start, Tensor):  # a position held on the device: no host value, capturable in a graph
+            cache[0].index_copy_(2, start, k)
+            cache[1].index_copy_(2, start, v)
+        else:
+            cache[0][:, :, start:start + t] = k
+            cache[1][:, :, start:start + t] = v
         k, v = cache
     o = _attend(q, k, v, mask, w.scale)
     return _finish(w, x, o.transpose(1, 2).reshape(b, t, -1))
@@ -374,6 +379,11 @@ class StaticDecoder:
     repeats one G times) and copies its K/V to the group's rows; ``step(tokens, done)`` drops the rows that
     have finished from the cache once at most ``compact_below`` of the rows it holds are still going (their
     logits are then returned as 0, i.e. uniform: the sampler overwrites those rows' tokens anyway).
+
+    The step itself is :meth:`extend`: every input is a tensor (the step number too), nothing is read back
+    to the host and no shape depends on a value, so one step can be captured in a CUDA graph and replayed
+    (:mod:`entropy_rft.graph_decode`); :meth:`step` is the eager wrapper that keeps the position on the host.
+    :meth:`keep` swaps in a subset of the rows (fresh tensors: a captured graph keeps reading the old ones).
     """
 
     def __init__(self, model, prompt_ids: Tensor, prompt_mask: Tensor, max_new_tokens: int,
@@ -389,18 +399,20 @@ class StaticDecoder:
         self.dtype = _autocast_dtype(model, dev)
         self.ids, self.mask, self.p = prompt_ids, prompt_mask.bool(), p
         self.key_ok = _cache_keys(self.mask, total)
-        self.pos = position_ids(self.mask)
+        self.pos_last = position_ids(self.mask)[:, -1:]  # [B, 1]: the last prompt token's position
+        self.slots = torch.arange(total, device=dev)
         self.cos, self.sin = _rope_tables(model, total, self.dtype, dev)
         self.rows = torch.arange(b, device=dev)  # the original rows the cache holds, in cache order
         self.compact_below = compact_below
         self.cache: list[tuple[Tensor, Tensor]] = []
         self.t = 0
 
-    def _run(self, ids: Tensor, pos: Tensor, mask: Tensor, start: int) -> Tensor:
+    def _run(self, ids: Tensor, pos: Tensor, mask: Tensor, start: int | Tensor,
+             cache: list[tuple[Tensor, Tensor]]) -> Tensor:
         x = _embed(self.model, ids, self.dtype)
         cos, sin = self.cos[pos].unsqueeze(1), self.sin[pos].unsqueeze(1)
-        for w, cache in zip(self.weights, self.cache):
-            x = _layer(w, x, cos, sin, mask, cache, start)
+        for w, kv in zip(self.weights, cache):
+            x = _layer(w, x, cos, sin, mask, kv, start)
         norm, head = self.model.model.norm, self.model.lm_head
         return F.linear(_rms_norm(x[:, -1], norm.weight, norm.variance_epsilon), head.weight, head.bias)
 
@@ -410,17 +422,32 @@ class StaticDecoder:
         shape = (u_ids.shape[0], attn.k_proj.out_features // attn.head_dim, self.total, attn.head_dim)
         self.cache = [(torch.zeros(shape, dtype=self.dtype, device=u_ids.device),
                        torch.zeros(shape, dtype=self.dtype, device=u_ids.device)) for _ in self.weights]
-        logits = self._run(u_ids, position_ids(u_mask), _padded_causal_mask(_cache_keys(u_mask, self.total), self.p), 0)
+        logits = self._run(u_ids, position_ids(u_mask), _padded_causal_mask(_cache_keys(u_mask, self.total), self.p),
+                           0, self.cache)
         self.cache = [(k[inv], v[inv]) for k, v in self.cache]
         return logits[inv]
+
+    def keep(self, slots: Tensor) -> None:
+        """Hold only the cache slots ``slots`` (indices into the rows held now, in their new order)."""
+        self.cache = [(k[slots], v[slots]) for k, v in self.cache]
+        self.key_ok, self.pos_last, self.rows = self.key_ok[slots], self.pos_last[slots], self.rows[slots]
 
     def _compact(self, done: Tensor) -> None:
         going = ~done[self.rows]
         n = int(going.sum())
         if 0 < n <= self.compact_below * self.rows.shape[0]:
-            keep = going.nonzero().squeeze(-1)
-            self.cache = [(k[keep], v[keep]) for k, v in self.cache]
-            self.key_ok, self.pos, self.rows = self.key_ok[keep], self.pos[keep], self.rows[keep]
+            self.keep(going.nonzero().squeeze(-1))
+
+    def extend(self, tokens: Tensor, step: Tensor) -> Tensor:
+        """Logits [b, V] of the held rows after appending their ``tokens`` [b] as response token ``step`` - 1
+        (``step``: a long tensor [1], >= 1; the token goes to cache slot P + step - 1).
+
+        Reads no value back to the host and allocates nothing whose shape depends on a value: capturable."""
+        at = step + (self.p - 1)
+        visible = self.slots <= at
+        bias = torch.zeros(self.key_ok.shape, dtype=self.dtype, device=tokens.device)
+        bias = bias.masked_fill(~(self.key_ok & visible), float("-inf"))[:, None, None, :]
+        return self._run(tokens[:, None], self.pos_last + step, bias, at, self.cache)
 
     def step(self, tokens: Tensor, done: Tensor | None = None) -> Tensor:
         """Logits [B, V] after appending ``tokens`` [B]; ``done`` [B] marks rows whose logits are not needed."""
@@ -430,12 +457,9 @@ class StaticDecoder:
         if done is not None:
             self._compact(done)
         self.t += 1
-        pos = self.pos[:, -1:] + self.t
-        visible = torch.arange(self.total, device=tokens.device) <= at
-        bias = torch.zeros(self.key_ok.shape, dtype=self.dtype, device=tokens.device)
-        bias = bias.masked_fill(~(self.key_ok & visible), float("-inf"))[:, None, None, :]
         full = self.rows.shape[0] == tokens.shape[0]
-        logits = self._run((tokens if full else tokens[self.rows])[:, None], pos, bias, at)
+        step = torch.full((1,), self.t, dtype=torch.long, device=tokens.device)
+        logits = self.extend(tokens if full else tokens[self.rows], step)
         if full:
             return logits
         return logits.new_zeros(tokens.shape[0], logits.shape[-1]).index_copy(0, self.rows, logits)

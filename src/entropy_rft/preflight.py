@@ -70,12 +70,18 @@ def check_train(cfg: Any, out: str | os.PathLike | None) -> None:
     elif getattr(cfg, "trl", None):
         lines.append(f"config section 'trl' ({', '.join(map(str, cfg.trl))}) is read by engine 'trl' only; the "
                      "native engine ignores it (pass --engine trl, or remove it)")
-    from entropy_rft.rundir import warn  # imports torch, as validate_method did
-
     for line in lines:
-        if line not in _warned:  # a request is checked by the command and again by launch: say it once
-            _warned.add(line)
-            warn(line)
+        warn_once(line)
+
+
+def warn_once(line: str | None) -> None:
+    """Print a warning line (``rundir.warn``) unless this process has printed it already (a request is checked
+    by the command and again by launch: say it once). None: nothing to say."""
+    from entropy_rft.rundir import warn  # imports torch
+
+    if line is not None and line not in _warned:
+        _warned.add(line)
+        warn(line)
 
 
 # ----------------------------------------------------------------------------- the output folder

@@ -7,7 +7,8 @@ Backends:
 
 - ``"static"``: the Llama-family decode loop of :mod:`entropy_rft.fast_llama` (the model's weights, a static
   KV cache, no transformers call per token), sampling from softmax(z / T) with an explicit
-  ``torch.Generator`` (seeded, checkpointable), no logits processors.
+  ``torch.Generator`` (seeded, checkpointable), no logits processors; its loop is
+  :mod:`entropy_rft.graph_decode` (graph-ready; ``cuda_graphs=True`` replays each step as a CUDA graph).
 - ``"kv"``: the same loop over the HF model's own KV cache, one HF forward per token: any causal LM.
 - ``"auto"``: ``"static"`` when the model supports it, else ``"kv"``.
 - ``"hf"``: ``transformers``' ``generate`` (uses the global torch RNG).
@@ -21,6 +22,8 @@ import torch
 from torch import Tensor
 
 from entropy_rft.fast_llama import StaticDecoder, position_ids, unsupported_reason
+from entropy_rft.graph_decode import decode as decode_static
+from entropy_rft.graph_decode import top_p_filter
 from entropy_rft.options import ROLLOUT_BACKENDS as BACKENDS
 
 
@@ -68,22 +71,13 @@ def tokenize_prompts(tokenizer, prompts: list[str], device: torch.device | str =
     return ids.to(device), mask.to(device)
 
 
-def _top_p_filter(probs: Tensor, top_p: float) -> Tensor:
-    """Zero the tail outside the smallest set whose mass reaches top_p (nucleus sampling)."""
-    sorted_p, order = probs.sort(dim=-1, descending=True)
-    cum = sorted_p.cumsum(-1)
-    drop = (cum - sorted_p) >= top_p
-    sorted_p = sorted_p.masked_fill(drop, 0.0)
-    return torch.zeros_like(probs).scatter(-1, order, sorted_p)
-
-
 def next_token(logits: Tensor, temperature: float, top_p: float, generator: torch.Generator | None) -> Tensor:
     """One token per row from softmax(z / T) (nucleus-filtered when top_p < 1); greedy at T = 0."""
     if temperature == 0:
         return logits.float().argmax(-1)
     probs = torch.softmax(logits.float() / temperature, dim=-1)
     if top_p < 1.0:
-        probs = _top_p_filter(probs, top_p)
+        probs = top_p_filter(probs, top_p)
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
@@ -136,13 +130,20 @@ def sample_kv(model, prompt_ids: Tensor, prompt_mask: Tensor, *, max_new_tokens:
 
 @torch.no_grad()
 def sample_static(model, prompt_ids: Tensor, prompt_mask: Tensor, *, max_new_tokens: int, temperature: float,
-                  top_p: float, eos_id: int, pad_id: int,
-                  generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
-    """Sample with :class:`entropy_rft.fast_llama.StaticDecoder` (Llama family): same loop and RNG use as
-    :func:`sample_kv`, without transformers' per-call overhead."""
+                  top_p: float, eos_id: int, pad_id: int, generator: torch.Generator | None,
+                  cuda_graphs: bool = False, check_every: int = 8) -> tuple[Tensor, Tensor]:
+    """Sample with :class:`entropy_rft.fast_llama.StaticDecoder` (Llama family) through
+    :func:`entropy_rft.graph_decode.decode`: the same tokens and RNG use as :func:`sample_kv`, without
+    transformers' per-call overhead.
+
+    ``cuda_graphs``: the GPU loop (:mod:`entropy_rft.graph_decode`): ``done`` read every ``check_every``
+    steps, finished rows dropped at power-of-two batch sizes, each step a CUDA-graph replay on CUDA (on any
+    other device the same loop runs eagerly)."""
     dec = StaticDecoder(model, prompt_ids, prompt_mask, max_new_tokens)
-    return _decode(dec.prefill(), dec.step, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                   eos_id=eos_id, pad_id=pad_id, generator=generator)
+    graphs = cuda_graphs and prompt_ids.device.type == "cuda"
+    return decode_static(dec, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, eos_id=eos_id,
+                         pad_id=pad_id, generator=generator, check_every=check_every if cuda_graphs else 1,
+                         buckets=cuda_graphs, cuda_graph=graphs)
 
 
 @torch.no_grad()
@@ -164,8 +165,10 @@ def decode_responses(tokenizer, response_ids: Tensor, response_mask: Tensor) -> 
 
 
 def sample(model, tokenizer, prompts: list[str], *, max_new_tokens: int, temperature: float = 1.0,
-           top_p: float = 1.0, backend: str = "auto", generator: torch.Generator | None = None) -> RolloutBatch:
-    """Sample one response per prompt (repeat prompts for groups)."""
+           top_p: float = 1.0, backend: str = "auto", generator: torch.Generator | None = None,
+           cuda_graphs: bool = False, check_every: int = 8) -> RolloutBatch:
+    """Sample one response per prompt (repeat prompts for groups). ``cuda_graphs`` and ``check_every``: the
+    static backend's GPU loop (:func:`sample_static`); the other backends ignore them."""
     device = next(model.parameters()).device
     ids, mask = tokenize_prompts(tokenizer, prompts, device)
     eos = tokenizer.eos_token_id
@@ -177,10 +180,13 @@ def sample(model, tokenizer, prompts: list[str], *, max_new_tokens: int, tempera
     try:
         if backend == "auto":
             backend = "static" if unsupported_reason(model, ids.shape[1] + max_new_tokens) is None else "kv"
-        if backend in ("kv", "static"):
-            fn = sample_static if backend == "static" else sample_kv
-            r_ids, r_mask = fn(model, ids, mask, max_new_tokens=max_new_tokens, temperature=temperature,
-                               top_p=top_p, eos_id=eos, pad_id=pad, generator=generator)
+        if backend == "static":
+            r_ids, r_mask = sample_static(model, ids, mask, max_new_tokens=max_new_tokens, temperature=temperature,
+                                          top_p=top_p, eos_id=eos, pad_id=pad, generator=generator,
+                                          cuda_graphs=cuda_graphs, check_every=check_every)
+        elif backend == "kv":
+            r_ids, r_mask = sample_kv(model, ids, mask, max_new_tokens=max_new_tokens, temperature=temperature,
+                                      top_p=top_p, eos_id=eos, pad_id=pad, generator=generator)
         elif backend == "hf":
             r_ids, r_mask = sample_hf(model, ids, mask, max_new_tokens=max_new_tokens, temperature=temperature,
                                       top_p=top_p, eos_id=eos, pad_id=pad)

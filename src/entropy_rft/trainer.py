@@ -54,6 +54,13 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def device_name(device: torch.device) -> str:
+    """The device in words for run.json: the GPU's name on CUDA (``cuda:0 NVIDIA H100 80GB HBM3``), else its type."""
+    if device.type == "cuda":
+        return f"cuda:{device.index or 0} {torch.cuda.get_device_name(device)}"
+    return str(device)
+
+
 def rng_state(gens: dict[str, torch.Generator]) -> dict[str, Any]:
     return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
             "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
@@ -142,6 +149,10 @@ class Run:
         dtype = getattr(torch, cfg.model.dtype)
         self.model, self.tok = load_policy(cfg.model.name, device=str(self.device), dtype=dtype)
         apply_threads(cfg.train.threads, self.model, cfg.model.device)  # 0: automatic (entropy_rft.threads)
+        from entropy_rft import preflight
+        from entropy_rft.precision import lr_warning
+
+        preflight.warn_once(lr_warning(self.model, cfg.optim.lr))
         if cfg.model.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
         self.model.train()
@@ -268,7 +279,8 @@ class Run:
         r = self.cfg.rollout
         with self.autocast():
             return sample(self.model, self.tok, prompts, max_new_tokens=r.max_new_tokens, temperature=r.temperature,
-                          top_p=r.top_p, backend=r.backend, generator=self.gens["sample"])
+                          top_p=r.top_p, backend=r.backend, generator=self.gens["sample"],
+                          cuda_graphs=r.cuda_graphs, check_every=r.check_every)
 
     def score(self, group: list[Example], rb: RolloutBatch) -> Scored:
         """Stage 3: the task's rewards; with ``algo.drop_uniform_groups`` a group whose rewards are all equal
@@ -459,7 +471,8 @@ class Run:
             out = evaluation.evaluate_policy(
                 self.model, self.tok, self.task, self.val_set[: e.prompts], n_samples=e.samples,
                 temperature=e.temperature, max_new_tokens=self.cfg.rollout.max_new_tokens, generator=gen,
-                batch_size=e.batch_size,
+                batch_size=e.batch_size, cuda_graphs=self.cfg.rollout.cuda_graphs,
+                check_every=self.cfg.rollout.check_every,
                 on_progress=lambda done, total: note(f"step {self.step} evaluation: {done}/{total} prompts"))
         for k in ("eval/samples", "eval/seconds"):
             out.pop(k)
@@ -486,8 +499,9 @@ def train(cfg: Config, out: str | Path, *, resume: bool = False, on_step=None) -
         rundir.truncate_logs(out, start if state else -1)
     else:
         rundir.atomic_write_text(out / "config.yaml", yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
-    rundir.write_status(out, "running", start_step=start, max_steps=cfg.train.max_steps,
-                        python=sys.version.split()[0], torch=torch.__version__)
+    where = dict(python=sys.version.split()[0], torch=torch.__version__, device=device_name(run.device))
+    t_start = time.monotonic()
+    rundir.write_status(out, "running", start_step=start, max_steps=cfg.train.max_steps, **where)
     if state is not None:
         run.load_state(state)
     logger = rundir.Logger(out, cfg, purge_step=start + 1 if resume else None)
@@ -527,7 +541,8 @@ def train(cfg: Config, out: str | Path, *, resume: bool = False, on_step=None) -
         logger.close(quiet=status != "finished")
         _restore_signal_handlers(handlers)
         with contextlib.suppress(OSError):  # a read-only or full disk must not hide the first error
-            rundir.write_status(out, status, step=run.step, start_step=start, max_steps=cfg.train.max_steps)
+            rundir.write_status(out, status, step=run.step, start_step=start, max_steps=cfg.train.max_steps, **where,
+                                wall_s=round(time.monotonic() - t_start, 1))  # this session's, from start_step
     return last
 
 

@@ -127,6 +127,9 @@ def unhonoured(cfg: Any) -> tuple[list[str], list[str]]:
     if cfg.rollout.backend != "auto":
         warnings.append(f"rollout.backend {cfg.rollout.backend!r}: engine 'trl' samples with TRL's generate (or "
                         "vLLM: trl.use_vllm); set rollout.backend=auto")
+    if cfg.rollout.cuda_graphs:
+        warnings.append("rollout.cuda_graphs: engine 'trl' samples with TRL's generate (or vLLM: trl.use_vllm), "
+                        "not erft's static decoder; set rollout.cuda_graphs=false")
     return errors, warnings
 
 

@@ -13,7 +13,8 @@ The entry is the variant's label in the run-directory name, the summary table an
 listed method that has a strength knob into one autopilot variant per setpoint (``clip_v@0.5x``, ...), with
 ``none`` added as the reference; ``preset`` in that list also keeps each method at its preset. Methods without a
 knob (``none``, ``grad_mask``) run at their preset only. ``--jobs N`` trains N runs at a time, each in its own
-process, its output in ``OUT/logs/``.
+process, its output in ``OUT/logs/``; on one GPU (``model.device=cuda``) the N processes share it, each with
+its share of the CPU cores (:func:`worker_threads`).
 """
 
 from __future__ import annotations
@@ -158,7 +159,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "E.g. --methods all --entropy-targets preset,0.5x,0.65x,0.8x.")
     p.add_argument("--jobs", type=int, default=1,
                    help="Runs trained at a time, each in its own process (output in OUT/logs/); on a CPU keep "
-                        "jobs x threads per run <= cores.")
+                        "jobs x threads per run <= cores. With --set model.device=cuda the N runs share the one "
+                        "GPU, each with cores/N CPU threads (unless train.threads is set).")
     p.add_argument("--seeds", type=int, default=1, help="Number of seeds, counting up from --seed.")
     p.add_argument("--seed", type=int, default=None, help="First seed (default: the config's).")
     p.add_argument("--max-steps", type=int, help="Steps per run.")
@@ -169,13 +171,30 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--overwrite", action="store_true", help="Restart runs that exist instead of resuming them.")
 
 
-def _train_logged(cfg: Any, run_dir: Path, log: Path, overwrite: bool) -> None:
-    """One run in a worker process, its stdout and stderr appended to ``log``."""
+def worker_threads(jobs: int, cores: int, requested: int, device: str) -> int:
+    """CPU threads for each of ``jobs`` runs sharing one accelerator (0: leave it to ``entropy_rft.threads``).
+
+    On CPU, and when ``train.threads`` is set, the run's own rule holds (``--jobs``' help asks for jobs x threads
+    <= cores). On an accelerator that rule leaves torch's default, one thread per core, in every process: N runs
+    on one GPU would start N x cores OpenMP threads that spin against each other (benchmarks/threads.py). Each
+    run gets its share of the cores instead."""
+    if requested > 0 or str(device).startswith("cpu"):
+        return 0
+    return max(1, cores // jobs)
+
+
+def _train_logged(cfg: Any, run_dir: Path, log: Path, overwrite: bool, threads: int = 0) -> None:
+    """One run in a worker process, its stdout and stderr appended to ``log``; ``threads`` > 0: torch's
+    thread count in this process (:func:`worker_threads`)."""
     import os
     import sys
 
     from entropy_rft import launch
 
+    if threads > 0:
+        import torch
+
+        torch.set_num_threads(threads)
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "a", buffering=1) as f:
         sys.stdout.flush()
@@ -191,6 +210,7 @@ def _run_parallel(plans: list, out: Path, jobs: int, overwrite: bool) -> None:
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
     from entropy_rft.launch import is_finished
+    from entropy_rft.threads import available_cores
 
     todo = []
     for i, (v, seed, cfg) in enumerate(plans, 1):
@@ -208,7 +228,8 @@ def _run_parallel(plans: list, out: Path, jobs: int, overwrite: bool) -> None:
                 name = f"{v.dirname}-s{seed}"
                 log = out / "logs" / f"{name}.log"
                 print(f"[{i}/{len(plans)}] {v.label} seed {seed}: started (log: {log})", flush=True)
-                running[pool.submit(_train_logged, cfg, out / name, log, overwrite)] = (i, v, seed, log)
+                threads = worker_threads(jobs, available_cores(), cfg.train.threads, cfg.model.device)
+                running[pool.submit(_train_logged, cfg, out / name, log, overwrite, threads)] = (i, v, seed, log)
             done, _ = wait(running, return_when=FIRST_COMPLETED)
             for fut in done:
                 i, v, seed, log = running.pop(fut)

@@ -46,6 +46,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N.")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                    help="Weights' dtype while sampling.")
+    p.add_argument("--cuda-graphs", action="store_true",
+                   help="Sample with the static decoder's GPU loop (rollout.cuda_graphs): each decode step a CUDA-"
+                        "graph replay on CUDA; the same tokens as without it.")
     p.add_argument("--threads", type=int, default=0,
                    help="CPU threads (0: automatic, entropy_rft.threads: 1 for small models).")
     p.add_argument("--out", default="eval", help="Output folder for eval.json, eval.md, pass_rate_hist.png.")
@@ -269,7 +272,7 @@ def evaluate(args: argparse.Namespace, on_result: Callable[[list[dict[str, Any]]
                 m = evaluation.evaluate_policy(model, tok, task, examples, n_samples=args.samples,
                                                temperature=args.temperature, max_new_tokens=args.max_new_tokens,
                                                generator=gen, batch_size=args.batch_size, prefix="",
-                                               on_progress=on_progress)
+                                               on_progress=on_progress, cuda_graphs=args.cuda_graphs)
             n = args.samples
             hist = m["pass_rate_hist"]
             metrics = {f"avg@{n}": m[f"avg@{n}"], f"maj@{n}": m[f"maj@{n}"]}

@@ -1,0 +1,160 @@
+"""Issue 27's comparison on one GPU, resumable across leases: the driver behind `make run-gpu`.
+
+    python benchmarks/run_gpu.py [--config configs/smollm2-gpu.yaml] [--results results/smollm2-gpu]
+                                 [--runs runs/smollm2-gpu] [--jobs 5] [--seeds 3] [--deadline-s 540]
+                                 [--set KEY=VALUE ...] [--max-steps N]
+
+1. Every run whose results are committed under ``--results`` (``run.json`` finished) is copied into ``--runs``,
+   so ``erft compare`` keeps it instead of training it again (a new lease starts from a bare machine).
+2. ``erft compare --methods none,clip_b,clip_v,clip_cov,kl_cov --seeds 3 --jobs N`` into ``--runs`` (a scratch
+   folder: checkpoints and token records stay there), in its own process group. At ``--deadline-s`` the group
+   gets SIGTERM: each run saves a checkpoint and stops (a later call on the same machine resumes it).
+3. The shipped files of each finished run go to ``--results/<run>/`` (metrics.jsonl, config.yaml, run.json,
+   samples.jsonl; no checkpoints, token records, final weights or TensorBoard files), and once all runs are
+   finished, the summary (md + json) and ``erft report``'s report.html. ``environment.json`` gets one entry per
+   call: device, torch and transformers versions, wall time, runs finished.
+
+Exit status: 0 when every run is finished and reported, 3 when runs are left (call again), else compare's.
+The CPU smoke test (tests/test_gpu_config.py) runs this with tiny --set overrides on SmolLM2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+METHODS = "none,clip_b,clip_v,clip_cov,kl_cov"
+SHIPPED = ("metrics.jsonl", "config.yaml", "run.json", "samples.jsonl")  # per run; everything else stays
+SUMMARY = ("summary.md", "summary.json")
+INCOMPLETE = 3
+
+
+def _finished(run_dir: Path) -> bool:
+    try:
+        info = json.loads((run_dir / "run.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return info.get("status") == "finished" and int(info.get("step", 0)) >= int(info.get("max_steps", 1 << 30))
+
+
+def restore(results: Path, runs: Path) -> list[str]:
+    """Copy each finished run of ``results`` into ``runs`` unless ``runs`` holds it finished already."""
+    restored = []
+    if not results.is_dir():
+        return restored
+    for src in sorted(p for p in results.iterdir() if p.is_dir() and _finished(p)):
+        dst = runs / src.name
+        if _finished(dst):
+            continue
+        if dst.exists():
+            shutil.rmtree(dst)
+        dst.mkdir(parents=True)
+        for name in SHIPPED:
+            if (src / name).is_file():
+                shutil.copy2(src / name, dst / name)
+        restored.append(src.name)
+    return restored
+
+
+def export(runs: Path, results: Path) -> list[str]:
+    """Copy the shipped files of each finished run of ``runs`` into ``results``; returns the runs exported."""
+    done = []
+    for src in sorted(p for p in runs.iterdir() if p.is_dir() and _finished(p)) if runs.is_dir() else []:
+        dst = results / src.name
+        dst.mkdir(parents=True, exist_ok=True)
+        for name in SHIPPED:
+            if (src / name).is_file():
+                shutil.copy2(src / name, dst / name)
+        done.append(src.name)
+    return done
+
+
+def environment() -> dict:
+    import torch
+
+    try:
+        import transformers
+
+        tf = transformers.__version__
+    except ImportError:  # pragma: no cover - transformers is a dependency
+        tf = None
+    dev = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+    return {"device": dev, "torch": torch.__version__, "cuda": torch.version.cuda, "transformers": tf,
+            "python": sys.version.split()[0]}
+
+
+def _env() -> dict:
+    """This environment with the checkout's src/ first on PYTHONPATH (the lent machine has no install)."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+
+
+def run_compare(args: argparse.Namespace) -> int:
+    """erft compare in its own process group; SIGTERM to the group at the deadline. Returns its exit status."""
+    cmd = [sys.executable, "-m", "entropy_rft.cli", "compare", "--config", args.config, "--methods", args.methods,
+           "--seeds", str(args.seeds), "--jobs", str(args.jobs), "--out", str(args.runs)]
+    if args.max_steps is not None:
+        cmd += ["--max-steps", str(args.max_steps)]
+    for s in args.set:
+        cmd += ["--set", s]
+    proc = subprocess.Popen(cmd, env=_env(), start_new_session=True)
+    try:
+        return proc.wait(timeout=args.deadline_s)
+    except subprocess.TimeoutExpired:
+        print(f"run_gpu: deadline {args.deadline_s} s: stopping the runs (each saves a checkpoint)", flush=True)
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        return INCOMPLETE
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--config", default=str(ROOT / "configs" / "smollm2-gpu.yaml"))
+    p.add_argument("--results", type=Path, default=ROOT / "results" / "smollm2-gpu")
+    p.add_argument("--runs", type=Path, default=ROOT / "runs" / "smollm2-gpu")
+    p.add_argument("--methods", default=METHODS)
+    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--jobs", type=int, default=5)
+    p.add_argument("--max-steps", type=int)
+    p.add_argument("--deadline-s", type=float, default=540.0, help="Stop the runs after this long (a lease's "
+                   "command must end within 10 minutes: the default leaves time for the export).")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    args = p.parse_args(argv)
+    t0 = time.monotonic()
+    restored = restore(args.results, args.runs)
+    if restored:
+        print(f"run_gpu: kept {len(restored)} run(s) already in {args.results}: {', '.join(restored)}", flush=True)
+    rc = run_compare(args)
+    exported = export(args.runs, args.results)
+    complete = rc == 0
+    if complete:
+        for name in SUMMARY:
+            shutil.copy2(args.runs / name, args.results / name)
+        report = args.results / "report"
+        rc = subprocess.call([sys.executable, "-m", "entropy_rft.cli", "report", str(args.results), "--out",
+                              str(report)], env=_env())
+        complete = rc == 0
+    log = args.results / "environment.json"
+    entries = json.loads(log.read_text()) if log.is_file() else []
+    entries.append({**environment(), "wall_s": round(time.monotonic() - t0, 1), "runs_finished": len(exported),
+                    "complete": complete, "argv": sys.argv[1:] if argv is None else argv})
+    args.results.mkdir(parents=True, exist_ok=True)
+    log.write_text(json.dumps(entries, indent=1) + "\n")
+    print(f"run_gpu: {len(exported)} run(s) finished in {args.results}; "
+          + ("complete" if complete else "incomplete: run it again"), flush=True)
+    return 0 if complete else (rc if rc not in (0, None) else INCOMPLETE)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
