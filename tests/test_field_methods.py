@@ -1,7 +1,7 @@
 """The field's entropy methods of issue 28 (entropy_adv, adaptive_entropy, ce_gppo, clip_low, entropic):
-hand-computed cases, peer tests against TRL 1.16's adaptive-entropy rule and the EntroPIC authors' code, the
-weight lens (its terms sum to the total first-order ΔH), the old lens numbers bit for bit, and one tiny training
-step of each with the counterfactual probe."""
+hand-computed cases, peer tests against TRL 1.16's adaptive-entropy rule, Skywork-OR1's own controller, the
+CE-GPPO authors' loss and the EntroPIC authors' code, the weight lens (its terms sum to the total first-order
+ΔH), the old lens numbers bit for bit, and one tiny training step of each with the counterfactual probe."""
 
 from __future__ import annotations
 
@@ -280,6 +280,96 @@ def test_entropic_controller_matches_the_authors_alpha_sequence():
     m = control.build_method("entropic", target="0.9x")
     met = m.observe(NS(entropy=torch.tensor([[1.0, 1.0]])), mask, "token-mean")
     assert met["control/own_target"] == pytest.approx(0.9) and m.alpha == pytest.approx(0.1)
+
+
+# ----------------------------------------------------------------------------- peer: Skywork-OR1's and CE-GPPO's code
+
+
+def skywork_adaptive_reference(entropies, init, target, delta, cmin, cmax):
+    """Skywork-OR1's own adaptive entropy control (github.com/SkyworkAI/Skywork-OR1: ``EntController`` in
+    verl/trainer/ppo/core_algos.py; dp_actor.py applies value·entropy_loss_enabled; ray_trainer.py calls update
+    after each step's actor update). Written from reading it: enabled starts at 1; both tests are strict (<)."""
+    value, enabled, applied, coefs = init, 1, [], []
+    for h in entropies:
+        applied.append(value * enabled)
+        value = value + delta if h < target else value - delta
+        value = float(min(max(value, cmin), cmax))
+        enabled = int(h < target)
+        coefs.append(value)
+    return applied, coefs
+
+
+def _run_adaptive(seq, **params):
+    m = control.build_method("adaptive_entropy", **params)
+    mask = torch.ones(1, 1, dtype=torch.bool)
+    applied, coefs = [], []
+    for h in seq:
+        m.observe(NS(entropy=torch.tensor([[h]], dtype=torch.float64)), mask, "token-mean")
+        applied.append(m.loss_kwargs()["entropy_coef"])
+        coefs.append(m.coef)
+    return applied, coefs
+
+
+def test_adaptive_entropy_matches_skywork_or1s_own_controller_up_to_the_documented_differences():
+    g = torch.Generator().manual_seed(4)
+    seq = (0.2 + 0.1 * torch.randn(40, generator=g, dtype=torch.float64)).tolist()
+    assert 0.2 not in seq
+    # Skywork-OR1's released setting (or1_scripts/train/*.sh): initial 0, target 0.2, delta 1e-4, max 0.005
+    kw = dict(target=0.2, delta=1e-4, coef_min=0.0, coef_max=0.005)
+    want = skywork_adaptive_reference(seq, 0.0, kw["target"], kw["delta"], kw["coef_min"], kw["coef_max"])
+    got = _run_adaptive(seq, coef=0.0, **kw)
+    assert got[0] == want[0] and got[1] == pytest.approx(want[1], rel=0, abs=1e-15)
+    assert len(set(got[0])) > 3  # the coefficient moves and is gated
+    # documented difference 1: an entropy exactly at the target counts as below for TRL and us, not for Skywork
+    tie = [0.1, 0.2, 0.3]
+    ours, theirs = _run_adaptive(tie, coef=0.0, **kw), skywork_adaptive_reference(tie, 0.0, 0.2, 1e-4, 0.0, 0.005)
+    assert ours[1] == pytest.approx([1e-4, 2e-4, 1e-4]) and theirs[1] == pytest.approx([1e-4, 0.0, 0.0])
+    assert ours[0][2] == pytest.approx(2e-4) and theirs[0][2] == 0.0
+    # documented difference 2: a non-zero initial coefficient is applied at step 1 by Skywork, not by TRL/us
+    ours, theirs = _run_adaptive([0.1], coef=0.003, **kw), skywork_adaptive_reference([0.1], 0.003, 0.2, 1e-4,
+                                                                                      0.0, 0.005)
+    assert ours[0] == [0.0] and theirs[0] == [0.003]
+
+
+def authors_gppo_loss(old_log_prob, log_prob, advantages, response_mask, clip_low, clip_high, beta1, beta2,
+                      clip_c=3.0):
+    """``compute_gppo_loss_general_beta`` of github.com/Kwai-Klear/CE-GPPO (verl/trainer/ppo/core_algos.py),
+    token-mean. Written from reading it: clipped tokens −beta·bound·A·r/sg(r), the others −A·r, then dual clip
+    min(·, −A·c) on A < 0."""
+    ratio = torch.exp(log_prob - old_log_prob)
+    rd = ratio.detach()
+    low = (ratio < 1 - clip_low) & (advantages < 0)
+    high = (ratio > 1 + clip_high) & (advantages > 0)
+    pg = -advantages * ratio
+    pg = torch.where(low, -beta1 * (1 - clip_low) / rd * ratio * advantages, pg)
+    pg = torch.where(high, -beta2 * (1 + clip_high) / rd * ratio * advantages, pg)
+    pg = torch.where(advantages < 0, torch.min(-advantages * clip_c, pg), pg)
+    return _masked_mean(pg, response_mask), low, high
+
+
+def test_ce_gppo_gradient_matches_the_authors_code():
+    g = torch.Generator().manual_seed(5)
+    b, t = 8, 10
+    mask = torch.rand(b, t, generator=g) > 0.15
+    adv = (torch.randn(b, 1, generator=g, dtype=torch.float64).expand(b, t) * mask).clone()
+    old = -torch.rand(b, t, generator=g, dtype=torch.float64) * 3
+    logp = old + (torch.rand(b, t, generator=g, dtype=torch.float64) * 2.6 - 1.0)  # r in [0.37, 4.5]
+    n = int(mask.sum())
+    for eps_low, eps_high, b1, b2 in ((0.2, 0.2, 0.75, 1.0), (0.2, 0.28, 0.5, 1.0), (0.1, 0.2, 0.25, 0.6)):
+        ours_lp = logp.clone().requires_grad_(True)
+        ours, _ = policy_loss(ours_lp, old, adv, mask, eps_low=eps_low, eps_high=eps_high, dual_clip=3.0,
+                              ce_beta_low=b1, ce_beta_high=b2)
+        ours.backward()
+        ref_lp = logp.clone().requires_grad_(True)
+        ref, low, high = authors_gppo_loss(old, ref_lp, adv, mask.double(), eps_low, eps_high, b1, b2)
+        ref.backward()
+        low, high = low & mask, high & mask
+        assert int(low.sum()) > 2 and int(high.sum()) > 2
+        assert bool(((adv < 0) & (logp - old > math.log(3.0)) & mask).any())  # the dual clip is exercised too
+        torch.testing.assert_close(ours_lp.grad, ref_lp.grad, rtol=1e-12, atol=1e-14)
+        # the documented deviation, in value only: ours keeps PPO's −bound·A on clipped tokens, theirs −beta·bound·A
+        diff = (-(1 - b1) * (1 - eps_low) * adv)[low].sum() + (-(1 - b2) * (1 + eps_high) * adv)[high].sum()
+        assert float(ours.detach() - ref.detach()) == pytest.approx(float(diff) / n, rel=1e-10, abs=1e-14)
 
 
 # ----------------------------------------------------------------------------- the lens

@@ -9,7 +9,9 @@ KL estimators k1/k2/k3 (Schulman 2020, "Approximating KL Divergence"); aggregati
 ``agg_loss`` and Dr.GRPO (Liu et al. 2025, arXiv 2503.20783); the advantage-shaping term ``adv_shift``
 (Cheng et al. 2025, arXiv 2506.14758); CE-GPPO's gradient-preserving clip (Su et al. 2025, arXiv 2509.20712);
 EntroPIC's sample-weight adjustment (Yang et al. 2025, arXiv 2511.15248). Each of the last three is off at its
-default, and the loss is then the same computation as before they existed.
+default, and the loss is then the same computation as before they existed. The full texts of those three papers
+could not be read when they were checked (issue 28), so no equation numbers are cited for them; CE-GPPO's and
+EntroPIC's terms are checked against their authors' released code instead (``tests/test_field_methods.py``).
 """
 
 from __future__ import annotations
@@ -193,14 +195,18 @@ def policy_loss(
     Three method terms, each off by default:
 
     - ``adv_shift`` ψ (float, like the mask): the surrogate uses A + ψ in place of A on every token (entropy
-      advantage shaping, Cheng et al. 2025, where ψ = min(α·H_detached, |A|/κ)); metrics ``loss/adv_shift_mean``.
+      advantage shaping, Cheng et al. 2025, where ψ = min(α·H_detached, |A|/κ), a form not checked against the
+      paper's full text); metrics ``loss/adv_shift_mean``.
     - ``ce_beta_low`` β1, ``ce_beta_high`` β2 (CE-GPPO, Su et al. 2025): a token the ratio clip removes
       (A < 0, r < 1 − eps_low; or A > 0, r > 1 + eps_high) keeps a bounded gradient: ℓ gains
       −β·b·A·(r/sg(r) − 1), b = 1 − eps_low or 1 + eps_high, whose value is 0 and whose gradient is
-      −β·b·A·∇log π (the paper's β·b·A·r/sg(r) term, with PPO's clipped value kept as the forward value).
-      0 = PPO. ``clip/ce_frac``: share of counted tokens that got it.
+      −β·b·A·∇log π (the authors' code, github.com/Kwai-Klear/CE-GPPO ``compute_gppo_loss_general_beta``: token
+      loss −β·b·A·r/sg(r)). The gradient is theirs; the forward value is not: PPO's clipped value −b·A is kept
+      (theirs: −β·b·A), so ``loss/pg`` does not depend on β. 0 = PPO. ``clip/ce_frac``: share of counted tokens
+      that got it.
     - ``weight_alpha`` α with ``weight_select`` (EntroPIC, Yang et al. 2025): the loss gains
-      α·aggregate(−r·|A|, m ∧ weight_select, agg) (the authors' code: high-probability tokens, p > 0.95), so
+      α·aggregate(−r·|A|, m ∧ weight_select, agg) (the authors' code, github.com/yk7333/EntroPIC
+      ``compute_policy_loss_entropic``: high-probability tokens, p > 0.95), so
       α > 0 weighs those tokens of positive samples up and of negative samples down (entropy falls), α < 0
       the reverse; ``loss/weight_adjust`` is that term.
 
