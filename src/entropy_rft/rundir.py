@@ -134,6 +134,20 @@ class JsonlWriter:
         self._f.close()
 
 
+FAULT_ENV = "ERFT_FAULT"
+
+
+def fault_point(point: str, step: int) -> None:
+    """The fault-injection hook of the crash tests: with ``ERFT_FAULT=<point>:<step>`` in the environment, the
+    process kills itself (SIGKILL, no cleanup) when it reaches ``point`` at ``step``. Points: ``after_row``
+    (step N's metrics row written, its checkpoint not yet), ``in_checkpoint`` (checkpoint N's first file
+    written, its manifest not yet). Unset, it does nothing."""
+    if os.environ.get(FAULT_ENV) == f"{point}:{step}":
+        import signal
+
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
 def warn(msg: str) -> None:
     """One line on stderr: something was wrong but nothing is lost, and the run goes on."""
     print(f"erft: warning: {msg}", file=sys.stderr, flush=True)

@@ -55,14 +55,22 @@ def seed_everything(seed: int) -> None:
 
 
 def rng_state(gens: dict[str, torch.Generator]) -> dict[str, Any]:
-    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
+    """Every RNG's state as tensors and plain Python values (``torch.load(..., weights_only=True)`` loads it:
+    numpy's key array is a tensor here, not a pickled ndarray)."""
+    name, keys, pos, has_gauss, gauss = np.random.get_state()
+    return {"python": random.getstate(),
+            "numpy": {"name": str(name), "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+                      "has_gauss": int(has_gauss), "cached_gaussian": float(gauss)},
+            "torch": torch.get_rng_state(),
             "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
             "generators": {k: g.get_state() for k, g in gens.items()}}
 
 
 def set_rng_state(state: dict[str, Any], gens: dict[str, torch.Generator]) -> None:
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    n = state["numpy"]
+    np.random.set_state((n["name"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"],
+                         n["cached_gaussian"]))
     torch.set_rng_state(state["torch"])
     if state.get("cuda") is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
@@ -496,6 +504,7 @@ def train(cfg: Config, out: str | Path, *, resume: bool = False, on_step=None) -
                         f"step {step}: the policy's logits are not finite ({e}): training diverged, or the model's "
                         f"weights are damaged; lower optim.lr (now {cfg.optim.lr:g}){clip} and start a new run "
                         "(the checkpoints before this step are kept)") from None
+                rundir.fault_point("after_row", step)
                 bar(last)
                 if on_step is not None:
                     on_step(run, last)

@@ -1,0 +1,241 @@
+"""Issue 24: every fault is resumable and nothing executes from a run directory, through the real CLI.
+
+The crash points are made deterministic with the ``ERFT_FAULT=<point>:<step>`` hook (``rundir.fault_point``:
+the process SIGKILLs itself there), and the full disk by a file object that fails as a full disk does, under
+the real ``torch.save``. Each case ends with the metrics of an uninterrupted run, or with nothing executed.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from entropy_rft import checkpoints
+from entropy_rft.cli import main
+from entropy_rft.config import load_config
+from entropy_rft.launch import start
+from entropy_rft.rundir import read_jsonl
+from micro import make_micro_policy, micro_overrides
+
+TESTS = Path(__file__).parent
+VOLATILE = ("time/", "perf/")
+SETS = {"train.max_steps": 6, "train.checkpoint_every": 2, "train.keep_checkpoints": 2, "train.tensorboard": False}
+
+
+def stable(rows: list[dict]) -> list[dict]:
+    return [{k: v for k, v in r.items() if not k.startswith(VOLATILE)} for r in rows]
+
+
+def cli(*args: str, fault: str | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(TESTS) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env.pop("ERFT_FAULT", None)
+    if fault:
+        env["ERFT_FAULT"] = fault
+    return subprocess.run([sys.executable, "-m", "entropy_rft.cli", *args], env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+def set_args(sets: list[str]) -> list[str]:
+    return [a for s in sets for a in ("--set", s)]
+
+
+@pytest.fixture(scope="module")
+def micro_model(tmp_path_factory) -> Path:
+    return make_micro_policy(tmp_path_factory.mktemp("micro") / "policy")
+
+
+@pytest.fixture(scope="module")
+def reference(micro_model, tmp_path_factory) -> dict[int, list[dict]]:
+    """Uninterrupted 6-step runs at 1 and 2 threads."""
+    refs = {}
+    for threads in (1, 2):
+        out = tmp_path_factory.mktemp(f"ref{threads}") / "run"
+        start(load_config(None, micro_overrides(micro_model, **SETS, **{"train.threads": threads})), out)
+        refs[threads] = stable(read_jsonl(out / "metrics.jsonl"))
+    assert refs[1][-1]["step"] == 6
+    return refs
+
+
+# ----------------------------------------------------------------------------- 1. the first checkpoint's window
+
+
+@pytest.mark.parametrize(("fault", "threads"), [("after_row:2", 1), ("after_row:2", 2), ("in_checkpoint:2", 1),
+                                                ("after_row:3", 2)])
+def test_sigkill_at_a_fixed_point_resumes_exactly(micro_model, tmp_path, reference, capsys, fault, threads):
+    """after_row:2 is the window of issue 24's item 1: step 2's row written, its (first) checkpoint not."""
+    out = tmp_path / "run"
+    sets = micro_overrides(micro_model, **SETS, **{"train.threads": threads})
+    killed = cli("train", "--out", str(out), *set_args(sets), fault=fault)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    assert read_jsonl(out / "metrics.jsonl")[-1]["step"] == int(fault.split(":")[1])
+    if fault.endswith(":2"):
+        assert checkpoints.checkpoint_dirs(out) == []  # no checkpoint at all: the run that was stuck for good
+    assert main(["train", "--resume", str(out)]) == 0
+    err = capsys.readouterr().err
+    if fault.endswith(":2"):
+        assert "no checkpoint yet" in err and "starting again from step 0" in err
+    assert stable(read_jsonl(out / "metrics.jsonl")) == reference[threads]
+    assert not list((out / "checkpoints").glob(".tmp_step_*"))
+
+
+def test_compare_that_held_a_run_killed_in_the_window_recovers_on_rerun(micro_model, tmp_path):
+    sets = set_args(micro_overrides(micro_model, **{**SETS, "train.max_steps": 3}))
+    args = ["compare", "--methods", "none", "--seeds", "1", "--max-steps", "3", *sets]
+    first = cli(*args, "--jobs", "2", "--out", str(tmp_path / "cmp"), fault="after_row:2")
+    assert first.returncode == 2 and "1 run(s) failed" in first.stderr.strip().splitlines()[-1], first.stderr
+    assert main([*args, "--out", str(tmp_path / "cmp")]) == 0  # before: "no checkpoint ..." on every rerun
+    assert main([*args, "--out", str(tmp_path / "clean")]) == 0
+    for name in ("none-s0",):
+        got = stable(read_jsonl(tmp_path / "cmp" / name / "metrics.jsonl"))
+        assert [r["step"] for r in got] == [0, 1, 2, 3]
+        assert got == stable(read_jsonl(tmp_path / "clean" / name / "metrics.jsonl"))
+
+
+# ----------------------------------------------------------------------------- 3. a full disk inside torch.save
+
+
+class FullDisk:
+    """A binary file on a disk that fills up after ``room`` bytes: write() raises ENOSPC, as the kernel does."""
+
+    def __init__(self, f, room: int):
+        self.f, self.room = f, room
+
+    def write(self, data) -> int:
+        n = len(memoryview(data))
+        if n > self.room:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        self.room -= n
+        return self.f.write(data)
+
+    def __getattr__(self, name):
+        return getattr(self.f, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.f.close()
+
+
+@pytest.mark.parametrize("full_at", [2, 4])
+def test_a_full_disk_inside_torch_save_is_one_line_and_the_run_resumes(micro_model, tmp_path, reference, capsys,
+                                                                        monkeypatch, full_at):
+    real_open = open
+
+    def open_on_a_full_disk(path, mode="r", *a, **kw):
+        f = real_open(path, mode, *a, **kw)
+        if Path(path).name == "optim.pt" and f"step_{full_at:06d}" in Path(path).parent.name:
+            return FullDisk(f, room=4096)
+        return f
+
+    monkeypatch.setattr(checkpoints, "open", open_on_a_full_disk, raising=False)
+    with pytest.raises(RuntimeError, match="inline_container"), open(tmp_path / "probe.pt", "wb") as raw:
+        torch.save({"w": torch.zeros(10_000)}, FullDisk(raw, room=4096))  # what torch.save itself raises
+    out = tmp_path / "run"
+    sets = micro_overrides(micro_model, **SETS, **{"train.threads": 1})
+    assert main(["train", "--out", str(out), *set_args(sets)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "No space left on device" in err[0] and "disk is full" in err[0], err
+    assert "optim.pt" in err[0] and "internal error" not in err[0]
+    assert read_jsonl(out / "metrics.jsonl")[-1]["step"] == full_at
+    monkeypatch.undo()  # space freed
+    assert main(["train", "--resume", str(out)]) == 0
+    assert stable(read_jsonl(out / "metrics.jsonl")) == reference[1]
+
+
+# ----------------------------------------------------------------------------- 4. nothing executes
+
+
+class Payload:
+    """What a tampered checkpoint file holds: unpickling it runs ``touch <marker>``."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def tamper(ckpt: Path, name: str, marker: Path) -> None:
+    """Replace ``name`` by a pickled payload and update the manifest, as someone who shares the run could."""
+    torch.save({"state": Payload(marker)}, ckpt / name)
+    manifest = json.loads((ckpt / "manifest.json").read_text())
+    data = (ckpt / name).read_bytes()
+    manifest["files"][name] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    (ckpt / "manifest.json").write_text(json.dumps(manifest))
+    assert checkpoints.verify_checkpoint(ckpt) is None  # the manifest catches damage, not tampering
+
+
+@pytest.mark.parametrize("name", ["rng.pt", "model.pt"])
+def test_a_tampered_checkpoint_executes_nothing_and_is_refused_in_one_line(micro_model, tmp_path, name):
+    out = tmp_path / "run"
+    start(load_config(None, micro_overrides(micro_model, **{**SETS, "train.max_steps": 4})), out)
+    marker = tmp_path / "pwned"
+    tamper(out / "checkpoints" / "step_000004", name, marker)
+    before = (out / "metrics.jsonl").read_text()
+
+    resumed = cli("train", "--resume", str(out), "--max-steps", "6")
+    assert resumed.returncode == 2
+    err = resumed.stderr.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("erft train: error: checkpoint "), err
+    assert f"step_000004: {name} would run code to load (posix.system)" in err[0] and "refused" in err[0]
+    assert (out / "metrics.jsonl").read_text() == before
+
+    ev = cli("eval", "--run", str(out), "--checkpoints", "--samples", "2", "--limit", "2", "--max-new-tokens", "2",
+             "--out", str(tmp_path / "ev"))
+    assert ev.returncode == 2
+    err = ev.stderr.strip().splitlines()
+    assert len(err) == 1 and f"{name} would run code to load" in err[0], err
+    assert not marker.exists()
+
+
+def test_every_checkpoint_file_loads_with_weights_only(micro_model, tmp_path):
+    """The native engine's checkpoints (GRPO with the autopilot's state, PPO with a critic): each .pt loads
+    with torch.load(weights_only=True), which runs no code, and needs no global beyond torch's own."""
+    for name, extra in (("auto", {"method.name": "clip_higher", "method.entropy_target": "0.5"}),
+                        ("ppo", {"algo.algorithm": "ppo"})):
+        out = tmp_path / name
+        start(load_config(None, micro_overrides(micro_model, **{**SETS, "train.max_steps": 2, **extra})), out)
+        (ck,) = checkpoints.checkpoint_dirs(out)
+        files = sorted(p.name for p in ck.glob("*.pt"))
+        want = ["model.pt", "optim.pt", "rng.pt", "sched.pt", "trainer.pt"]
+        assert files == sorted(want + (["value_head.pt", "value_optim.pt"] if name == "ppo" else []))
+        for p in ck.glob("*.pt"):
+            assert torch.serialization.get_unsafe_globals_in_checkpoint(p) == [], p.name
+            torch.load(p, weights_only=True)
+        trainer = torch.load(ck / "trainer.pt", weights_only=True)
+        assert trainer["step"] == 2
+        if name == "auto":
+            assert set(trainer["autopilot"]) == {"integral", "u", "smoothed", "base"}
+
+
+def test_an_old_format_checkpoint_is_refused_not_unpickled(micro_model, tmp_path):
+    """A checkpoint of an erft before this format (numpy's RNG state pickled as an ndarray) is refused with
+    the fix, never loaded with weights_only=False."""
+    import numpy as np
+
+    out = tmp_path / "run"
+    start(load_config(None, micro_overrides(micro_model, **{**SETS, "train.max_steps": 2})), out)
+    ck = out / "checkpoints" / "step_000002"
+    rng = torch.load(ck / "rng.pt", weights_only=True)
+    rng["numpy"] = np.random.get_state()  # how rng.pt looked before
+    torch.save(rng, ck / "rng.pt")
+    tamper_manifest = json.loads((ck / "manifest.json").read_text())
+    data = (ck / "rng.pt").read_bytes()
+    tamper_manifest["files"]["rng.pt"] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    (ck / "manifest.json").write_text(json.dumps(tamper_manifest))
+    r = cli("train", "--resume", str(out), "--max-steps", "4")
+    assert r.returncode == 2
+    (line,) = r.stderr.strip().splitlines()
+    assert "rng.pt would run code to load (numpy." in line and "--overwrite" in line
+    shutil.rmtree(out)
