@@ -239,3 +239,40 @@ def test_an_old_format_checkpoint_is_refused_not_unpickled(micro_model, tmp_path
     (line,) = r.stderr.strip().splitlines()
     assert "rng.pt would run code to load (numpy." in line and "--overwrite" in line
     shutil.rmtree(out)
+
+
+# ----------------------------------------------------------------------------- 2. the TRL engine's checkpoints
+
+
+@pytest.mark.parametrize("cut", ["no trainer_state.json", "trainer_state.json cut short", "no erft_state.pt"])
+def test_trl_resume_skips_an_incomplete_checkpoint(micro_model, tmp_path, capsys, cut):
+    """transformers writes trl/checkpoint-N in place, trainer_state.json last: a run killed while writing it
+    leaves a folder without one (or with half of it). Resume names it, removes it and goes on from the
+    previous complete checkpoint with the uninterrupted run's metrics."""
+    from entropy_rft import launch
+
+    sets = micro_overrides(micro_model, **{"eval.every": 0, "train.tensorboard": "false", "train.max_steps": 3,
+                                           "train.checkpoint_every": 1, "train.keep_checkpoints": 3})
+    out = tmp_path / "run"
+    launch.start(load_config(None, sets, extra={"engine": "trl"}), out)
+    reference = stable(read_jsonl(out / "metrics.jsonl"))
+    assert [r["step"] for r in reference] == [1, 2, 3]
+    ckpts = sorted((out / "trl").glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
+    assert len(ckpts) == 3
+    newest = ckpts[-1]
+    if cut == "no trainer_state.json":
+        (newest / "trainer_state.json").unlink()
+    elif cut == "trainer_state.json cut short":
+        text = (newest / "trainer_state.json").read_text()
+        (newest / "trainer_state.json").write_text(text[: len(text) // 2])
+    else:
+        (newest / "erft_state.pt").unlink()
+    assert checkpoints.trl_checkpoint_gap(newest) is not None and checkpoints.trl_checkpoint_gap(ckpts[-2]) is None
+    shutil.rmtree(out / "final")  # the run was killed: no final policy, status running
+    (out / "run.json").write_text(json.dumps({"schema": "erft.run/1", "status": "running", "max_steps": 3}))
+    capsys.readouterr()
+    assert main(["train", "--resume", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert f"{newest} is incomplete" in err and f"resuming from {ckpts[-2].name}" in err, err
+    assert stable(read_jsonl(out / "metrics.jsonl")) == reference
+    assert checkpoints.trl_checkpoint_gap(newest) is None  # written again, whole
