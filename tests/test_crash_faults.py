@@ -153,6 +153,60 @@ def test_a_full_disk_inside_torch_save_is_one_line_and_the_run_resumes(micro_mod
     assert stable(read_jsonl(out / "metrics.jsonl")) == reference[1]
 
 
+def test_a_full_disk_in_the_final_export_is_one_line_and_the_resume_finishes(micro_model, tmp_path, capsys,
+                                                                             monkeypatch):
+    from safetensors import SafetensorError
+    from transformers import PreTrainedModel
+
+    def full(self, folder, *a, **kw):  # what safetensors raises on a full disk (os error 28 is ENOSPC)
+        (Path(folder) / "model.safetensors").write_bytes(b"half")
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setattr(PreTrainedModel, "save_pretrained", full)
+    out = tmp_path / "run"
+    sets = micro_overrides(micro_model, **{**SETS, "train.max_steps": 2})
+    assert main(["train", "--out", str(out), *set_args(sets)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"erft train: error: '{out / 'final'}': No space left on device; the disk is full; free some "
+                   "space or choose another disk"], err
+    assert not list(out.glob(".final_*")) and not (out / "final").exists()
+    rows = (out / "metrics.jsonl").read_text()
+    monkeypatch.undo()
+    assert main(["train", "--resume", str(out)]) == 0
+    assert (out / "final" / "model.safetensors").stat().st_size > 1000
+    assert (out / "metrics.jsonl").read_text() == rows
+    assert json.loads((out / "run.json").read_text())["status"] == "finished"
+
+
+def test_an_atomic_write_on_a_full_disk_names_its_file_and_leaves_no_temp(tmp_path, monkeypatch):
+    """A buffered file on a full disk fails its flush, and its close again: the error names the file once."""
+    from entropy_rft import rundir
+
+    class Full:
+        def write(self, data):
+            return len(data)
+
+        def flush(self):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        close = flush
+
+        def fileno(self):
+            return -1
+
+    real_fdopen = os.fdopen
+
+    def fdopen(fd, *a, **kw):
+        real_fdopen(fd, *a, **kw).close()
+        return Full()
+
+    monkeypatch.setattr(rundir.os, "fdopen", fdopen)
+    with pytest.raises(OSError) as e:
+        rundir.atomic_write_json(tmp_path / "run.json", {"a": 1})
+    assert e.value.errno == errno.ENOSPC and e.value.filename == str(tmp_path / "run.json")
+    assert list(tmp_path.iterdir()) == []
+
+
 # ----------------------------------------------------------------------------- 4. nothing executes
 
 

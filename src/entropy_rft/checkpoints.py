@@ -7,6 +7,7 @@ The run directory's layout, its atomic files and its logs are :mod:`entropy_rft.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -20,6 +21,7 @@ import yaml
 from entropy_rft.errors import UserError
 from entropy_rft.rundir import (
     CHECKPOINTS,
+    as_os_error,
     atomic_write_bytes,
     atomic_write_json,
     fault_point,
@@ -100,15 +102,21 @@ def save_checkpoint(out: str | Path, step: int, state: dict[str, Any], keep: int
     try:
         files = {}
         for name, obj in state.items():
-            with open(tmp / f"{name}.pt", "wb") as f:
-                try:
-                    torch.save(obj, f)
-                except RuntimeError as e:  # the C++ writer hides the OSError of a full disk
-                    raise _write_error(e, tmp / f"{name}.pt") from None
+            path = tmp / f"{name}.pt"
+            f = open(path, "wb")  # noqa: SIM115 - closed below, where a second error must not hide the first
+            try:
+                torch.save(obj, f)
                 f.flush()
                 os.fsync(f.fileno())
-            files[f"{name}.pt"] = tmp / f"{name}.pt"
-            if found := unsafe_globals(tmp / f"{name}.pt"):  # a bug here: load_checkpoint would refuse it
+            except RuntimeError as e:  # the C++ writer hides the OSError of a full disk
+                raise as_os_error(e, final / path.name) from None  # named as the user will look for it
+            except OSError as e:
+                raise OSError(e.errno, e.strerror, str(final / path.name)) from None
+            finally:
+                with contextlib.suppress(OSError):
+                    f.close()
+            files[f"{name}.pt"] = path
+            if found := unsafe_globals(path):  # a bug here: load_checkpoint would refuse it
                 raise TypeError(f"checkpoint entry {name!r} holds objects that need unpickling: {found}")
             fault_point("in_checkpoint", step)
         for name, data in (extra_files or {}).items():
@@ -129,18 +137,6 @@ def save_checkpoint(out: str | Path, step: int, state: dict[str, Any], keep: int
     for stale in root.glob(".tmp_step_*"):
         shutil.rmtree(stale, ignore_errors=True)
     return final
-
-
-def _write_error(e: RuntimeError, path: Path) -> BaseException:
-    """The error behind ``torch.save``'s ``RuntimeError`` ("[enforce fail at inline_container.cc] unexpected
-    pos"): the ``OSError`` that the file object raised (a full disk: ENOSPC, a quota: EDQUOT), named with
-    ``path``, so that the CLI says it in one line; ``e`` itself otherwise."""
-    ctx: BaseException | None = e
-    while ctx is not None:
-        if isinstance(ctx, OSError) and ctx.errno is not None:
-            return OSError(ctx.errno, ctx.strerror, str(path))
-        ctx = ctx.__context__
-    return e
 
 
 def verify_checkpoint(path: str | Path) -> str | None:

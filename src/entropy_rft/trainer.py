@@ -590,8 +590,15 @@ def _export_final(run: Run) -> None:
 
     final = run.out / "final"
     tmp = Path(tempfile.mkdtemp(prefix=".final_", dir=run.out))
-    run.model.save_pretrained(tmp)
-    run.tok.save_pretrained(tmp)
+    try:
+        run.model.save_pretrained(tmp)
+        run.tok.save_pretrained(tmp)
+    except Exception as e:  # a full disk: safetensors' and torch's writers hide the OSError
+        shutil.rmtree(tmp, ignore_errors=True)
+        err = rundir.as_os_error(e, final)
+        if err is e:
+            raise
+        raise err from None
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)
