@@ -330,3 +330,35 @@ def test_trl_resume_skips_an_incomplete_checkpoint(micro_model, tmp_path, capsys
     assert f"{newest} is incomplete" in err and f"resuming from {ckpts[-2].name}" in err, err
     assert stable(read_jsonl(out / "metrics.jsonl")) == reference
     assert checkpoints.trl_checkpoint_gap(newest) is None  # written again, whole
+
+
+# ----------------------------------------------------------------------------- beyond: dataset files
+
+
+def test_dataset_files_in_real_encodings_read_every_row(tmp_path):
+    """A UTF-8 BOM (Windows editors), UTF-16 with its BOM, CRLF line ends, and U+2028 inside a JSON string
+    (json.dumps(ensure_ascii=False) writes it raw) all give the rows of the plain UTF-8 file; Latin-1 is
+    refused in one line naming the byte and the fix. Before: the BOM's row was dropped as bad, UTF-16 and
+    Latin-1 were internal errors, a BOM'd .json was "not valid JSON", U+2028 split its row in two."""
+    from entropy_rft.errors import UserError
+    from entropy_rft.tasks import build_task
+
+    rows = [{"prompt": f"What is {a}+{a}?\u2028Think.", "answer": str(2 * a)} for a in range(1, 13)]
+    text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+    files = {"plain.jsonl": text.encode(), "bom.jsonl": b"\xef\xbb\xbf" + text.encode(),
+             "crlf.jsonl": text.replace("\n", "\r\n").encode(), "utf16.jsonl": text.encode("utf-16"),
+             "bom.json": b"\xef\xbb\xbf" + json.dumps(rows, ensure_ascii=False).encode()}
+    got = {}
+    for name, data in files.items():
+        (tmp_path / name).write_bytes(data)
+        got[name] = build_task("math", source=str(tmp_path / name), val_size=2).pairs
+    assert len(got["plain.jsonl"]) == 12 and got["plain.jsonl"][0][0].startswith("What is ")
+    assert sorted(p[:2] for p in got["plain.jsonl"]) == sorted((r["prompt"], r["answer"]) for r in rows)
+    for name in files:
+        assert got[name] == got["plain.jsonl"], name
+    (tmp_path / "latin1.jsonl").write_bytes(text.replace("\u2028", "").replace("What", "Wh\u00e4t").encode("latin-1"))
+    with pytest.raises(UserError) as e:
+        build_task("math", source=str(tmp_path / "latin1.jsonl"), val_size=2)
+    msg = str(e.value)
+    assert "latin1.jsonl' is not UTF-8 text (byte 0xe4 at offset 14)" in msg  # 14 = len('{"prompt": "Wh')
+    assert "iconv" in msg and "\n" not in msg
