@@ -362,3 +362,28 @@ def test_dataset_files_in_real_encodings_read_every_row(tmp_path):
     msg = str(e.value)
     assert "latin1.jsonl' is not UTF-8 text (byte 0xe4 at offset 14)" in msg  # 14 = len('{"prompt": "Wh')
     assert "iconv" in msg and "\n" not in msg
+
+
+# ----------------------------------------------------------------------------- beyond: readers racing a live run
+
+
+def test_eval_checkpoints_skips_one_a_live_run_pruned_meanwhile(micro_model, tmp_path, capsys, monkeypatch):
+    """`erft eval --run R --checkpoints` lists R's checkpoints, then loads them one by one; a live run that
+    prunes one in between (its keep_checkpoints) costs that one, named in a warning, not the whole eval."""
+    out = tmp_path / "run"
+    start(load_config(None, micro_overrides(micro_model, **{**SETS, "train.max_steps": 4})), out)
+    real = checkpoints.load_checkpoint
+
+    def pruned_first(path, *a, **kw):
+        if Path(path).name == "step_000002":
+            shutil.rmtree(path)  # what save_checkpoint's pruning does
+        return real(path, *a, **kw)
+
+    monkeypatch.setattr(checkpoints, "load_checkpoint", pruned_first)
+    capsys.readouterr()
+    assert main(["eval", "--run", str(out), "--checkpoints", "--samples", "2", "--limit", "2", "--max-new-tokens",
+                 "2", "--out", str(tmp_path / "ev")]) == 0
+    err = capsys.readouterr().err
+    assert f"{out / 'checkpoints' / 'step_000002'} was removed while erft eval ran" in err, err
+    got = [r["model"] for r in json.loads((tmp_path / "ev" / "eval.json").read_text())["results"]]
+    assert got == ["run/step_000004", "run/final"]
