@@ -387,3 +387,20 @@ def test_eval_checkpoints_skips_one_a_live_run_pruned_meanwhile(micro_model, tmp
     assert f"{out / 'checkpoints' / 'step_000002'} was removed while erft eval ran" in err, err
     got = [r["model"] for r in json.loads((tmp_path / "ev" / "eval.json").read_text())["results"]]
     assert got == ["run/step_000004", "run/final"]
+
+
+# ----------------------------------------------------------------------------- beyond: paths an encoder rejects
+
+
+def test_a_path_that_is_not_utf8_is_refused_before_the_work(micro_model, tmp_path, capsys):
+    """Linux takes any bytes in a name; the tokenizer's writer and safetensors take only UTF-8. Before: the
+    run trained every step, then died in the final export with an internal UnicodeEncodeError."""
+    out = os.fsdecode(os.fsencode(str(tmp_path)) + b"/run\xff")
+    sets = set_args(micro_overrides(micro_model, **{**SETS, "train.max_steps": 1}))
+    for argv in (["train", "--out", out, *sets],
+                 ["eval", "--model", str(micro_model), "--dataset", "micro:DigitTask", "--out", out]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err == [f"erft {argv[0]}: error: --out '{tmp_path}/run\\xff': the path is not UTF-8 (byte 0xff), "
+                       "which the tokenizer and safetensors cannot write to; choose a name in UTF-8"], err
+        assert list(tmp_path.iterdir()) == []
