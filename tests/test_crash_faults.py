@@ -15,6 +15,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -404,3 +405,27 @@ def test_a_path_that_is_not_utf8_is_refused_before_the_work(micro_model, tmp_pat
         assert err == [f"erft {argv[0]}: error: --out '{tmp_path}/run\\xff': the path is not UTF-8 (byte 0xff), "
                        "which the tokenizer and safetensors cannot write to; choose a name in UTF-8"], err
         assert list(tmp_path.iterdir()) == []
+
+
+# ----------------------------------------------------------------------------- beyond: library threads
+
+
+def test_tensorboards_writer_thread_dying_is_one_warning_not_a_traceback(micro_model, tmp_path, capsys,
+                                                                         monkeypatch):
+    """TensorBoard writes events from its own thread; on a full disk that thread dies and Python printed its
+    traceback ahead of erft's lines. Now: one warning line per thread, the tracker is dropped, the run goes
+    on with every metrics row."""
+    from tensorboard.summary.writer.record_writer import RecordWriter
+
+    def full(self, data):
+        raise OSError(errno.ENOSPC, "No space left on device", "events.out.tfevents")
+
+    monkeypatch.setattr(RecordWriter, "write", full)
+    monkeypatch.setattr(threading, "excepthook", threading.__excepthook__)  # Python's, not pytest's
+    out = tmp_path / "run"
+    sets = micro_overrides(micro_model, **{**SETS, "train.max_steps": 2, "train.tensorboard": True})
+    assert main(["train", "--out", str(out), *set_args(sets)]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "Traceback" not in "\n".join(err) and all(line.startswith("erft: warning: ") for line in err), err
+    assert any("a background thread" in line and "No space left on device" in line for line in err), err
+    assert [r["step"] for r in read_jsonl(out / "metrics.jsonl")] == [0, 1, 2]
