@@ -429,3 +429,28 @@ def test_tensorboards_writer_thread_dying_is_one_warning_not_a_traceback(micro_m
     assert "Traceback" not in "\n".join(err) and all(line.startswith("erft: warning: ") for line in err), err
     assert any("a background thread" in line and "No space left on device" in line for line in err), err
     assert [r["step"] for r in read_jsonl(out / "metrics.jsonl")] == [0, 1, 2]
+
+
+# ----------------------------------------------------------------------------- beyond: caches damaged in place
+
+
+def test_weights_damaged_in_place_are_refused_before_the_work(micro_model, tmp_path, capsys):
+    """Bytes of a cached policy that change after it was written (the tail of model.safetensors: the last
+    tensor's data) still load; the first sample then failed as an internal error ("probability tensor
+    contains either inf, nan"). Now one line names the tensor and the fix, and nothing is written."""
+    from entropy_rft.models import INFO_FILE
+
+    policy = tmp_path / "policy"
+    shutil.copytree(micro_model, policy)
+    data = bytearray((policy / "model.safetensors").read_bytes())
+    data[-64:] = b"\xff" * 64  # float32 0xffffffff is NaN
+    (policy / "model.safetensors").write_bytes(bytes(data))
+    out = tmp_path / "run"
+    sets = set_args(micro_overrides(policy, **{**SETS, "train.max_steps": 1}))
+    for cached, fix in ((False, "re-save or re-download the model"), (True, f"delete {policy} and it is built again")):
+        if cached:
+            (policy / INFO_FILE).write_text("{}")  # a finished build of the cache
+        assert main(["train", "--out", str(out), *sets]) == 2
+        (line,) = capsys.readouterr().err.strip().splitlines()
+        assert line.startswith(f"erft train: error: --model '{policy}': weight ") and "holds NaN or inf" in line
+        assert line.endswith(fix) and not out.exists()

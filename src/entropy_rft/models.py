@@ -490,6 +490,19 @@ def load_policy(
         what = str(weights) if weights is not None else f"the model in {where}"
         raise UserError(f"--model {name!r}: {what} cannot be loaded ({type(e).__name__}: {first_line(e)}); "
                         "re-save or re-download the model") from e
+    check_finite_weights(model, name, where)
     model.to(device)
     model.eval()
     return model, tokenizer
+
+
+def check_finite_weights(model: torch.nn.Module, name: str, where: str) -> None:
+    """Refuse weights that hold NaN or inf, in one line naming the tensor: a file damaged in place (a cache
+    whose bytes changed after it was written) loads without error and would fail later, mid-sampling, as an
+    internal error. A cached build's fix is to delete its folder, which the next run builds again."""
+    for pname, prm in model.named_parameters():
+        if not bool(torch.isfinite(prm).all()):
+            cached = Path(where).is_dir() and is_complete(Path(where))
+            fix = (f"delete {where} and it is built again" if cached else "re-save or re-download the model")
+            raise UserError(f"--model {name!r}: weight {pname} in {where} holds NaN or inf (the file is damaged); "
+                            f"{fix}")
