@@ -232,24 +232,23 @@ def tamper(ckpt: Path, name: str, marker: Path) -> None:
 
 
 @pytest.mark.parametrize("name", ["rng.pt", "model.pt"])
-def test_a_tampered_checkpoint_executes_nothing_and_is_refused_in_one_line(micro_model, tmp_path, name):
+def test_a_tampered_checkpoint_executes_nothing_and_is_refused_in_one_line(micro_model, tmp_path, capsys, name):
     out = tmp_path / "run"
     start(load_config(None, micro_overrides(micro_model, **{**SETS, "train.max_steps": 4})), out)
     marker = tmp_path / "pwned"
     tamper(out / "checkpoints" / "step_000004", name, marker)
     before = (out / "metrics.jsonl").read_text()
+    capsys.readouterr()
 
-    resumed = cli("train", "--resume", str(out), "--max-steps", "6")
-    assert resumed.returncode == 2
-    err = resumed.stderr.strip().splitlines()
+    assert main(["train", "--resume", str(out), "--max-steps", "6"]) == 2  # before: exit 0, and the marker
+    err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("erft train: error: checkpoint "), err
     assert f"step_000004: {name} would run code to load (posix.system)" in err[0] and "refused" in err[0]
     assert (out / "metrics.jsonl").read_text() == before
 
-    ev = cli("eval", "--run", str(out), "--checkpoints", "--samples", "2", "--limit", "2", "--max-new-tokens", "2",
-             "--out", str(tmp_path / "ev"))
-    assert ev.returncode == 2
-    err = ev.stderr.strip().splitlines()
+    assert main(["eval", "--run", str(out), "--checkpoints", "--samples", "2", "--limit", "2", "--max-new-tokens",
+                 "2", "--out", str(tmp_path / "ev")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"{name} would run code to load" in err[0], err
     assert not marker.exists()
 
@@ -274,7 +273,7 @@ def test_every_checkpoint_file_loads_with_weights_only(micro_model, tmp_path):
             assert set(trainer["autopilot"]) == {"integral", "u", "smoothed", "base"}
 
 
-def test_an_old_format_checkpoint_is_refused_not_unpickled(micro_model, tmp_path):
+def test_an_old_format_checkpoint_is_refused_not_unpickled(micro_model, tmp_path, capsys):
     """A checkpoint of an erft before this format (numpy's RNG state pickled as an ndarray) is refused with
     the fix, never loaded with weights_only=False."""
     import numpy as np
@@ -289,9 +288,9 @@ def test_an_old_format_checkpoint_is_refused_not_unpickled(micro_model, tmp_path
     data = (ck / "rng.pt").read_bytes()
     tamper_manifest["files"]["rng.pt"] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
     (ck / "manifest.json").write_text(json.dumps(tamper_manifest))
-    r = cli("train", "--resume", str(out), "--max-steps", "4")
-    assert r.returncode == 2
-    (line,) = r.stderr.strip().splitlines()
+    capsys.readouterr()
+    assert main(["train", "--resume", str(out), "--max-steps", "4"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
     assert "rng.pt would run code to load (numpy." in line and "--overwrite" in line
     shutil.rmtree(out)
 

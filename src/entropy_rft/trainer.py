@@ -484,7 +484,8 @@ def train(cfg: Config, out: str | Path, *, resume: bool = False, on_step=None) -
                         python=sys.version.split()[0], torch=torch.__version__)
     if state is not None:
         run.load_state(state)
-    logger = rundir.Logger(out, cfg, purge_step=start + 1 if resume else None)
+    # a resume purges the trackers' events after the checkpoint (all of them when it starts again from step 0)
+    logger = rundir.Logger(out, cfg, purge_step=(start + 1 if state else 0) if resume else None)
     handlers = _install_signal_handlers(run)
     last: dict[str, Any] = {}
     status = "failed"
