@@ -489,7 +489,7 @@ def load_policy(
             else None
         what = str(weights) if weights is not None else f"the model in {where}"
         raise UserError(f"--model {name!r}: {what} cannot be loaded ({type(e).__name__}: {first_line(e)}); "
-                        "re-save or re-download the model") from e
+                        f"{_damage_fix(where)}") from e
     check_finite_weights(model, name, where)
     model.to(device)
     model.eval()
@@ -502,7 +502,13 @@ def check_finite_weights(model: torch.nn.Module, name: str, where: str) -> None:
     internal error. A cached build's fix is to delete its folder, which the next run builds again."""
     for pname, prm in model.named_parameters():
         if not bool(torch.isfinite(prm).all()):
-            cached = Path(where).is_dir() and is_complete(Path(where))
-            fix = (f"delete {where} and it is built again" if cached else "re-save or re-download the model")
             raise UserError(f"--model {name!r}: weight {pname} in {where} holds NaN or inf (the file is damaged); "
-                            f"{fix}")
+                            f"{_damage_fix(where)}")
+
+
+def _damage_fix(where: str) -> str:
+    """The fix for a policy folder whose files are damaged: a finished build of erft's cache (its info file)
+    is deleted and built again on the next run; anything else is re-saved or re-downloaded."""
+    if Path(where).is_dir() and is_complete(Path(where)):
+        return f"delete {where} and it is built again"
+    return "re-save or re-download the model"
