@@ -7,6 +7,7 @@ The run directory's layout, its atomic files and its logs are :mod:`entropy_rft.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -18,13 +19,42 @@ import torch
 import yaml
 
 from entropy_rft.errors import UserError
-from entropy_rft.rundir import CHECKPOINTS, atomic_write_bytes, atomic_write_json, fsync_dir, log_gaps, warn
+from entropy_rft.rundir import (
+    CHECKPOINTS,
+    as_os_error,
+    atomic_write_bytes,
+    atomic_write_json,
+    fault_point,
+    fsync_dir,
+    log_gaps,
+    warn,
+)
 
 MANIFEST = "manifest.json"
 
 
 class CheckpointError(UserError):
     """A checkpoint that fails its manifest or does not load."""
+
+
+class UnsafeCheckpointError(UserError):
+    """A checkpoint file that only loads by unpickling code (``torch.load(weights_only=False)``): refused,
+    never loaded and never skipped for an older checkpoint (it was altered, or written by an erft before
+    checkpoints held only tensors and plain containers)."""
+
+
+def unsafe_globals(path: Path) -> list[str]:
+    """The Python objects (``module.name``) that loading ``path`` would have to import and call: empty for a
+    file that ``torch.load(..., weights_only=True)`` loads. Reads the pickle's opcodes, runs nothing."""
+    return torch.serialization.get_unsafe_globals_in_checkpoint(path)
+
+
+def _refuse_unsafe(ckpt: Path, name: str, found: list[str]) -> UnsafeCheckpointError:
+    shown = ", ".join(found[:3]) + (", ..." if len(found) > 3 else "")
+    return UnsafeCheckpointError(
+        f"checkpoint {ckpt}: {name} would run code to load ({shown}), and erft loads only tensors and plain "
+        "data; it was altered, or written by an erft older than this format: refused, nothing loaded (delete "
+        "the checkpoint to resume from an older one, or start again with --overwrite)")
 
 
 def _sha256(path: Path) -> str:
@@ -72,11 +102,23 @@ def save_checkpoint(out: str | Path, step: int, state: dict[str, Any], keep: int
     try:
         files = {}
         for name, obj in state.items():
-            with open(tmp / f"{name}.pt", "wb") as f:
+            path = tmp / f"{name}.pt"
+            f = open(path, "wb")  # noqa: SIM115 - closed below, where a second error must not hide the first
+            try:
                 torch.save(obj, f)
                 f.flush()
                 os.fsync(f.fileno())
-            files[f"{name}.pt"] = tmp / f"{name}.pt"
+            except RuntimeError as e:  # the C++ writer hides the OSError of a full disk
+                raise as_os_error(e, final / path.name) from None  # named as the user will look for it
+            except OSError as e:
+                raise OSError(e.errno, e.strerror, str(final / path.name)) from None
+            finally:
+                with contextlib.suppress(OSError):
+                    f.close()
+            files[f"{name}.pt"] = path
+            if found := unsafe_globals(path):  # a bug here: load_checkpoint would refuse it
+                raise TypeError(f"checkpoint entry {name!r} holds objects that need unpickling: {found}")
+            fault_point("in_checkpoint", step)
         for name, data in (extra_files or {}).items():
             atomic_write_bytes(tmp / name, data)
             files[name] = tmp / name
@@ -121,20 +163,30 @@ def verify_checkpoint(path: str | Path) -> str | None:
 def load_checkpoint(path: str | Path, required: tuple[str, ...] = (), only: tuple[str, ...] | None = None,
                     map_location: str | torch.device = "cpu") -> dict[str, Any]:
     """The state saved in checkpoint ``path`` (every entry, or the entries ``only``), verified against its
-    manifest first.
+    manifest first. Every ``.pt`` file is checked to need no code to load (:func:`unsafe_globals`), the
+    entries not loaded too, before any is loaded, with ``torch.load(..., weights_only=True)``.
 
-    Raises :class:`CheckpointError` naming the checkpoint and what is wrong (a damaged or missing file, a
-    file that does not load, a missing entry of ``required``)."""
+    Raises :class:`UnsafeCheckpointError` for a file that would need unpickling, and :class:`CheckpointError`
+    naming the checkpoint and what is wrong (a damaged or missing file, a file that does not load, a missing
+    entry of ``required``)."""
     path = Path(path)
     bad = verify_checkpoint(path)
     if bad is not None:
         raise CheckpointError(f"checkpoint {path}: {bad}")
+    files = sorted(path.glob("*.pt"))
+    for p in files:
+        try:
+            found = unsafe_globals(p)
+        except Exception as e:  # noqa: BLE001 - not a torch zip file: a damaged file
+            raise CheckpointError(f"checkpoint {path}: {p.name} does not load ({type(e).__name__})") from None
+        if found:
+            raise _refuse_unsafe(path, p.name, found)
     state = {}
-    for p in sorted(path.glob("*.pt")):
+    for p in files:
         if only is not None and p.stem not in only:
             continue
         try:
-            state[p.stem] = torch.load(p, map_location=map_location, weights_only=False)
+            state[p.stem] = torch.load(p, map_location=map_location, weights_only=True)
         except Exception as e:  # noqa: BLE001 - any unpickling/zip error means the same thing: a damaged file
             raise CheckpointError(f"checkpoint {path}: {p.name} does not load ({type(e).__name__})") from None
     missing = [n for n in required if n not in state]
@@ -192,18 +244,72 @@ def resume_point(out: str | Path, required: tuple[str, ...],
 
 
 def refuse_lost_checkpoints(out: str | Path, checkpoint_every: int) -> None:
-    """A resume that finds no checkpoint starts again from step 0 and writes the logs again. Refused in one line
-    when a checkpoint must have existed (the run finished, or logged a step at which one is written), so that no
-    row is thrown away for a deleted ``checkpoints/`` folder."""
+    """A resume that finds no checkpoint starts again from step 0 and writes the logs again, identically (a
+    run stopped before its first checkpoint, even between the metrics row of that checkpoint's step and the
+    checkpoint's rename: what was durably written is the logs up to that step, and step 0 reproduces them).
+    Refused in one line when a checkpoint must have existed (the run finished, or logged a step after the
+    first checkpoint's), so that no row is thrown away for a deleted ``checkpoints/`` folder."""
     from entropy_rft.rundir import read_status, read_step_log
 
     out = Path(out)
     last = max((r["step"] for r in read_step_log(out / "metrics.jsonl")), default=0)
     finished = read_status(out).get("status") == "finished"
-    if finished or last >= checkpoint_every:
+    if finished or last > checkpoint_every:
         what = "finished" if finished else f"logged step {last} (a checkpoint is written every {checkpoint_every})"
         raise UserError(f"{out}: no checkpoint in {out / CHECKPOINTS}, but the run {what}; put its checkpoints "
                         "back, or start it again with --overwrite")
+    if last >= 1:
+        warn(f"{out}: no checkpoint yet (the run stopped before its first one was written); starting again from "
+             f"step 0, and steps 1..{last} are written again as they were")
+
+
+# ----------------------------------------------------------------------------- the TRL engine's checkpoints
+
+
+def trl_checkpoint_gap(folder: str | Path) -> str | None:
+    """What a ``trl/checkpoint-N`` folder lacks, or None when it is complete. transformers writes the folder in
+    place (model, optimizer, scheduler, RNG) and ``trainer_state.json`` last; the engine's ``erft_state.pt``
+    comes first. Complete: ``trainer_state.json`` parses, with ``global_step`` N, and ``erft_state.pt`` is
+    there."""
+    folder = Path(folder)
+    try:
+        state = json.loads((folder / "trainer_state.json").read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return "no trainer_state.json"
+    except (OSError, ValueError):
+        return "trainer_state.json is cut short or damaged"
+    step = folder.name.rsplit("-", 1)[-1]
+    if not isinstance(state, dict) or str(state.get("global_step")) != step:
+        return f"trainer_state.json is not step {step}'s"
+    if not (folder / "erft_state.pt").is_file():
+        return "no erft_state.pt"
+    return None
+
+
+def last_complete_trl_checkpoint(trl_dir: str | Path, remove: bool = False) -> Path | None:
+    """The newest complete ``checkpoint-N`` of ``trl_dir`` (:func:`trl_checkpoint_gap`), or None. Each newer
+    incomplete one (a run killed while transformers wrote it) is named in a warning and, with ``remove``
+    (the writer of the run), deleted, so that the resumed run writes it again."""
+    trl_dir = Path(trl_dir)
+    if not trl_dir.is_dir():
+        return None
+    found = [p for p in trl_dir.iterdir() if p.is_dir() and p.name.startswith("checkpoint-")
+             and p.name[len("checkpoint-"):].isdigit()]
+    skipped = []
+    for p in sorted(found, key=lambda p: int(p.name.split("-")[1]), reverse=True):
+        gap = trl_checkpoint_gap(p)
+        if gap is None:
+            for q, why in skipped:
+                warn(f"{q} is incomplete ({why}: the run stopped while writing it); "
+                     f"{'removed, ' if remove else ''}resuming from {p.name}")
+            return p
+        skipped.append((p, gap))
+        if remove:
+            shutil.rmtree(p, ignore_errors=True)
+    for q, why in skipped:
+        warn(f"{q} is incomplete ({why}: the run stopped while writing it); "
+             f"{'removed, ' if remove else ''}starting again from step 0")
+    return None
 
 
 # ----------------------------------------------------------------------------- the recorded config

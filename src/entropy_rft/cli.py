@@ -15,6 +15,7 @@ import errno
 import os
 import re
 import sys
+import threading
 
 from entropy_rft.commands import compare, experiment, export_verl, fit_law, methods, probe, report, tasks, train
 from entropy_rft.commands import eval as eval_cmd
@@ -168,6 +169,9 @@ def main(argv: list[str] | None = None) -> int:
     args = _parse(parser, argv)
     debug = debug_enabled(bool(getattr(args, "debug", False)))
     cmd = f"erft {args.command}"
+    hook = threading.excepthook
+    if not debug:
+        threading.excepthook = _thread_failed
     try:
         return int(args._run(args) or 0)
     except KeyboardInterrupt:
@@ -197,6 +201,20 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{cmd}: internal error: {type(e).__name__}{': ' + detail if detail else ''} "
               "(rerun with --debug for the traceback)", file=sys.stderr)
         return EXIT_FAILED
+    finally:
+        threading.excepthook = hook
+
+
+def _thread_failed(a: threading.ExceptHookArgs) -> None:
+    """A library's background thread that dies (TensorBoard's event writer on a full disk): one warning line
+    instead of its traceback ahead of ours; what it means for the run, the main thread says (the tracker is
+    dropped, or the command fails in one line). ``--debug`` keeps Python's traceback."""
+    if a.exc_type is SystemExit:
+        return
+    e = a.exc_value
+    what = os_error_message(e)[0] if isinstance(e, OSError) else f"{a.exc_type.__name__}: {_one_line(e, limit=200)}"
+    name = a.thread.name if a.thread is not None else "?"
+    print(f"erft: warning: a background thread ({name}) stopped: {what}", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

@@ -489,7 +489,26 @@ def load_policy(
             else None
         what = str(weights) if weights is not None else f"the model in {where}"
         raise UserError(f"--model {name!r}: {what} cannot be loaded ({type(e).__name__}: {first_line(e)}); "
-                        "re-save or re-download the model") from e
+                        f"{_damage_fix(where)}") from e
+    check_finite_weights(model, name, where)
     model.to(device)
     model.eval()
     return model, tokenizer
+
+
+def check_finite_weights(model: torch.nn.Module, name: str, where: str) -> None:
+    """Refuse weights that hold NaN or inf, in one line naming the tensor: a file damaged in place (a cache
+    whose bytes changed after it was written) loads without error and would fail later, mid-sampling, as an
+    internal error. A cached build's fix is to delete its folder, which the next run builds again."""
+    for pname, prm in model.named_parameters():
+        if not bool(torch.isfinite(prm).all()):
+            raise UserError(f"--model {name!r}: weight {pname} in {where} holds NaN or inf (the file is damaged); "
+                            f"{_damage_fix(where)}")
+
+
+def _damage_fix(where: str) -> str:
+    """The fix for a policy folder whose files are damaged: a finished build of erft's cache (its info file)
+    is deleted and built again on the next run; anything else is re-saved or re-downloaded."""
+    if Path(where).is_dir() and is_complete(Path(where)):
+        return f"delete {where} and it is built again"
+    return "re-save or re-download the model"

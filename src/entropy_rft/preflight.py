@@ -97,6 +97,19 @@ def check_resume_dir(path: str | Path) -> None:
     what = "is a file, not a run directory" if Path(path).exists() else "no such run directory"
     if not Path(path).is_dir():
         raise UserError(f"--resume {path}: {what}")
+    check_utf8_path(os.fspath(path), "--resume")
+
+
+def check_utf8_path(text: str, flag: str) -> None:
+    """Refuse a path that is not UTF-8 (bytes the file system took, decoded as surrogates): the tokenizer's
+    writer, safetensors and the trackers cannot encode it, so a run would fail at its end, after the work."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        bad = os.fsencode(text[e.start:e.end])
+        shown = os.fsencode(text).decode("utf-8", "backslashreplace")
+        raise UserError(f"{flag} '{shown}': the path is not UTF-8 (byte 0x{bad[0]:02x}), which the tokenizer and "
+                        "safetensors cannot write to; choose a name in UTF-8") from None
 
 
 def check_out(out: str | os.PathLike, flag: str = "--out", *,
@@ -108,6 +121,7 @@ def check_out(out: str | os.PathLike, flag: str = "--out", *,
         text = os.fsdecode(text)
     if not text.strip():
         raise UserError(f"{flag} is empty; pass a folder, e.g. {flag} runs/my-run")
+    check_utf8_path(text, flag)
     p = Path(text)
     long_parts = [part for part in p.parts if len(os.fsencode(part)) > _NAME_MAX]
     if long_parts:

@@ -18,6 +18,7 @@ Layout of ``--out DIR``::
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -50,17 +51,43 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def as_os_error(e: BaseException, path: str | Path) -> BaseException:
+    """The ``OSError`` behind a writer's own exception, named with ``path``, so that the CLI says it in one line
+    ("No space left on device; the disk is full..."): ``torch.save``'s C++ writer raises ``RuntimeError``
+    ("[enforce fail at inline_container.cc] unexpected pos") with the file object's ``OSError`` as its context,
+    safetensors a ``SafetensorError`` ("I/O error: No space left on device (os error 28)"). ``e`` itself when
+    no OS error is behind it."""
+    import re
+
+    ctx: BaseException | None = e
+    while ctx is not None:
+        if isinstance(ctx, OSError) and ctx.errno is not None:
+            return OSError(ctx.errno, ctx.strerror, str(path))
+        ctx = ctx.__context__
+    m = re.search(r"\(os error (\d+)\)", str(e))
+    if m:
+        return OSError(int(m.group(1)), os.strerror(int(m.group(1))), str(path))
+    return e
+
+
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     """Write ``data`` to ``path`` via a temp file in the same folder, fsync, then rename."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
-        with os.fdopen(fd, "wb") as f:
+        f = os.fdopen(fd, "wb")
+        try:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+        finally:  # a full disk fails the write or the flush; closing must not raise it again, unnamed
+            with contextlib.suppress(OSError):
+                f.close()
         os.replace(tmp, path)
+    except OSError as e:
+        Path(tmp).unlink(missing_ok=True)
+        raise OSError(e.errno, e.strerror, str(path)) from None  # named: the CLI's one line says which file
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
@@ -132,6 +159,20 @@ class JsonlWriter:
         if not self._f.closed:
             self.sync()
         self._f.close()
+
+
+FAULT_ENV = "ERFT_FAULT"
+
+
+def fault_point(point: str, step: int) -> None:
+    """The fault-injection hook of the crash tests: with ``ERFT_FAULT=<point>:<step>`` in the environment, the
+    process kills itself (SIGKILL, no cleanup) when it reaches ``point`` at ``step``. Points: ``after_row``
+    (step N's metrics row written, its checkpoint not yet), ``in_checkpoint`` (checkpoint N's first file
+    written, its manifest not yet). Unset, it does nothing."""
+    if os.environ.get(FAULT_ENV) == f"{point}:{step}":
+        import signal
+
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def warn(msg: str) -> None:

@@ -62,14 +62,22 @@ def device_name(device: torch.device) -> str:
 
 
 def rng_state(gens: dict[str, torch.Generator]) -> dict[str, Any]:
-    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
+    """Every RNG's state as tensors and plain Python values (``torch.load(..., weights_only=True)`` loads it:
+    numpy's key array is a tensor here, not a pickled ndarray)."""
+    name, keys, pos, has_gauss, gauss = np.random.get_state()
+    return {"python": random.getstate(),
+            "numpy": {"name": str(name), "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+                      "has_gauss": int(has_gauss), "cached_gaussian": float(gauss)},
+            "torch": torch.get_rng_state(),
             "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
             "generators": {k: g.get_state() for k, g in gens.items()}}
 
 
 def set_rng_state(state: dict[str, Any], gens: dict[str, torch.Generator]) -> None:
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    n = state["numpy"]
+    np.random.set_state((n["name"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"],
+                         n["cached_gaussian"]))
     torch.set_rng_state(state["torch"])
     if state.get("cuda") is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
@@ -504,7 +512,8 @@ def train(cfg: Config, out: str | Path, *, resume: bool = False, on_step=None) -
     rundir.write_status(out, "running", start_step=start, max_steps=cfg.train.max_steps, **where)
     if state is not None:
         run.load_state(state)
-    logger = rundir.Logger(out, cfg, purge_step=start + 1 if resume else None)
+    # a resume purges the trackers' events after the checkpoint (all of them when it starts again from step 0)
+    logger = rundir.Logger(out, cfg, purge_step=(start + 1 if state else 0) if resume else None)
     handlers = _install_signal_handlers(run)
     last: dict[str, Any] = {}
     status = "failed"
@@ -524,6 +533,7 @@ def train(cfg: Config, out: str | Path, *, resume: bool = False, on_step=None) -
                         f"step {step}: the policy's logits are not finite ({e}): training diverged, or the model's "
                         f"weights are damaged; lower optim.lr (now {cfg.optim.lr:g}){clip} and start a new run "
                         "(the checkpoints before this step are kept)") from None
+                rundir.fault_point("after_row", step)
                 bar(last)
                 if on_step is not None:
                     on_step(run, last)
@@ -611,8 +621,15 @@ def _export_final(run: Run) -> None:
 
     final = run.out / "final"
     tmp = Path(tempfile.mkdtemp(prefix=".final_", dir=run.out))
-    run.model.save_pretrained(tmp)
-    run.tok.save_pretrained(tmp)
+    try:
+        run.model.save_pretrained(tmp)
+        run.tok.save_pretrained(tmp)
+    except Exception as e:  # a full disk: safetensors' and torch's writers hide the OSError
+        shutil.rmtree(tmp, ignore_errors=True)
+        err = rundir.as_os_error(e, final)
+        if err is e:
+            raise
+        raise err from None
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)

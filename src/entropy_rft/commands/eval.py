@@ -133,6 +133,14 @@ def _check_fits(model, tok, examples: list, max_new_tokens: int, what: str) -> N
         raise UserError(f"{what}: {e}; or pick a --dataset whose prompts fit this model") from None
 
 
+def pruned(spec: dict[str, Any]) -> bool:
+    """Whether the checkpoint of ``spec`` is gone since it was listed: a live run pruned it (the folder, or its
+    manifest, which pruning removes with the rest), as opposed to a damaged one, whose manifest stays."""
+    from entropy_rft.checkpoints import checkpoint_dirs
+
+    return "checkpoint" in spec and spec["checkpoint"] not in checkpoint_dirs(spec["run"])
+
+
 def load_model(spec: dict[str, Any], device: str, dtype: str):
     from entropy_rft.policies import load_policy
 
@@ -262,7 +270,16 @@ def evaluate(args: argparse.Namespace, on_result: Callable[[list[dict[str, Any]]
 
     results: list[dict[str, Any]] = []
     for spec in models:
-        model, tok = load_model(spec, args.device, args.dtype)
+        try:
+            model, tok = load_model(spec, args.device, args.dtype)
+        except UserError:
+            if not pruned(spec):
+                raise
+            from entropy_rft.rundir import warn
+
+            warn(f"{spec['checkpoint']} was removed while erft eval ran (the live run keeps only its newest "
+                 "checkpoints); skipped")
+            continue
         apply_threads(args.threads, model, args.device)
         for name, task, examples in tasks:
             _check_fits(model, tok, examples, args.max_new_tokens, f"{spec['label']} on {name}")

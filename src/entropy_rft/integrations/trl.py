@@ -22,9 +22,9 @@ import yaml
 from accelerate import PartialState
 from datasets import Dataset
 from torch import Tensor
-from transformers.trainer_utils import get_last_checkpoint
 
 from entropy_rft import control, dynamics, rundir
+from entropy_rft.checkpoints import last_complete_trl_checkpoint
 from entropy_rft.config import config_to_dict
 from entropy_rft.control import Masks, Method
 from entropy_rft.forward import supports_fused
@@ -333,18 +333,21 @@ class EntropyControlGRPOTrainer(GRPOTrainer):
             self.step_metrics.add(metrics)
 
     def _save_checkpoint(self, model, trial):
-        super()._save_checkpoint(model, trial)
+        # Before transformers' files: its trainer_state.json, written last, marks the folder complete
+        # (checkpoints.trl_checkpoint_gap) and its rotation may delete the previous checkpoint.
         if self.args.should_save:
             folder = Path(self._get_output_dir(trial=trial)) / f"checkpoint-{self.state.global_step}"
+            folder.mkdir(parents=True, exist_ok=True)
             state = {"method_generator": self.method_generator.get_state(),
                      "knob": self.method.get_knob() if self.method.knob else None}
             torch.save(state, folder / "erft_state.pt")
+        super()._save_checkpoint(model, trial)
 
     def _load_rng_state(self, checkpoint):
         super()._load_rng_state(checkpoint)
         path = Path(checkpoint) / "erft_state.pt" if checkpoint else None
         if path is not None and path.is_file():
-            state = torch.load(path, weights_only=False)
+            state = torch.load(path, weights_only=True)  # a generator state and a float
             self.method_generator.set_state(state["method_generator"])
             if state.get("knob") is not None:
                 self.method.set_knob(state["knob"])
@@ -420,7 +423,8 @@ def train_trl(cfg, out: str | Path, resume: bool = False) -> dict[str, Any]:
     if cfg.train.threads:  # before a default-policy build; 0: apply_threads decides after the load
         torch.set_num_threads(cfg.train.threads)
     k = step_factor(cfg)
-    last = get_last_checkpoint(str(out / "trl")) if resume and (out / "trl").is_dir() else None
+    # transformers' get_last_checkpoint takes the highest checkpoint-N, complete or not
+    last = last_complete_trl_checkpoint(out / "trl", remove=state.is_main_process) if resume else None
     start = int(Path(last).name.split("-")[1]) // k if last else 0
     if state.is_main_process:
         if resume:
@@ -443,7 +447,7 @@ def train_trl(cfg, out: str | Path, resume: bool = False) -> dict[str, Any]:
     trainer.loss_kwargs.update(loss_overrides(cfg, trainer.method.loss_kwargs()))
     log = ErftLog(trainer, cfg, out, k, purge_step=start + 1 if resume else None)
     trainer.add_callback(log)
-    trainer.train(resume_from_checkpoint=last or None)
+    trainer.train(resume_from_checkpoint=str(last) if last else None)
     step = trainer.state.global_step // k
     if state.is_main_process:
         trainer.save_model(str(out / "final"))

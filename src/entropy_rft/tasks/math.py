@@ -75,6 +75,24 @@ DATASETS: dict[str, DatasetSpec] = {
 # ----------------------------------------------------------------------------- reading rows
 
 
+_BOMS = ((b"\xef\xbb\xbf", "utf-8-sig"), (b"\xff\xfe\x00\x00", "utf-32"), (b"\x00\x00\xfe\xff", "utf-32"),
+         (b"\xff\xfe", "utf-16"), (b"\xfe\xff", "utf-16"))
+
+
+def _decode_text(path: Path) -> str:
+    """A JSON/JSONL dataset file as text: UTF-8, or the UTF-8/16/32 its byte-order mark names (editors on
+    Windows write one; JSON itself may be UTF-16 or 32). Anything else is refused in one line naming the file,
+    the first bad byte and the fix."""
+    data = path.read_bytes()
+    encoding = next((enc for bom, enc in _BOMS if data.startswith(bom)), "utf-8")
+    try:
+        return data.decode(encoding)
+    except UnicodeDecodeError as e:
+        raise UserError(f"dataset file '{path}' is not {encoding.upper().replace('-SIG', '')} text (byte "
+                        f"0x{data[e.start]:02x} at offset {e.start}); save it as UTF-8, e.g. `iconv -f LATIN1 "
+                        f"-t UTF-8 {path} > fixed{path.suffix}`") from None
+
+
 def _read_local(path: Path) -> list[Any]:
     suffix = path.suffix.lower()
     if suffix == ".parquet":
@@ -85,10 +103,12 @@ def _read_local(path: Path) -> list[Any]:
         except Exception as e:  # noqa: BLE001 - any pyarrow failure is a bad file
             raise UserError(f"dataset file '{path}' is not a readable parquet file ({type(e).__name__}); "
                             "rewrite it as parquet, JSONL or JSON") from None
-    text = path.read_text(encoding="utf-8")
+    text = _decode_text(path)
     if suffix == ".jsonl":
         rows: list[Any] = []
-        for line in text.splitlines():
+        # Lines end at "\n" only (a "\r" before it is whitespace to JSON): str.splitlines would also cut at
+        # U+2028, U+0085 and the like, which JSON text may hold raw inside a string.
+        for line in text.split("\n"):
             if not line.strip():
                 continue
             try:
