@@ -329,8 +329,9 @@ def test_summary_table_fits_a_1000px_window(tmp_path):
     m = re.search(r'data-width="(\d+):(\d+):(\d+):(\d+)"', res.stdout)
     assert m, f"chromium did not report the widths: rc={res.returncode} {res.stderr[-500:]}"
     tables, overflowing, page_w, window_w = map(int, m.groups())
-    # summary, entropy at fixed steps; equal entropy; the law and agreement per setpoint; the law and its forecasts
-    assert tables == 7
+    # summary, entropy at fixed steps; equal entropy; the law and agreement per setpoint; the law and its forecasts;
+    # the methods through the lens (issue 28)
+    assert tables == 8
     assert overflowing == 0 and page_w <= window_w
 
 
