@@ -156,6 +156,28 @@ def check_metrics(rank: int) -> None:
         assert abs(got[k] - v) <= 1e-12 * max(1.0, abs(v)), (k, got[k], v)
 
 
+def check_loss_scales(rank: int) -> None:
+    """The window's loss factors from three global counts equal those from ``agg_weights`` on the
+    concatenated counted masks, bit for bit."""
+    from entropy_rft.control import microbatch_loss_scale
+    from entropy_rft.integrations import window
+    from entropy_rft.loss import agg_weights
+
+    _, _, mask, _, slices = synthetic(10)
+    mask[slices[2]] = False  # a rank with no counted token, and rows that count nothing
+    mask[slices[3].start] = False
+    sl, w = slices[rank], WIDTHS[rank]
+    micro = [slice(sl.start, sl.start + 1), slice(sl.start + 1, sl.stop)]
+    for agg in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"):
+        for width in (None, 9):
+            got = window.global_loss_scales([mask[r, :w] for r in micro], agg, width)
+            g = torch.zeros(mask.shape[0], width or mask.shape[1], dtype=torch.bool)
+            g[:, : mask.shape[1]] = mask
+            weights = agg_weights(g, agg, torch.float64)
+            want = [microbatch_loss_scale(weights[r], mask[r, :w], agg) * WORLD for r in micro]
+            assert got == want, (rank, agg, width, got, want)
+
+
 def check_bytes(rank: int) -> dict[str, list[int]]:
     """Bytes this rank sends for one generation batch (ClipV with cap; 80/20, which still gathers) and one
     optimizer window (Clip-Cov, KL-Cov), at two batch sizes."""
@@ -181,6 +203,8 @@ def check_bytes(rank: int) -> dict[str, list[int]]:
                                               {"eps_low": 0.2, "eps_high": 0.2}, torch.Generator().manual_seed(1))
                 out.setdefault(name, []).append(counter.take())
             counter.take()
+            window.global_loss_scales([mask[sl, :w]], "seq-mean-token-mean")
+            out.setdefault("loss_scales", []).append(counter.take())
             window.global_batch_metrics(window.GlobalBatch(_local(st, sl, w), adv[sl], mask[sl, :w],
                                                            control.Masks()), torch.zeros(ROWS[rank] * scale) > 0)
             out.setdefault("metrics", []).append(counter.take())
@@ -197,6 +221,7 @@ def worker(rank: int, port: int, queue) -> None:
     try:
         ties = check_selections(rank)
         check_metrics(rank)
+        check_loss_scales(rank)
         queue.put((rank, ties, check_bytes(rank)))
     finally:
         dist.destroy_process_group()
@@ -232,6 +257,8 @@ def test_four_process_selections_equal_single_process():
     for scale, got in zip((1, 4), sent["kl_cov"]):
         st, adv, mask, _, _ = synthetic(9, scale)
         assert got == 3 * 8 + 8 + 16 * max(int(0.05 * int(mask.sum())), 1), (scale, got)
+    # loss scales: counted tokens, sequences that count, width (float64)
+    assert sent["loss_scales"] == [3 * 8] * 2
     # batch metrics: 8 + 4 float64 sums, and 5 counts
     assert sent["metrics"] == [(8 + 4 + 5) * 8] * 2
     assert world == 4

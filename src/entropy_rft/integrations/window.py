@@ -36,10 +36,11 @@ from entropy_rft.integrations.dist_select import (
     dist_minibatch_masks,
     dist_rollout_masks,
     dist_stats_metrics,
+    gather_small,
     global_sum,
 )
 from entropy_rft.integrations.stats_forward import map_stats
-from entropy_rft.loss import agg_weights, ppo_clipped_mask
+from entropy_rft.loss import _check_agg, agg_weights, ppo_clipped_mask
 from entropy_rft.metrics import stats_metrics
 
 __all__ = [
@@ -225,13 +226,35 @@ def global_loss_scales(counted: list[Tensor], agg: str, width: int | None = None
 
     ``counted[j]`` is micro-batch j's counting mask (mask & keep), at the width it has in ``policy_loss``.
     ``width`` is the common padded length T for ``seq-mean-token-sum-norm`` (Dr.GRPO's constant; default:
-    the widest micro-batch). The minibatch-level weights come from ``loss.agg_weights`` on the gathered
-    masks; each factor is ``control.microbatch_loss_scale`` times the world size (DDP's average).
+    the widest micro-batch, over all ranks). The minibatch-level weights are ``loss.agg_weights`` of the
+    window's counted masks of all ranks; each factor is ``control.microbatch_loss_scale`` times the world size
+    (DDP's average). With several ranks only three numbers per rank travel (counted tokens, sequences that
+    count, width), and this rank's rows of the weights are ``agg_weights``'s formulas with those global
+    counts: the same bits as on the gathered masks (the counts are exact in float64).
     """
     _, world = rank_and_world()
     w = max([width or 0] + [c.shape[1] for c in counted])
-    g, rows = all_gather_rows(_cat_rows([_pad_cols(c, w, False) for c in counted], False), False)
-    mine = agg_weights(g, agg, torch.float64)[rows]
+    local = _cat_rows([_pad_cols(c, w, False) for c in counted], False)
+    if world == 1:
+        mine = agg_weights(local, agg, torch.float64)
+    else:
+        _check_agg(agg, local)
+        mf = local.to(torch.float64)
+        per_seq = mf.sum(-1, keepdim=True)
+        parts = gather_small(torch.stack([mf.sum(), (per_seq > 0).sum().to(torch.float64),
+                                          torch.tensor(float(w), dtype=torch.float64, device=mf.device)]))
+        totals = parts[0][:2].clone()
+        for p in parts[1:]:  # in rank order, as dist_select.global_sum
+            totals += p[:2]
+        n_tok, n_seq = totals.unbind()
+        width_all = int(max(float(p[2]) for p in parts))
+        mf = _pad_cols(mf, width_all, 0.0)  # the gathered masks' width, so Σ weights adds in the same order
+        if agg == "token-mean":
+            mine = mf / n_tok.clamp(min=1.0)
+        elif agg == "seq-mean-token-mean":
+            mine = mf / per_seq.clamp(min=1.0) / n_seq.clamp(min=1.0)
+        else:
+            mine = mf / (n_seq.clamp(min=1.0) * width_all)
     scales, r = [], 0
     for c in counted:
         scales.append(microbatch_loss_scale(mine[r : r + c.shape[0]], c, agg) * world)
