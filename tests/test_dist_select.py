@@ -9,6 +9,7 @@ wrong tie-break (by rank, or by local position) fails. Ranks hold uneven row cou
 
 from __future__ import annotations
 
+import dataclasses
 import socket
 
 import torch
@@ -104,12 +105,17 @@ def check_selections(rank: int) -> list[bool]:
                          ("clip_b_paper", {"mu_low": 0.8, "mu_high": 0.6}),
                          ("clip_v", {"mu": 0.2, "max_frac": 0.04, "advantage_sign": "any"}),
                          ("clip_v_paper", {"mu_low": 0.3, "mu_high": 0.3, "max_frac": 0.05}),
-                         ("clip_v_paper", {"mu_low": 0.3, "mu_high": None})):
+                         ("clip_v_paper", {"mu_low": 0.3, "mu_high": None}),
+                         ("grad_mask", {}), ("entropy_adv", {}), ("entropic", {}), ("high_entropy", {"top_q": 0.3})):
         m = control.build_method(name, **params)
         gb = window.global_rollout_batch(m, _local(st, sl, w), adv[sl], mask[sl, :w])
-        want = m.rollout_masks(st, adv, mask).keep
-        assert torch.equal(gb.local_keep(mask[sl, :w]), want[sl, :w] & mask[sl, :w]), (rank, name, params)
-        assert gb.masks.keep.shape == (ROWS[rank], w)
+        whole = m.rollout_masks(st, adv, mask)
+        for f in dataclasses.fields(whole):
+            got, want = getattr(gb.masks, f.name), getattr(whole, f.name)
+            assert (got is None) == (want is None), (rank, name, f.name)
+            if want is not None:
+                assert got.shape == (ROWS[rank], w) and torch.equal(got, want[sl, :w]), (rank, name, f.name)
+        want = whole.keep
         if name.startswith("clip_v") and params.get("max_frac"):
             s, low, high = st.s_centered.double(), params.get("mu_low", params.get("mu")), params.get("mu_high")
             std = s[mask].std(unbiased=False)

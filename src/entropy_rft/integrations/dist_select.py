@@ -25,7 +25,8 @@ the means they subtract, could order differently from the single-process run; ex
 Without a process group (one process) every function calls the ``control.masks`` rule itself, so single-
 process numbers are unchanged bit for bit.
 
-Bytes each rank sends per call (besides the fixed few-number exchanges): top-k 16·k, random pick 0.
+Bytes each rank sends per call, besides a few numbers (sums, counts): top-k 16·min(k, max_r n_r), random
+pick 0 (docs/trl.md tabulates them per step).
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ __all__ = [
     "global_random_pick",
     "global_sum",
     "global_top_k",
+    "rank_counts",
     "rank_offsets",
 ]
 
@@ -88,11 +90,15 @@ def global_sum(x: Tensor) -> Tensor:
     return out
 
 
+def rank_counts(n: int, device: torch.device) -> list[int]:
+    """Every rank's ``n``, in rank order (one int64 per rank)."""
+    return [int(c) for c in gather_small(torch.tensor([n], dtype=torch.long, device=device))]
+
+
 def rank_offsets(n: int, device: torch.device) -> tuple[int, int]:
     """(Σ of ``n`` over the earlier ranks, Σ over all ranks): this rank's first global position."""
-    rank, _ = rank_and_world()
-    counts = [int(c) for c in gather_small(torch.tensor([n], dtype=torch.long, device=device))]
-    return sum(counts[:rank]), sum(counts)
+    counts = rank_counts(n, device)
+    return sum(counts[: rank_and_world()[0]]), sum(counts)
 
 
 def global_mean_std(x: Tensor, mask: Tensor) -> tuple[Tensor, Tensor, int]:
@@ -113,20 +119,21 @@ def global_mean_std(x: Tensor, mask: Tensor) -> tuple[Tensor, Tensor, int]:
 def global_top_k(score: Tensor, k: int) -> Tensor:
     """Which of this rank's candidates (``score``, 1-D, in this rank's row-major order) are among the k of
     largest score over all ranks' candidates; ties go to the earlier global position (rank, then position).
-    Two stages: a local top-k, then the world·k candidates (16 bytes each) gathered and merged. Bool, like
-    ``score``. All candidates when there are at most k."""
+    Two stages: a local top-k, then each rank's first min(k, n_r) candidates (16 bytes each, padded to the
+    largest such count) gathered and merged. Bool, like ``score``. All candidates when there are at most k."""
     n = score.numel()
-    offset, total = rank_offsets(n, score.device)
+    counts = rank_counts(n, score.device)
+    offset, total = sum(counts[: rank_and_world()[0]]), sum(counts)
     out = torch.zeros(n, dtype=torch.bool, device=score.device)
     if total <= k:
         out[:] = True
         return out
     if k == 0:
         return out
-    m = min(k, n)
+    m, width = min(k, n), max(min(k, c) for c in counts)
     order = torch.sort(score, descending=True, stable=True).indices[:m]
-    send_score = torch.full((k,), float("-inf"), dtype=torch.float64, device=score.device)
-    send_pos = torch.full((k,), -1, dtype=torch.long, device=score.device)
+    send_score = torch.full((width,), float("-inf"), dtype=torch.float64, device=score.device)
+    send_pos = torch.full((width,), -1, dtype=torch.long, device=score.device)
     send_score[:m] = score.to(torch.float64)[order]
     send_pos[:m] = order + offset
     scores = torch.cat(gather_small(send_score))
@@ -268,11 +275,15 @@ def dist_kl_cov_select(logp: Tensor, advantages: Tensor, mask: Tensor, ratio: fl
 
 
 def dist_rollout_masks(method: Method, stats: TokenStats, advantages: Tensor, mask: Tensor) -> Masks | None:
-    """``method.rollout_masks`` of this rank's rows on the batch of all ranks, without gathering the tokens,
-    for ClipB, ClipV and their paper variants; None for any other method (the caller gathers)."""
+    """``method.rollout_masks`` of this rank's rows on the batch of all ranks, without gathering the tokens:
+    ClipB, ClipV and their paper variants from sums and top-k candidates; grad_mask, entropy_adv and entropic,
+    whose rules read each token alone, on this rank's rows as they are. None for any other method (80/20:
+    the caller gathers)."""
     from entropy_rft.control import builtins as b
 
     kind = type(method)
+    if kind in (b.GradMask, b.EntropyAdvantage, b.EntropicControl):  # per-token rules: no batch statistic
+        return method.rollout_masks(stats, advantages, mask)
     if kind is b.ClipB:
         return Masks(keep=dist_clip_b_mask(stats.s_star, advantages, mask, method.mu, None, method.advantage_sign))
     if kind is b.ClipBPaper:
