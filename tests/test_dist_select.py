@@ -3,14 +3,16 @@
 and the bytes each rank puts into the collectives no longer grow with the number of tokens.
 
 The batch is built on a coarse grid (values k/2, advantages in {-1, -0.5, 0, 0.5, 1}), so equal scores are
-frequent, fall on several ranks, and the k-th selected score is tied with unselected ones (asserted): a
-wrong tie-break (by rank, or by local position) fails. Ranks hold uneven row counts and padded widths.
+frequent, fall on several ranks, and the k-th selected score is tied with unselected ones on other ranks
+(asserted, for ClipV's cap and KL-Cov's top-k): a wrong tie-break (by rank, or by local position) fails.
+Ranks hold uneven row counts and padded widths.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import socket
+import traceback
 
 import torch
 import torch.multiprocessing as mp
@@ -26,8 +28,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def synthetic(seed: int, scale: int = 1):
-    """The whole batch ([N, 8], N = scale·16), each rank's rows and width, and the old log-probs."""
+def synthetic(seed: int, scale: int = 1, spread: bool = True):
+    """The whole batch ([N, 8], N = scale·16), each rank's rows and width, and the old log-probs. ``spread``:
+    rank 3's S is 3× the others' (its extremes are then all on rank 3)."""
     from entropy_rft.dynamics import TokenStats
 
     g = torch.Generator().manual_seed(seed)
@@ -44,7 +47,8 @@ def synthetic(seed: int, scale: int = 1):
         return torch.randint(lo, hi, (n, w), generator=g).float() / 2
 
     fields = {"entropy": grid(0, 8), "logp": -grid(0, 6), "s_star": grid(-6, 7), "s_expected": grid(-2, 3)}
-    fields["s_star"][slices[3]] *= 3.0  # the ranks' statistics differ: per-rank thresholds would differ
+    if spread:  # the ranks' statistics differ: per-rank thresholds would differ
+        fields["s_star"][slices[3]] *= 3.0
     fields["s_centered"] = fields["s_star"] - fields["s_expected"]
     adv = torch.randint(-2, 3, (n,), generator=g).float() / 2
     old = fields["logp"] + grid(-1, 2) / 10
@@ -85,11 +89,18 @@ class ByteCounter:
         self.dist.all_gather, self.dist.all_reduce = self.orig
 
 
-def _tied_at_cut(score: torch.Tensor, chosen: torch.Tensor, among: torch.Tensor) -> bool:
-    """Whether the smallest chosen score equals the score of a candidate left out."""
+def _tied_across_ranks(score: torch.Tensor, chosen: torch.Tensor, among: torch.Tensor, slices) -> bool:
+    """Whether the smallest chosen score is shared by a chosen candidate and a left-out one on different
+    ranks (so a tie-break by rank, or by each rank's own position, would choose differently)."""
     if not chosen.any() or not (among & ~chosen).any():
         return False
-    return bool((score[among & ~chosen] == score[chosen].min()).any())
+    rank_of = torch.zeros(score.shape[0], dtype=torch.long)
+    for r, sl in enumerate(slices):
+        rank_of[sl] = r
+    at_cut = score == score[chosen].min()
+    ranks_in = set(rank_of[(chosen & at_cut).nonzero()[:, 0]].tolist())
+    ranks_out = set(rank_of[(among & ~chosen & at_cut).nonzero()[:, 0]].tolist())
+    return any(a != b for a in ranks_in for b in ranks_out)
 
 
 def check_selections(rank: int) -> list[bool]:
@@ -101,12 +112,17 @@ def check_selections(rank: int) -> list[bool]:
     st, adv, mask, old, slices = synthetic(7)
     sl, w = slices[rank], WIDTHS[rank]
     ties = []
-    for name, params in (("clip_b", {"mu": 0.5, "advantage_sign": "negative"}),
-                         ("clip_b_paper", {"mu_low": 0.8, "mu_high": 0.6}),
-                         ("clip_v", {"mu": 0.2, "max_frac": 0.04, "advantage_sign": "any"}),
-                         ("clip_v_paper", {"mu_low": 0.3, "mu_high": 0.3, "max_frac": 0.05}),
-                         ("clip_v_paper", {"mu_low": 0.3, "mu_high": None}),
-                         ("grad_mask", {}), ("entropy_adv", {}), ("entropic", {}), ("high_entropy", {"top_q": 0.3})):
+    flat = synthetic(7, spread=False)[0]  # S_c's extremes on several ranks: the cap's cut crosses ranks
+    for name, params, spread in (
+            ("clip_b", {"mu": 0.5, "advantage_sign": "negative"}, True),
+            ("clip_b_paper", {"mu_low": 0.8, "mu_high": 0.6}, True),
+            ("clip_v", {"mu": 0.2, "max_frac": 0.04, "advantage_sign": "any"}, True),
+            ("clip_v", {"mu": 0.2, "max_frac": 0.04, "advantage_sign": "any"}, False),
+            ("clip_v_paper", {"mu_low": 0.3, "mu_high": 0.3, "max_frac": 0.04}, False),
+            ("clip_v_paper", {"mu_low": 0.3, "mu_high": None}, True),
+            ("grad_mask", {}, True), ("entropy_adv", {}, True), ("entropic", {}, True),
+            ("high_entropy", {"top_q": 0.3}, True)):
+        st = synthetic(7)[0] if spread else flat
         m = control.build_method(name, **params)
         gb = window.global_rollout_batch(m, _local(st, sl, w), adv[sl], mask[sl, :w])
         whole = m.rollout_masks(st, adv, mask)
@@ -116,11 +132,12 @@ def check_selections(rank: int) -> list[bool]:
             if want is not None:
                 assert got.shape == (ROWS[rank], w) and torch.equal(got, want[sl, :w]), (rank, name, f.name)
         want = whole.keep
-        if name.startswith("clip_v") and params.get("max_frac"):
+        if name.startswith("clip_v") and params.get("max_frac") and not spread:
             s, low, high = st.s_centered.double(), params.get("mu_low", params.get("mu")), params.get("mu_high")
             std = s[mask].std(unbiased=False)
             excess = torch.maximum(-low * std - s, s - (high or float("inf")) * std)
-            ties.append(_tied_at_cut(excess, mask & ~want, mask & (excess > 0)))
+            ties.append(_tied_across_ranks(excess, mask & ~want, mask & (excess > 0), slices))
+    st = synthetic(7)[0]
 
     micro = [slice(sl.start, sl.start + 1), slice(sl.start + 1, sl.stop)]
     kw = {"eps_low": 0.2, "eps_high": 0.2}
@@ -137,7 +154,7 @@ def check_selections(rank: int) -> list[bool]:
         for r, g_masks in zip(micro, got):
             assert torch.equal(getattr(g_masks, field), getattr(want, field)[r, :w]), (rank, name, params)
         if name == "kl_cov":
-            ties.append(_tied_at_cut(token_covariance(st.logp, adv, mask), want.kl_cov_select, mask))
+            ties.append(_tied_across_ranks(token_covariance(st.logp, adv, mask), want.kl_cov_select, mask, slices))
     return ties
 
 
@@ -229,6 +246,9 @@ def worker(rank: int, port: int, queue) -> None:
         check_metrics(rank)
         check_loss_scales(rank)
         queue.put((rank, ties, check_bytes(rank)))
+    except AssertionError:  # reported by the test itself (the other ranks then fail on the lost connection)
+        queue.put((rank, "failed", traceback.format_exc()))
+        raise
     finally:
         dist.destroy_process_group()
 
@@ -236,12 +256,18 @@ def worker(rank: int, port: int, queue) -> None:
 def test_four_process_selections_equal_single_process():
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    mp.start_processes(worker, args=(_free_port(), queue), nprocs=WORLD, join=True, start_method="spawn")
+    try:
+        mp.start_processes(worker, args=(_free_port(), queue), nprocs=WORLD, join=True, start_method="spawn")
+    except mp.ProcessRaisedException:
+        while not queue.empty():
+            rank, status, trace = queue.get()
+            assert status != "failed", f"rank {rank}: {trace}"
+        raise
     results = sorted(queue.get(timeout=10) for _ in range(WORLD))
     ties = results[0][1]
     assert all(r[1] == ties for r in results)
-    assert ties[0] or ties[1], "ClipV's cap never cut through a tie: the tie-break is untested"
-    assert ties[2] and ties[3], "KL-Cov's top-k never cut through a tie: the tie-break is untested"
+    assert ties[0] and ties[1], "ClipV's cap never cut through a tie across ranks: the tie-break is untested"
+    assert ties[2] and ties[3], "KL-Cov's top-k never cut through a tie across ranks: the tie-break is untested"
 
     # bytes: rank 3 (6 rows of width 7 at scale 1, 24 rows at scale 4), from the tensors the code sends
     sent = results[3][2]
