@@ -294,3 +294,20 @@ def test_four_process_selections_equal_single_process():
     # batch metrics: 8 + 4 float64 sums, and 5 counts
     assert sent["metrics"] == [(8 + 4 + 5) * 8] * 2
     assert world == 4
+
+
+def test_global_top_k_and_pick_in_one_process_are_the_control_rules():
+    """Without a process group the two-stage top-k (one rank) is the stable sort of ``control.masks`` (ties to
+    the earlier position), and the pick is ``randperm(C, generator)[:k]`` (``clip_cov_mask``'s draw)."""
+    from entropy_rft.integrations.dist_select import global_random_pick, global_top_k
+
+    g = torch.Generator().manual_seed(0)
+    score = torch.randint(0, 4, (40,), generator=g).double()
+    for k in (0, 1, 5, 13, 39, 40, 41):
+        want = torch.zeros(40, dtype=torch.bool)
+        want[torch.sort(score, descending=True, stable=True).indices[:k]] = True
+        assert torch.equal(global_top_k(score, k), want), k
+    assert int((score == score.max()).sum()) > 5  # k = 5 cuts through a tie: position decides
+    got = global_random_pick(30, 4, torch.Generator().manual_seed(3), torch.device("cpu"))
+    assert torch.equal(got, torch.randperm(30, generator=torch.Generator().manual_seed(3))[:4])
+    assert torch.equal(global_random_pick(3, 4, None, torch.device("cpu")), torch.arange(3))
