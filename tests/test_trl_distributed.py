@@ -74,7 +74,7 @@ def check_synthetic(rank: int) -> None:
                          ("high_entropy", {"top_q": 0.3})):
         m = control.build_method(name, **params)
         gb = window.global_rollout_batch(m, local, adv[sl], mask[sl, :w])
-        got = gb.masks.keep[gb.rows, :w] & mask[sl, :w]
+        got = gb.local_keep(mask[sl, :w])
         want = m.rollout_masks(st, adv, mask).keep[sl, :w] & mask[sl, :w]
         assert torch.equal(got, want), (rank, name)
         per_rank = m.rollout_masks(local, adv[sl], mask[sl, :w]).keep & mask[sl, :w]
@@ -116,6 +116,7 @@ def check_trainer(rank: int, policy_dir: str, tmp: str) -> None:
     from entropy_rft.dynamics import TokenStats
     from entropy_rft.integrations import trl as erft_trl
     from entropy_rft.integrations import window
+    from entropy_rft.integrations.dist import all_gather_rows
     from entropy_rft.models import load_policy
 
     record = []
@@ -149,7 +150,8 @@ def check_trainer(rank: int, policy_dir: str, tmp: str) -> None:
         g_adv = torch.cat([p[1] for p in parts])
         assert g_mask.shape[0] == WORLD * mask.shape[0]
         want = method.rollout_masks(cat, g_adv, g_mask).keep & g_mask
-        assert torch.equal(gb.masks.keep & gb.mask, want)
+        keep = all_gather_rows(gb.local_keep(mask), False)[0]  # every rank's own rows, in rank order
+        assert torch.equal(keep, want)
         assert int(want.sum()) < int(g_mask.sum())  # the method dropped tokens
 
 

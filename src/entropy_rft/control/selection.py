@@ -17,7 +17,7 @@ from torch import Tensor
 from entropy_rft.control.registry import Masks, Method
 from entropy_rft.loss import agg_weights, ppo_clipped_mask
 
-__all__ = ["MinibatchSelection", "microbatch_loss_scale", "select_minibatch"]
+__all__ = ["MinibatchSelection", "combine_selection", "microbatch_loss_scale", "select_minibatch"]
 
 
 class MinibatchSelection(NamedTuple):
@@ -55,6 +55,13 @@ def select_minibatch(
             raise ValueError(f"method {method.name!r} selects per minibatch: pass the current log-probs")
         clipped = ppo_clipped_mask(logp, old_logp, advantages, mask, eps_low, eps_high)
         selected = method.minibatch_masks(logp, old_logp, advantages, mask, clipped=clipped, generator=generator)
+    return combine_selection(selected, mask, keep)
+
+
+def combine_selection(selected: Masks, mask: Tensor, keep: Tensor | None) -> MinibatchSelection:
+    """A minibatch's selection from the method's own minibatch masks ``selected`` and the rollout ``keep``
+    (None = every token): keep = rollout keep ∧ the method's keep, counted = ``mask`` ∧ keep
+    (``select_minibatch``'s last step, shared with the engines' distributed selections)."""
     kept = keep
     if selected.keep is not None:
         kept = selected.keep if kept is None else kept & selected.keep

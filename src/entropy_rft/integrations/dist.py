@@ -4,7 +4,9 @@ ClipB's mean and std, ClipV's std and cap, the 80/20 quantile and Clip-Cov's can
 must be taken over the *global* batch, never per rank (DESIGN.md, "When each method selects its tokens").
 The simplest exact way is to all-gather the per-token statistics (a few floats per token, small next to the
 logits), run the unchanged ``control`` functions on the concatenation on every rank (same inputs, same
-seeded generator, hence the same result everywhere), and keep this rank's rows.
+seeded generator, hence the same result everywhere), and keep this rank's rows. ``integrations.dist_select``
+gets the same selections for ClipB, ClipV, Clip-Cov and KL-Cov from sums, counts and top-k candidates
+instead; what still gathers here is the 80/20 quantile and any method without such a path.
 
 Rows are concatenated in rank order, so the global batch equals the one a single process would hold if it
 had all ranks' rows in that order (TRL hands process i the i-th slice of the generation batch). Ranks may

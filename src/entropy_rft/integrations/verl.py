@@ -48,9 +48,11 @@ from torch import Tensor
 
 from entropy_rft import control, dynamics
 from entropy_rft.control import Masks, Method, MinibatchSelection, microbatch_loss_scale, select_minibatch
+from entropy_rft.control.selection import combine_selection
 from entropy_rft.integrations._compat import require_version
 from entropy_rft.integrations.dist import all_gather_rows, rank_and_world
-from entropy_rft.loss import AGG_MODES, policy_loss
+from entropy_rft.integrations.dist_select import dist_minibatch_masks, dist_rollout_masks
+from entropy_rft.loss import AGG_MODES, policy_loss, ppo_clipped_mask
 
 # verl versions this integration was tested with (the loss signature and engine internals change often).
 VERL_MIN, VERL_MAX_EXCLUSIVE = (0, 9, 0), (0, 10, 0)
@@ -203,14 +205,19 @@ def global_scale(counted: Tensor, agg: str, info: dict[str, Any] | None) -> floa
 def _minibatch_selection(method: Method, logp: Tensor, old: Tensor, adv: Tensor, mask: Tensor, keep: Tensor | None,
                          kw: dict[str, Any], generator: torch.Generator | None,
                          info: dict[str, Any]) -> MinibatchSelection:
-    """``control.select_minibatch`` on this micro-batch of every data-parallel rank (all-gathered; per rank
-    when the process group is larger than the data-parallel group), scattered back to this rank's rows.
-    Only a minibatch-stage method (Clip-Cov, KL-Cov) needs the gather."""
+    """``control.select_minibatch`` on this micro-batch of every data-parallel rank (per rank when the process
+    group is larger than the data-parallel group), this rank's rows. Only a minibatch-stage method needs the
+    other ranks: Clip-Cov and KL-Cov exchange sums, counts and top-k candidates (``integrations.dist_select``),
+    any other is all-gathered."""
     _, world = rank_and_world()
     gather = method.stage == "minibatch" and world > 1 and int(info.get("dp_size") or 1) == world
     cur, old, adv = logp.detach().float(), old.detach().float(), adv.detach().float()
     if not gather:
         return select_minibatch(cur, old, adv, mask, keep, method, kw.get("eps_low"), kw.get("eps_high"), generator)
+    clipped = ppo_clipped_mask(cur, old, adv, mask, kw.get("eps_low"), kw.get("eps_high"))
+    selected = dist_minibatch_masks(method, cur, adv, mask, clipped, generator)
+    if selected is not None:  # Clip-Cov, KL-Cov: sums, counts and top-k candidates only (dist_select)
+        return combine_selection(selected, mask, keep)
     g_cur, rows = all_gather_rows(cur, 0.0)
     g_old, _ = all_gather_rows(old, 0.0)
     g_adv, _ = all_gather_rows(adv, 0.0)
@@ -366,13 +373,21 @@ def stats_model_output(output: Any, output_args: dict[str, Any], micro_batch: An
 
 
 def rollout_keep(method: Method, stats: dict[str, Tensor], advantages: Tensor, mask: Tensor) -> Tensor:
-    """Rollout-stage keep mask of this rank's rows, chosen on the batch of *all* ranks: the per-token
-    statistics ([B, T] response layout, keys ``entropy``/``s_star``/``s_expected``/``s_centered``), the
-    advantages and the response mask are all-gathered (``integrations.dist``) and ``method.rollout_masks``
-    runs on the concatenation. Methods without a rollout stage keep every valid token."""
+    """Rollout-stage keep mask of this rank's rows, chosen on the batch of *all* ranks. ClipB and ClipV
+    exchange only sums and their cap's top-k candidates (``integrations.dist_select``); for any other method
+    the per-token statistics ([B, T] response layout, keys ``entropy``/``s_star``/``s_expected``/
+    ``s_centered``), the advantages and the response mask are all-gathered (``integrations.dist``) and
+    ``method.rollout_masks`` runs on the concatenation. Methods without a rollout stage keep every valid
+    token."""
     mask = mask.bool()
     if method.stage != "rollout":
         return mask
+    if rank_and_world()[1] > 1:  # ClipB, ClipV: sums and the cap's top-k candidates only (dist_select)
+        st = dynamics.TokenStats(entropy=stats["entropy"].float(), logp=torch.zeros_like(stats["entropy"].float()),
+                                 **{f: stats[f].float() for f in ("s_star", "s_expected", "s_centered")})
+        local = dist_rollout_masks(method, st, advantages.float(), mask)
+        if local is not None:
+            return mask if local.keep is None else local.keep & mask
     g_mask, rows = all_gather_rows(mask, False)
     g_adv, _ = all_gather_rows(advantages.float(), 0.0)
     g = {f: all_gather_rows(stats[f].float(), 0.0)[0] for f in STATS_FIELDS}

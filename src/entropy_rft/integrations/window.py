@@ -1,7 +1,9 @@
 """Global selections for an engine that splits its batches over ranks and micro-batches.
 
-- A generation batch: ``global_rollout_batch`` all-gathers the old-policy TokenStats, advantages and mask
-  and builds the rollout-stage masks (ClipB, ClipV, 80/20, grad-mask) once, on the global batch.
+- A generation batch: ``global_rollout_batch`` builds the rollout-stage masks (ClipB, ClipV, 80/20,
+  grad-mask) of this rank's rows, as chosen on the batch of all ranks: ClipB and ClipV from exchanged sums and
+  top-k candidates (``integrations.dist_select``), the others by all-gathering the old-policy TokenStats,
+  advantages and mask. ``global_batch_metrics`` gives the batch metrics from sums over ranks.
 - An optimizer window (one optimizer step's micro-batches, gradient accumulation): ``select_window`` runs
   ``control.select_minibatch`` (the one rule of all engines) once on the window's micro-batches of all ranks
   (``global_minibatch_selection``), splits the result back per local micro-batch, and gives the factors
@@ -11,11 +13,14 @@
   kept and zeroed fractions over the global token counts of its windows.
 
 Engine-neutral (no TRL, no verl): the gathers are ``integrations.dist`` (the identity without a process
-group), so every rank runs the unchanged ``control`` functions on the same inputs and gets the same result.
+group), so every rank runs the unchanged ``control`` functions on the same inputs and gets the same result;
+Clip-Cov, KL-Cov, ClipB and ClipV instead exchange O(k + world) numbers per rank (``integrations.dist_select``)
+and give the same selection. Without a process group every number is the single-process one, bit for bit.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import defaultdict
 from typing import Any, NamedTuple
@@ -24,10 +29,18 @@ import torch
 from torch import Tensor
 
 from entropy_rft.control import Masks, Method, MinibatchSelection, microbatch_loss_scale, select_minibatch
+from entropy_rft.control.selection import combine_selection
 from entropy_rft.dynamics import TokenStats
 from entropy_rft.integrations.dist import all_gather_rows, all_reduce_sum, rank_and_world
+from entropy_rft.integrations.dist_select import (
+    dist_minibatch_masks,
+    dist_rollout_masks,
+    dist_stats_metrics,
+    gather_small,
+    global_sum,
+)
 from entropy_rft.integrations.stats_forward import map_stats
-from entropy_rft.loss import agg_weights
+from entropy_rft.loss import _check_agg, agg_weights, ppo_clipped_mask
 from entropy_rft.metrics import stats_metrics
 
 __all__ = [
@@ -77,38 +90,66 @@ def _split_rows(x: Tensor | None, like: list[Tensor]) -> list[Tensor | None]:
 
 
 class GlobalBatch(NamedTuple):
-    """A generation batch gathered over all processes, and the rollout-stage masks chosen on it."""
+    """A generation batch: this rank's rows, and their part of the rollout-stage masks chosen on the batch of
+    all ranks."""
 
-    stats: TokenStats  # [N, T] over all ranks
-    adv: Tensor  # [N] sequence advantages
-    mask: Tensor  # [N, T] bool
-    masks: Masks  # global rollout-stage masks (keep, ...), [N, T]
-    rows: slice  # this rank's rows
+    stats: TokenStats  # this rank's [B, T] (float32)
+    adv: Tensor  # [B] sequence advantages (float32)
+    mask: Tensor  # [B, T] bool
+    masks: Masks  # this rank's rows of the global rollout-stage masks (keep, ...), [B, T]
 
     def local_keep(self, mask: Tensor) -> Tensor:
-        """This rank's rows of the rollout keep mask, ∧ its response ``mask`` ([B, T] bool)."""
-        keep = _local_rows(self.masks.keep, self.rows, mask.shape[1])
-        return mask.clone() if keep is None else keep & mask
+        """This rank's rollout keep mask ∧ its response ``mask`` ([B, T] bool)."""
+        keep = self.masks.keep
+        return mask.clone() if keep is None else keep[:, : mask.shape[1]] & mask
+
+
+def _local_masks(m: Masks, rows: slice, width: int) -> Masks:
+    """This rank's ``rows`` of every mask of ``m``, cut back to its own ``width``."""
+    return Masks(**{f.name: _local_rows(getattr(m, f.name), rows, width) for f in dataclasses.fields(Masks)})
 
 
 def global_rollout_batch(method: Method, stats: TokenStats, adv: Tensor, mask: Tensor) -> GlobalBatch:
-    """All-gather the old-policy TokenStats, advantages and mask, and build the rollout-stage masks on the
-    global batch (identical on every rank). ``mask`` must be bool; ``adv`` per sequence ([B])."""
-    g_stats = map_stats(lambda x: all_gather_rows(x.float(), 0.0)[0], stats)
-    g_adv, rows = all_gather_rows(adv.float(), 0.0)
-    g_mask, _ = all_gather_rows(mask, False)
-    masks = method.rollout_masks(g_stats, g_adv, g_mask) if method.stage == "rollout" else Masks()
-    return GlobalBatch(g_stats, g_adv, g_mask, masks, rows)
+    """The rollout-stage masks (ClipB, ClipV, 80/20, grad-mask, ...) of this rank's rows, chosen on the
+    generation batch of all ranks (identical to the single-process masks of the concatenated batch).
+
+    ClipB and ClipV exchange only sums and their cap's top-k candidates (``dist_select.dist_rollout_masks``);
+    any other rollout-stage method all-gathers the old-policy TokenStats, advantages and mask and runs
+    ``method.rollout_masks`` on the concatenation. ``mask`` must be bool; ``adv`` per sequence ([B])."""
+    stats = map_stats(lambda x: x.float(), stats)
+    adv = adv.float()
+    masks = Masks()
+    if method.stage == "rollout":
+        masks = dist_rollout_masks(method, stats, adv, mask) if rank_and_world()[1] > 1 else None
+        if masks is None:
+            g_stats = map_stats(lambda x: all_gather_rows(x, 0.0)[0], stats)
+            g_adv, rows = all_gather_rows(adv, 0.0)
+            g_mask, _ = all_gather_rows(mask, False)
+            masks = _local_masks(method.rollout_masks(g_stats, g_adv, g_mask), rows, mask.shape[1])
+    return GlobalBatch(stats, adv, mask, masks)
 
 
 def global_batch_metrics(gb: GlobalBatch, truncated: Tensor | None = None) -> dict[str, float | None]:
-    """The native trainer's per-step batch metrics (same names), over the global generation batch.
-    ``truncated``: this rank's [B] flags of the responses that hit the length limit (gathered here)."""
+    """The native trainer's per-step batch metrics (same names), over the generation batch of all ranks.
+    ``truncated``: this rank's [B] flags of the responses that hit the length limit. With several ranks the
+    figures come from float64 sums over ranks (``dist_select.dist_stats_metrics``), equal to the single-
+    process ones up to summation order; no token is gathered."""
     st, m = gb.stats, gb.mask
-    truncated = None if truncated is None else all_gather_rows(truncated, False)[0]
     adv = gb.adv[:, None].expand_as(m).float() * m
-    n_valid = int(m.sum())
     keep = m if gb.masks.keep is None else m & gb.masks.keep
+    if rank_and_world()[1] > 1:
+        t = torch.zeros(1, device=m.device) if truncated is None else truncated.float()
+        n_flags = 0 if truncated is None else truncated.numel()
+        n_valid, n_kept, rows, n_trunc, n_flags = global_sum(torch.stack([x.double() for x in (
+            m.sum(), keep.sum(), torch.tensor(m.shape[0], device=m.device), t.sum(),
+            torch.tensor(n_flags, device=m.device))])).tolist()
+        out = {**dist_stats_metrics(st, adv, m),
+               "control/rollout_kept_frac": n_kept / n_valid if n_valid else None,
+               "response/length": n_valid / rows if rows else None}
+        if truncated is not None:
+            out["response/truncated_frac"] = n_trunc / n_flags if n_flags else None
+        return out
+    n_valid = int(m.sum())
     out = {
         **stats_metrics(st, adv, m),
         "control/rollout_kept_frac": int(keep.sum()) / n_valid if n_valid else None,
@@ -128,23 +169,37 @@ def global_minibatch_selection(method: Method, cur: list[Tensor] | None, old: li
     """``control.select_minibatch`` over one optimizer step's micro-batches of all ranks.
 
     Each argument lists this rank's micro-batches ([b_j, T_j]; ``adv`` [b_j]; ``keep`` the rollout keep,
-    or None). A minibatch-stage method (Clip-Cov, KL-Cov) needs ``cur``: the micro-batches are all-gathered
-    (``integrations.dist``) and the rule runs once on the concatenation; any other method selects nothing
+    or None). A minibatch-stage method (Clip-Cov, KL-Cov) needs ``cur``: the rule runs once on the
+    concatenation of all ranks' micro-batches; Clip-Cov and KL-Cov exchange only sums, counts and top-k
+    candidates (``dist_select.dist_minibatch_masks``), another minibatch-stage method all-gathers the
+    micro-batches (``integrations.dist``); any other method selects nothing
     per minibatch, so the rule runs on each local micro-batch as it is. Returns one selection per local
     micro-batch.
     """
     eps = loss_kwargs.get("eps_low"), loss_kwargs.get("eps_high")
     if method.stage != "minibatch":
         return [select_minibatch(None, o, a, m, k, method, *eps, generator) for o, a, m, k in zip(old, adv, mask, keep)]
-    g_cur, rows = all_gather_rows(_cat_rows([c.detach().float() for c in cur], 0.0), 0.0)
-    g_old, _ = all_gather_rows(_cat_rows([o.float() for o in old], 0.0), 0.0)
-    g_mask, _ = all_gather_rows(_cat_rows(mask, False), False)
-    g_adv, _ = all_gather_rows(torch.cat([a.float() for a in adv]), 0.0)
-    g_keep = None
+    l_cur = _cat_rows([c.detach().float() for c in cur], 0.0)
+    l_old = _cat_rows([o.float() for o in old], 0.0)
+    l_mask = _cat_rows(mask, False)
+    l_adv = torch.cat([a.float() for a in adv])
+    l_keep = None
     if any(k is not None for k in keep):
-        g_keep, _ = all_gather_rows(_cat_rows([m if k is None else k for m, k in zip(mask, keep)], False), False)
-    sel = select_minibatch(g_cur, g_old, g_adv, g_mask, g_keep, method, *eps, generator)
-    width = g_mask.shape[1]
+        l_keep = _cat_rows([m if k is None else k for m, k in zip(mask, keep)], False)
+    selected = None
+    if rank_and_world()[1] > 1:  # Clip-Cov and KL-Cov: sums, counts and top-k candidates only
+        clipped = ppo_clipped_mask(l_cur, l_old, l_adv, l_mask, *eps)
+        selected = dist_minibatch_masks(method, l_cur, l_adv, l_mask, clipped, generator)
+    if selected is not None:
+        sel, rows = combine_selection(selected, l_mask, l_keep), slice(0, l_mask.shape[0])
+    else:
+        g_cur, rows = all_gather_rows(l_cur, 0.0)
+        g_old, _ = all_gather_rows(l_old, 0.0)
+        g_mask, _ = all_gather_rows(l_mask, False)
+        g_adv, _ = all_gather_rows(l_adv, 0.0)
+        g_keep = None if l_keep is None else all_gather_rows(l_keep, False)[0]
+        sel = select_minibatch(g_cur, g_old, g_adv, g_mask, g_keep, method, *eps, generator)
+    width = l_mask.shape[1]
 
     def split(x: Tensor | None) -> list[Tensor | None]:
         return _split_rows(_local_rows(x, rows, width), mask)
@@ -171,13 +226,35 @@ def global_loss_scales(counted: list[Tensor], agg: str, width: int | None = None
 
     ``counted[j]`` is micro-batch j's counting mask (mask & keep), at the width it has in ``policy_loss``.
     ``width`` is the common padded length T for ``seq-mean-token-sum-norm`` (Dr.GRPO's constant; default:
-    the widest micro-batch). The minibatch-level weights come from ``loss.agg_weights`` on the gathered
-    masks; each factor is ``control.microbatch_loss_scale`` times the world size (DDP's average).
+    the widest micro-batch, over all ranks). The minibatch-level weights are ``loss.agg_weights`` of the
+    window's counted masks of all ranks; each factor is ``control.microbatch_loss_scale`` times the world size
+    (DDP's average). With several ranks only three numbers per rank travel (counted tokens, sequences that
+    count, width), and this rank's rows of the weights are ``agg_weights``'s formulas with those global
+    counts: the same bits as on the gathered masks (the counts are exact in float64).
     """
     _, world = rank_and_world()
     w = max([width or 0] + [c.shape[1] for c in counted])
-    g, rows = all_gather_rows(_cat_rows([_pad_cols(c, w, False) for c in counted], False), False)
-    mine = agg_weights(g, agg, torch.float64)[rows]
+    local = _cat_rows([_pad_cols(c, w, False) for c in counted], False)
+    if world == 1:
+        mine = agg_weights(local, agg, torch.float64)
+    else:
+        _check_agg(agg, local)
+        mf = local.to(torch.float64)
+        per_seq = mf.sum(-1, keepdim=True)
+        parts = gather_small(torch.stack([mf.sum(), (per_seq > 0).sum().to(torch.float64),
+                                          torch.tensor(float(w), dtype=torch.float64, device=mf.device)]))
+        totals = parts[0][:2].clone()
+        for p in parts[1:]:  # in rank order, as dist_select.global_sum
+            totals += p[:2]
+        n_tok, n_seq = totals.unbind()
+        width_all = int(max(float(p[2]) for p in parts))
+        mf = _pad_cols(mf, width_all, 0.0)  # the gathered masks' width, so Σ weights adds in the same order
+        if agg == "token-mean":
+            mine = mf / n_tok.clamp(min=1.0)
+        elif agg == "seq-mean-token-mean":
+            mine = mf / per_seq.clamp(min=1.0) / n_seq.clamp(min=1.0)
+        else:
+            mine = mf / (n_seq.clamp(min=1.0) * width_all)
     scales, r = [], 0
     for c in counted:
         scales.append(microbatch_loss_scale(mine[r : r + c.shape[0]], c, agg) * world)
