@@ -1,5 +1,5 @@
 """One metric table: every key either engine writes to metrics.jsonl is in ``entropy_rft.metric_names`` (one
-name, one meaning), every entry is written by some run, and README's glossary is the table."""
+name, one meaning), every entry is written by some run, and docs/metrics.md's glossary is the table."""
 
 from __future__ import annotations
 
@@ -109,8 +109,8 @@ def test_table_entries_are_well_formed():
     assert math.isfinite(len(metric_names.glossary_markdown()))
 
 
-def test_readme_glossary_is_the_table():
-    text = (ROOT / "README.md").read_text()
+def test_docs_glossary_is_the_table():
+    text = (ROOT / "docs" / "metrics.md").read_text()
     begin, end = "<!-- metrics:begin -->\n", "<!-- metrics:end -->"
     assert text.count(begin) == 1 and text.count(end) == 1
     section = text[text.index(begin) + len(begin): text.index(end)]

@@ -52,3 +52,13 @@ def test_importing_the_package_does_not_load_torch():
     code = "import sys, entropy_rft; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr
+
+
+def test_the_readme_is_a_quickstart_and_nothing_points_outside_the_repository():
+    """Issue 26 item 6: README at most ~200 lines; the rest lives in docs/, and no tracked text file points at
+    ../shared (which is not in the repository)."""
+    assert len((ROOT / "README.md").read_text().splitlines()) <= 200
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    offenders = [f for f in tracked if f.endswith((".py", ".md", ".yaml", ".toml", ".sh", ".txt"))
+                 and f != "tests/test_public_api.py" and "../shared" in (ROOT / f).read_text(errors="ignore")]
+    assert not offenders, offenders

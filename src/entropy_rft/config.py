@@ -151,7 +151,7 @@ class ProbeConfig:
 @dataclass
 class AutopilotConfig:
     kp: float = _f(12.0, "Proportional gain: log-knob change per unit relative entropy error (H* - H_s) / H*. "
-                   "12 on the default: 4 and 8 tracked worse (more batches outside ±15%, see README).")
+                   "12 on the default: 4 and 8 tracked worse (more batches outside ±15%, see docs/results.md).")
     ki: float = _f(0.3, "Integral gain: log-knob change per step and unit of the summed relative error.")
     ema: float = _f(0.3, "Smoothing of the measured entropy: H_s <- ema*H + (1-ema)*H_s (1: no smoothing).")
     max_step: float = _f(0.25, "Largest change of log(knob) in one step (0.25: a factor 1.28).")

@@ -1,7 +1,7 @@
 """Entropy dynamics of softmax policies, as code (Paper A, Wang et al. 2026; Paper B, Cui et al. 2025).
 
 This docstring is the one place where the formulas stand, by the paper's result numbers (Paper A numbers its
-results, not its equations; ../shared/papers.md restates them). Every other module cites them from here.
+results, not its equations; docs/theory.md explains them in words). Every other module cites them from here.
 
 For one position: logits z over the vocabulary, p = softmax(z / T), entropy H = -sum_i p_i log p_i, and the
 sampled token k. Everything here is a pure tensor function that knows nothing about models or training.

@@ -2,7 +2,7 @@
 
 Native trainer and TRL engine use the same name for the same figure and never two names for one figure; a
 name means one thing everywhere. Patterned families are one entry: ``{k}`` is a sample count (eval's K),
-``{q}`` one of the lens quadrants (``control.lens.QUADRANTS``). README's "Metrics" section is
+``{q}`` one of the lens quadrants (``control.lens.QUADRANTS``). docs/metrics.md's glossary is
 ``glossary_markdown()`` (checked by ``tests/test_metric_names.py``). Torch-free (layer 0).
 """
 
@@ -175,7 +175,7 @@ def is_known(key: str) -> bool:
 
 
 def glossary_markdown() -> str:
-    """README's metric glossary: one table row per entry, in the table's order."""
+    """docs/metrics.md's metric glossary: one table row per entry, in the table's order."""
     rows = ["| metric | meaning | unit |", "|---|---|---|"]
     rows += [f"| `{name}` | {m.meaning} | {m.unit} |" for name, m in METRICS.items()]
     return "\n".join(rows) + "\n"

@@ -11,7 +11,7 @@ module turns the runs' summaries (``summary.run_summary``) into that comparison:
 - ``best_within_noise``: per setpoint, the best method and those whose mean is within two standard errors of
   it (standard error of the mean over seeds, combined in quadrature).
 - ``comparison_markdown`` and ``verdict``: the table and the computed paragraph of summary.md, the report and
-  the README.
+  docs/results.md.
 """
 
 from __future__ import annotations
