@@ -159,20 +159,19 @@ def _stats_rows_kernel(x_ptr, ids_ptr, t_ptr, t_scalar, out_ptr, flags_ptr, out_
 
 
 @triton.jit
-def _stats_split_kernel(x_ptr, ids_ptr, t_ptr, t_scalar, part_ptr, flags_ptr, inner, stride_outer,
-                        stride_inner, V: tl.constexpr, SPAN: tl.constexpr, SPLITS: tl.constexpr,
-                        BLOCK: tl.constexpr, PER_ROW: tl.constexpr):
-    """Program (row, j) sweeps columns [j SPAN, (j+1) SPAN) and writes its 6 partials (m, S0..S3, z_k)."""
-    row = tl.program_id(0)
-    j = tl.program_id(1)
-    off = _row_offset(row, inner, stride_outer, stride_inner)
+def _slice_temperature(t_ptr, t_scalar, row, PER_ROW: tl.constexpr):
+    """A slice's temperature: a bad per-row value reads as 1 here (counted once, by the merge kernel)."""
     if PER_ROW:
         t = tl.load(t_ptr + row).to(tl.float32)
-        t = tl.where((t > 0) & (t < float("inf")), t, 1.0)  # counted once, by the merge kernel
+        t = tl.where((t > 0) & (t < float("inf")), t, 1.0)
     else:
         t = t_scalar
-    k = tl.load(ids_ptr + row).to(tl.int64)
-    m, s0, s1, s2, s3, zk = _sweep(x_ptr, off, t, k, j * SPAN, V, SPAN, BLOCK)
+    return t
+
+
+@triton.jit
+def _store_partial(part_ptr, row, j, SPLITS: tl.constexpr, m, s0, s1, s2, s3, zk):
+    """Slice j's six partials (m, S0..S3, z_k) of a row, at part[row, j, :]."""
     base = part_ptr + (row.to(tl.int64) * SPLITS + j) * 6
     tl.store(base + 0, m)
     tl.store(base + 1, s0)
@@ -183,25 +182,29 @@ def _stats_split_kernel(x_ptr, ids_ptr, t_ptr, t_scalar, part_ptr, flags_ptr, in
 
 
 @triton.jit
+def _stats_split_kernel(x_ptr, ids_ptr, t_ptr, t_scalar, part_ptr, flags_ptr, inner, stride_outer,
+                        stride_inner, V: tl.constexpr, SPAN: tl.constexpr, SPLITS: tl.constexpr,
+                        BLOCK: tl.constexpr, PER_ROW: tl.constexpr):
+    """Program (row, j) sweeps columns [j SPAN, (j+1) SPAN) and writes its 6 partials (m, S0..S3, z_k)."""
+    row = tl.program_id(0)
+    j = tl.program_id(1)
+    off = _row_offset(row, inner, stride_outer, stride_inner)
+    t = _slice_temperature(t_ptr, t_scalar, row, PER_ROW)
+    k = tl.load(ids_ptr + row).to(tl.int64)
+    m, s0, s1, s2, s3, zk = _sweep(x_ptr, off, t, k, j * SPAN, V, SPAN, BLOCK)
+    _store_partial(part_ptr, row, j, SPLITS, m, s0, s1, s2, s3, zk)
+
+
+@triton.jit
 def _stats_block_kernel(x_ptr, stride_x, ids_ptr, col0, t_ptr, t_scalar, part_ptr, j, NCOLS: tl.constexpr,
                         SPAN: tl.constexpr, SPLITS: tl.constexpr, BLOCK: tl.constexpr, PER_ROW: tl.constexpr):
     """Partials of vocabulary block j for every row of a [rows, NCOLS] buffer holding columns
     [col0, col0 + NCOLS) of the logits (the fused head's GEMM output), written as slice j of ``part``."""
     row = tl.program_id(0)
-    if PER_ROW:
-        t = tl.load(t_ptr + row).to(tl.float32)
-        t = tl.where((t > 0) & (t < float("inf")), t, 1.0)  # counted once, by the merge kernel
-    else:
-        t = t_scalar
+    t = _slice_temperature(t_ptr, t_scalar, row, PER_ROW)
     k = tl.load(ids_ptr + row).to(tl.int64) - col0
     m, s0, s1, s2, s3, zk = _sweep(x_ptr, row.to(tl.int64) * stride_x, t, k, 0, NCOLS, SPAN, BLOCK)
-    base = part_ptr + (row.to(tl.int64) * SPLITS + j) * 6
-    tl.store(base + 0, m)
-    tl.store(base + 1, s0)
-    tl.store(base + 2, s1)
-    tl.store(base + 3, s2)
-    tl.store(base + 4, s3)
-    tl.store(base + 5, zk)
+    _store_partial(part_ptr, row, j, SPLITS, m, s0, s1, s2, s3, zk)
 
 
 @triton.jit
