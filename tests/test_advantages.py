@@ -107,3 +107,23 @@ def test_whiten():
     assert w.tolist() == [pytest.approx([-1.5 / s, -0.5 / s, 0.5 / s]), pytest.approx([1.5 / s, 0.0, 0.0])]
     w = whiten(x, m, shift_mean=False, eps=0.0)
     assert w[0].tolist() == pytest.approx([-1.5 / s + 2.5, -0.5 / s + 2.5, 0.5 / s + 2.5])
+
+
+def test_token_advantages_by_hand():
+    """GRPO broadcasts each sequence's group-normalised advantage over its valid tokens; PPO puts the reward on
+    the last valid token (moved from the trainer, issue 26 item 2)."""
+    from entropy_rft.advantages import sequence_reward_at_last_token, token_advantages, uniform_groups
+
+    rewards = torch.tensor([1.0, 0.0, 0.0, 0.0])  # one group of 4: mean 0.25, sample std 0.5
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 1], [1, 1, 0]], dtype=torch.bool)
+    adv, ret = token_advantages(rewards, mask, None, algorithm="grpo", group_size=4, adv_eps=0.0, gamma=1.0,
+                                lam=1.0)
+    assert ret is None
+    want = torch.tensor([1.5, -0.5, -0.5, -0.5])[:, None] * mask
+    assert torch.allclose(adv, want)
+    adv_dr, _ = token_advantages(rewards, mask, None, algorithm="dr_grpo", group_size=4, adv_eps=0.0, gamma=1.0,
+                                 lam=1.0)
+    assert torch.allclose(adv_dr, torch.tensor([0.75, -0.25, -0.25, -0.25])[:, None] * mask)
+    tok = sequence_reward_at_last_token(torch.tensor([2.0, 3.0, 4.0, 5.0]), mask)
+    assert tok.tolist() == [[0, 2, 0], [3, 0, 0], [0, 0, 4], [0, 5, 0]]
+    assert uniform_groups(torch.tensor([1.0, 1.0, 0.0, 1.0]), 2).tolist() == [True, True, False, False]

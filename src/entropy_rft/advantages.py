@@ -114,3 +114,32 @@ def whiten(x: Tensor, mask: Tensor, *, shift_mean: bool = True, eps: float = 1e-
     if not shift_mean:
         out = out + mean
     return torch.where(mask, out, torch.zeros_like(out))
+
+
+def sequence_reward_at_last_token(rewards: Tensor, mask: Tensor) -> Tensor:
+    """Per-token rewards [B, R] for PPO: each sequence's reward on its last valid token, 0 elsewhere."""
+    tok = torch.zeros_like(mask, dtype=torch.float32)
+    last = (mask.long().cumsum(-1) == mask.long().sum(-1, keepdim=True)) & mask
+    tok[last] = rewards.float().repeat_interleave(last.sum(-1))
+    return tok
+
+
+def token_advantages(rewards: Tensor, mask: Tensor, values: Tensor | None, *, algorithm: str, group_size: int,
+                     adv_eps: float, gamma: float, lam: float) -> tuple[Tensor, Tensor | None]:
+    """Per-token advantages [B, R] (zero off ``mask``) and, for PPO, the returns.
+
+    ``ppo``: GAE(gamma, lambda) on the sequence reward placed at the last token, whitened over valid tokens.
+    ``grpo`` / ``dr_grpo``: the group-normalised sequence advantage (``grpo_advantages``; Dr.GRPO does not
+    divide by the group's std) broadcast over the sequence's tokens; returns None.
+    """
+    if algorithm == "ppo":
+        adv, ret = gae(sequence_reward_at_last_token(rewards, mask), values, mask, gamma, lam)
+        return whiten(adv, mask) * mask, ret
+    seq = grpo_advantages(rewards.float(), group_size, eps=adv_eps, scale_std=algorithm == "grpo")
+    return seq[:, None].expand_as(mask).float() * mask, None
+
+
+def uniform_groups(rewards: Tensor, group_size: int) -> Tensor:
+    """Per sequence: True when its whole group got the same reward (DAPO's dynamic sampling drops them)."""
+    g = rewards.view(-1, group_size)
+    return (g == g[:, :1]).all(-1).repeat_interleave(group_size)

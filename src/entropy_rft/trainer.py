@@ -101,25 +101,6 @@ def make_scheduler(optim: torch.optim.Optimizer, cfg: Config, total_updates: int
     return torch.optim.lr_scheduler.LambdaLR(optim, factor)
 
 
-def token_advantages(cfg: Config, rewards: torch.Tensor, mask: torch.Tensor, values: torch.Tensor | None):
-    """Per-token advantages [B, R] (and PPO returns). GRPO / Dr.GRPO broadcast the sequence advantage."""
-    if cfg.algo.algorithm == "ppo":
-        tok_rewards = torch.zeros_like(mask, dtype=torch.float32)
-        last = (mask.long().cumsum(-1) == mask.long().sum(-1, keepdim=True)) & mask
-        tok_rewards[last] = rewards.float().repeat_interleave(last.sum(-1))
-        adv, ret = adv_lib.gae(tok_rewards, values, mask, cfg.algo.gamma, cfg.algo.lam)
-        return adv_lib.whiten(adv, mask) * mask, ret
-    seq = adv_lib.grpo_advantages(rewards.float(), cfg.rollout.group_size, eps=cfg.algo.adv_eps,
-                                  scale_std=cfg.algo.algorithm == "grpo")
-    return seq[:, None].expand_as(mask).float() * mask, None
-
-
-def uniform_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
-    """Per sequence: True when its whole group got the same reward (DAPO drops such groups)."""
-    g = rewards.view(-1, group_size)
-    return (g == g[:, :1]).all(-1).repeat_interleave(group_size)
-
-
 def _rows(m: torch.Tensor | None, idx: torch.Tensor) -> torch.Tensor | None:
     return None if m is None else m[idx]
 
@@ -297,7 +278,7 @@ class Run:
         rewards = torch.tensor(self.task.rewards(rb.responses, group), dtype=torch.float32, device=self.device)
         mask = rb.response_mask.clone()
         if cfg.algo.drop_uniform_groups and cfg.algo.algorithm != "ppo":
-            mask &= ~uniform_groups(rewards, cfg.rollout.group_size)[:, None]
+            mask &= ~adv_lib.uniform_groups(rewards, cfg.rollout.group_size)[:, None]
         return Scored(group, rb, rewards, mask)
 
     @property
@@ -322,7 +303,10 @@ class Run:
             with self.autocast():
                 ref_logp = policy_forward(self.ref, s.rollout, self.cfg.rollout.temperature,
                                           fused=self.cfg.model.fused_logp).logp.detach()
-        adv, returns = token_advantages(self.cfg, s.rewards, s.mask, values)
+        a = self.cfg.algo
+        adv, returns = adv_lib.token_advantages(s.rewards, s.mask, values, algorithm=a.algorithm,
+                                                group_size=self.cfg.rollout.group_size, adv_eps=a.adv_eps,
+                                                gamma=a.gamma, lam=a.lam)
         return OldPolicy(out.logp.detach(), out.stats, adv, returns, ref_logp, out if live else None)
 
     def select(self, s: Scored, old: OldPolicy) -> Selection:
