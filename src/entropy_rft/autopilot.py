@@ -31,7 +31,7 @@ run's last step, then held); or a mapping ``{kind: linear, start: H0, end: H1, s
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from entropy_rft.errors import UserError
@@ -161,16 +161,25 @@ def parse_target(spec: Any, field: str = "method.entropy_target") -> TargetSched
 
 @dataclass
 class Gains:
-    """Controller settings (``autopilot.*`` in the config; see ``config.AutopilotConfig`` for help texts)."""
+    """The controller's settings, ``autopilot.*`` in the config (``config.AutopilotConfig`` is this class), each
+    field with its help text."""
 
-    kp: float = 12.0
-    ki: float = 0.3
-    ema: float = 0.3
-    max_step: float = 0.25
-    i_zone: float = 0.25
-    span: float = 10.0
-    knob_min: float | None = None
-    knob_max: float | None = None
+    kp: float = field(default=12.0, metadata={"help": (
+        "Proportional gain: log-knob change per unit relative entropy error (H* - H_s) / H*. 12 on the default: "
+        "4 and 8 tracked worse (more batches outside ±15%, see docs/results.md).")})
+    ki: float = field(default=0.3, metadata={"help": (
+        "Integral gain: log-knob change per step and unit of the summed relative error.")})
+    ema: float = field(default=0.3, metadata={"help": (
+        "Smoothing of the measured entropy: H_s <- ema*H + (1-ema)*H_s (1: no smoothing).")})
+    max_step: float = field(default=0.25, metadata={"help": (
+        "Largest change of log(knob) in one step (0.25: a factor 1.28).")})
+    i_zone: float = field(default=0.25, metadata={"help": (
+        "Integrate the error only while |relative error| <= i_zone (integral separation: far from the target the "
+        "policy sets the approach speed and integrating only winds up).")})
+    span: float = field(default=10.0, metadata={"help": (
+        "Default knob range [k0/span, k0*span] around the starting knob k0 (cut to values the method accepts).")})
+    knob_min: float | None = field(default=None, metadata={"help": "Lower clamp of the knob; null: k0/span."})
+    knob_max: float | None = field(default=None, metadata={"help": "Upper clamp of the knob; null: k0*span."})
 
 
 def methods_with_knobs() -> list[str]:

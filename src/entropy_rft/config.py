@@ -18,6 +18,7 @@ from typing import Any
 
 import yaml
 
+from entropy_rft.autopilot import Gains
 from entropy_rft.errors import UserError
 from entropy_rft.options import AGG_MODES, ENGINES, KL_ESTIMATORS, ROLLOUT_BACKENDS, or_list
 
@@ -148,19 +149,8 @@ class ProbeConfig:
                                    "optimizer state on those steps. Native engine.")
 
 
-@dataclass
-class AutopilotConfig:
-    kp: float = _f(12.0, "Proportional gain: log-knob change per unit relative entropy error (H* - H_s) / H*. "
-                   "12 on the default: 4 and 8 tracked worse (more batches outside ±15%, see docs/results.md).")
-    ki: float = _f(0.3, "Integral gain: log-knob change per step and unit of the summed relative error.")
-    ema: float = _f(0.3, "Smoothing of the measured entropy: H_s <- ema*H + (1-ema)*H_s (1: no smoothing).")
-    max_step: float = _f(0.25, "Largest change of log(knob) in one step (0.25: a factor 1.28).")
-    i_zone: float = _f(0.25, "Integrate the error only while |relative error| <= i_zone (integral separation: "
-                       "far from the target the policy sets the approach speed and integrating only winds up).")
-    span: float = _f(10.0, "Default knob range [k0/span, k0*span] around the starting knob k0 (cut to values "
-                     "the method accepts).")
-    knob_min: float | None = _f(None, "Lower clamp of the knob; null: k0/span.")
-    knob_max: float | None = _f(None, "Upper clamp of the knob; null: k0*span.")
+# The autopilot's settings are its own dataclass, declared once with their help texts (torch-free).
+AutopilotConfig = Gains
 
 
 @dataclass
@@ -635,11 +625,9 @@ def validate_method(cfg: Config) -> None:
                             cfg.train.max_steps)
 
 
-def autopilot_gains(cfg: Config):
-    """The controller settings of ``cfg`` as ``autopilot.Gains``."""
-    from entropy_rft.autopilot import Gains
-
-    return Gains(**dataclasses.asdict(cfg.autopilot))
+def autopilot_gains(cfg: Config) -> Gains:
+    """The controller settings of ``cfg`` (``autopilot.Gains``: the config section is that class)."""
+    return cfg.autopilot
 
 
 def help_text(cls: type = Config, prefix: str = "") -> list[str]:
