@@ -9,8 +9,9 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 from entropy_rft.cli import main  # noqa: E402
-from entropy_rft.commands.eval import markdown_table, pass_at_ks_from_hist, pass_ks  # noqa: E402
+from entropy_rft.commands.eval import markdown_table, pass_ks  # noqa: E402
 from entropy_rft.commands.filter import keep_question  # noqa: E402
+from entropy_rft.evaluation import pass_at_k_from_hist  # noqa: E402
 from micro import make_micro_policy  # noqa: E402
 
 
@@ -23,7 +24,7 @@ def test_pass_at_k_from_hist_matches_naive_enumeration():
         return sum(any(items[i] for i in s) for s in subs) / len(subs)
 
     hist = [2, 1, 0, 3, 1]  # n = 4
-    got = pass_at_ks_from_hist(hist, [1, 2, 4])
+    got = pass_at_k_from_hist(hist, [1, 2, 4])
     for k in (1, 2, 4):
         want = sum(h * naive(4, c, k) for c, h in enumerate(hist)) / sum(hist)
         assert math.isclose(got[k], want, rel_tol=1e-12)

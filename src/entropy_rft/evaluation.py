@@ -29,6 +29,14 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return float(1.0 - np.prod(1.0 - k / np.arange(n - c + 1, n + 1, dtype=np.float64)))
 
 
+def pass_at_k_from_hist(hist: Sequence[int], ks: Sequence[int]) -> dict[int, float]:
+    """Mean unbiased Pass@k over problems for each k in ``ks``, from a pass-rate histogram: hist[c] = number of
+    problems with c of n = len(hist) - 1 samples right (the one place this is computed; the report's Pass@k
+    curve and ``erft eval --checkpoints`` call it)."""
+    n, total = len(hist) - 1, sum(hist)
+    return {k: sum(h * pass_at_k(n, c, k) for c, h in enumerate(hist)) / total for k in ks}
+
+
 def avg_at_k(correct: Sequence[Sequence[float]]) -> float:
     """Avg@K: mean accuracy over all K samples of all problems (rows: problems, columns: samples)."""
     arr = np.asarray(correct, dtype=np.float64)

@@ -23,7 +23,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from entropy_rft.control.lens import QUADRANTS  # noqa: E402
-from entropy_rft.evaluation import pass_at_k  # noqa: E402
+from entropy_rft.evaluation import pass_at_k_from_hist  # noqa: E402
 
 if TYPE_CHECKING:
     from entropy_rft.analysis.report import RunData
@@ -379,7 +379,7 @@ def pass_curve(hist: Sequence[int]) -> list[float]:
     total = sum(hist)
     if n < 1 or total == 0:
         return []
-    return [sum(h * pass_at_k(n, c, k) for c, h in enumerate(hist)) / total for k in range(1, n + 1)]
+    return list(pass_at_k_from_hist(hist, range(1, n + 1)).values())
 
 
 def _final_hists(runs: Sequence[RunData]) -> dict[str, list[list[int]]]:

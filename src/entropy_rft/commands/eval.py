@@ -173,14 +173,6 @@ def default_datasets(runs: list[Path]) -> list[tuple[str, dict]]:
 # ----------------------------------------------------------------------------- outputs
 
 
-def pass_at_ks_from_hist(hist: list[int], ks: list[int]) -> dict[int, float]:
-    """Mean unbiased Pass@k over problems, from hist[c] = number of problems with c of n samples right."""
-    from entropy_rft.evaluation import pass_at_k
-
-    n, total = len(hist) - 1, sum(hist)
-    return {k: sum(h * pass_at_k(n, c, k) for c, h in enumerate(hist)) / total for k in ks}
-
-
 def markdown_table(results: list[dict[str, Any]], ks: list[int], n: int) -> str:
     datasets = list(dict.fromkeys(r["dataset"] for r in results))
     models = list(dict.fromkeys(r["model"] for r in results))
@@ -293,7 +285,7 @@ def evaluate(args: argparse.Namespace, on_result: Callable[[list[dict[str, Any]]
             n = args.samples
             hist = m["pass_rate_hist"]
             metrics = {f"avg@{n}": m[f"avg@{n}"], f"maj@{n}": m[f"maj@{n}"]}
-            metrics.update({f"pass@{k}": v for k, v in pass_at_ks_from_hist(hist, ks).items()})
+            metrics.update({f"pass@{k}": v for k, v in evaluation.pass_at_k_from_hist(hist, ks).items()})
             res = {"model": spec["label"], "dataset": name, "questions": len(examples), "samples": n,
                    "temperature": args.temperature, "metrics": metrics, "pass_rate_hist": hist,
                    "entropy": m["entropy"], "response_tokens": m["response_tokens"],
