@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from entropy_rft.cli import COMMANDS, main
-from entropy_rft.commands.tasks import parse_docstring
+from entropy_rft.tasks.introspect import parse_docstring
 
 
 def _run(capsys, *argv: str) -> tuple[int, str, str]:

@@ -67,11 +67,12 @@ def task_params_help(args: argparse.Namespace) -> str:
     """The parameters of the task this command line would train (``task.params`` depends on ``task.name``)."""
     from entropy_rft.commands import tasks as tasks_cmd
     from entropy_rft.config import load_config
+    from entropy_rft.tasks import introspect
 
     cfg = load_config(args.config, args.set, extra=cli_extra(args), check_method=False)
-    (info,) = tasks_cmd.infos(cfg.task.name)
+    (info,) = introspect.infos(cfg.task.name)
     return (f"\ntask.params of task '{cfg.task.name}' (this command line's task; `erft tasks` lists every task):\n"
-            + tasks_cmd.render_one(info, tasks_cmd._width()))
+            + tasks_cmd.render_one(info, tasks_cmd.terminal_width()))
 
 
 def run(args: argparse.Namespace) -> int:
