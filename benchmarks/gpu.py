@@ -59,52 +59,18 @@ QWEN15_SHAPE = {"hidden_size": 1536, "intermediate_size": 8960, "num_hidden_laye
 # ------------------------------------------------------------------------------------------------ timing
 
 
-def sync(dev: str) -> None:
-    if dev.startswith("cuda"):
-        torch.cuda.synchronize()
-
-
-def median(xs: list[float]) -> float:
-    s = sorted(xs)
-    return s[len(s) // 2] if len(s) % 2 else 0.5 * (s[len(s) // 2 - 1] + s[len(s) // 2])
-
-
-def time_interleaved(fns: dict, dev: str, reps: int, before=None) -> dict[str, float]:
-    """Median seconds per call of each fn; each round runs every fn once, after one warm-up round."""
-    times: dict[str, list[float]] = {k: [] for k in fns}
-    for r in range(reps + 1):
-        for name, fn in fns.items():
-            if before:
-                before()
-            sync(dev)
-            if dev.startswith("cuda"):
-                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                a.record()
-                fn()
-                b.record()
-                b.synchronize()
-                dt = a.elapsed_time(b) / 1e3
-            else:
-                t0 = time.perf_counter()
-                fn()
-                dt = time.perf_counter() - t0
-            if r:
-                times[name].append(dt)
-    return {k: median(v) for k, v in times.items()}
+# Timing and peak memory as the issue-15 script measures them (one implementation for both scripts).
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from gpu_native import _sync as sync  # noqa: E402
+from gpu_native import extra_peak as _extra_peak  # noqa: E402
+from gpu_native import median, time_interleaved  # noqa: E402
 
 
 def extra_peak(fn, dev: str, before=None) -> int | None:
-    """Peak device memory while ``fn`` runs, above what was allocated before it (CUDA only)."""
-    if not dev.startswith("cuda"):
-        return None
+    """``gpu_native.extra_peak`` after ``before()`` (clearing gradients), so each function starts alike."""
     if before:
         before()
-    sync(dev)
-    torch.cuda.reset_peak_memory_stats()
-    base = torch.cuda.memory_allocated()
-    fn()
-    sync(dev)
-    return torch.cuda.max_memory_allocated() - base
+    return _extra_peak(fn, dev)
 
 
 def host_syncs(fn, dev: str) -> int | None:
@@ -233,7 +199,7 @@ def bench_head(a, dim: int) -> dict:
     w = (torch.randn(vocab, dim, generator=g, device=dev) / dim**0.5).to(torch.bfloat16).requires_grad_()
     ids = torch.randint(0, vocab, (n,), generator=g, device=dev)
 
-    def clear():
+    def clear(_name=None):
         h.grad = None
         w.grad = None
 

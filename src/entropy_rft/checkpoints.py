@@ -295,21 +295,19 @@ def last_complete_trl_checkpoint(trl_dir: str | Path, remove: bool = False) -> P
         return None
     found = [p for p in trl_dir.iterdir() if p.is_dir() and p.name.startswith("checkpoint-")
              and p.name[len("checkpoint-"):].isdigit()]
-    skipped = []
+    skipped, chosen = [], None
     for p in sorted(found, key=lambda p: int(p.name.split("-")[1]), reverse=True):
         gap = trl_checkpoint_gap(p)
         if gap is None:
-            for q, why in skipped:
-                warn(f"{q} is incomplete ({why}: the run stopped while writing it); "
-                     f"{'removed, ' if remove else ''}resuming from {p.name}")
-            return p
+            chosen = p
+            break
         skipped.append((p, gap))
         if remove:
             shutil.rmtree(p, ignore_errors=True)
+    then = f"resuming from {chosen.name}" if chosen is not None else "starting again from step 0"
     for q, why in skipped:
-        warn(f"{q} is incomplete ({why}: the run stopped while writing it); "
-             f"{'removed, ' if remove else ''}starting again from step 0")
-    return None
+        warn(f"{q} is incomplete ({why}: the run stopped while writing it); {'removed, ' if remove else ''}{then}")
+    return chosen
 
 
 # ----------------------------------------------------------------------------- the recorded config
