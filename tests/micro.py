@@ -69,6 +69,16 @@ def micro_overrides(model_dir: Path, **extra) -> list[str]:
     return [f"{k}={v}" for k, v in sets.items()]
 
 
+class OverlapTask(DigitTask):
+    """Reward: the fraction of the response's characters that occur in the prompt. Dense, so a random
+    policy's samples differ in reward within every group and every token gets a gradient."""
+
+    name = "overlap"
+
+    def reward(self, response: str, example: Example) -> float:
+        return sum(ch in example.prompt for ch in response) / len(response) if response else 0.0
+
+
 class ChatDigitTask(DigitTask):
     """DigitTask with chat prompts; the verifier insists on receiving plain text."""
 

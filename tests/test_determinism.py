@@ -31,20 +31,10 @@ from entropy_rft.launch import start
 from entropy_rft.models import build_char_tokenizer, llama_config, load_policy, save_policy
 from entropy_rft.rollout import RolloutBatch
 from entropy_rft.rundir import read_jsonl
-from micro import DigitTask, micro_overrides
+from micro import micro_overrides
 
 TESTS = Path(__file__).parent
 VOLATILE = ("time/", "perf/")
-
-
-class OverlapTask(DigitTask):
-    """Reward: the fraction of the response's characters that occur in the prompt. Dense, so a random
-    policy's samples differ in reward within every group and every token gets a gradient."""
-
-    name = "overlap"
-
-    def reward(self, response: str, example) -> float:
-        return sum(ch in example.prompt for ch in response) / len(response) if response else 0.0
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +50,7 @@ def wide_model(tmp_path_factory) -> Path:
 def overrides(model: Path, **extra) -> list[str]:
     # 12 prompts x 8 samples, two minibatches of 48 rows in random order: groups split across both halves
     # of a parallel kernel's range; 48 rows x 8 prompt positions x 192 features of K (and V) per gather.
-    sets = {"task.name": "test_determinism:OverlapTask", "train.threads": 2, "rollout.prompts_per_step": 12,
+    sets = {"task.name": "micro:OverlapTask", "train.threads": 2, "rollout.prompts_per_step": 12,
             "rollout.group_size": 8, "algo.minibatches": 2, "eval.every": 2, "eval.prompts": 8,
             "train.max_steps": 4, "train.checkpoint_every": 2, "train.tensorboard": False, **extra}
     return micro_overrides(model, **sets)

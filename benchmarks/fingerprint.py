@@ -1,0 +1,133 @@
+"""Fingerprints of training numbers, for refactors that must keep every number.
+
+Trains the baseline configurations on the micro policy and dense-reward task of ``tests/micro.py`` (6 steps
+each, JVP and counterfactual probes every 3 steps) through the ``erft train`` command line, so the script does
+not depend on where modules live, and writes one SHA-256 per configuration and file: ``metrics.jsonl`` without its
+volatile ``time/`` and ``perf/`` keys, ``token_records.jsonl`` and ``samples.jsonl``.
+
+    python benchmarks/fingerprint.py --out /tmp/before.json        # on the old commit
+    python benchmarks/fingerprint.py --out /tmp/after.json --compare /tmp/before.json
+
+``--compare`` exits 1 naming every configuration and file that differs, and the first differing metric.
+The configurations are the seven of issue 14 (none, ClipV, Clip-Cov, KL-Cov with two minibatches, PPO +
+ClipB over two epochs, the autopilot, gradient accumulation with the reference KL) and issue 28's five
+methods. About 2 minutes on 2 CPU cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+VOLATILE = ("time/", "perf/")
+
+CONFIGS: dict[str, dict[str, object]] = {
+    "none": {"method.name": "none"},
+    "clip_v": {"method.name": "clip_v"},
+    "clip_cov": {"method.name": "clip_cov"},
+    "kl_cov_2mb": {"method.name": "kl_cov", "algo.minibatches": 2},
+    "ppo_clip_b_2ep": {"method.name": "clip_b", "algo.algorithm": "ppo", "algo.ppo_epochs": 2},
+    "autopilot": {"method.name": "clip_v", "method.entropy_target": "0.8x"},
+    "accum_refkl": {"method.name": "clip_v", "algo.grad_accum": 2, "algo.ref_kl_coef": 0.05},
+    "entropy_adv": {"method.name": "entropy_adv"},
+    "adaptive_entropy": {"method.name": "adaptive_entropy"},
+    "ce_gppo": {"method.name": "ce_gppo"},
+    "clip_low": {"method.name": "clip_low"},
+    "entropic": {"method.name": "entropic"},
+}
+
+COMMON = {
+    "task.name": "micro:OverlapTask",
+    "rollout.prompts_per_step": 8,
+    "train.max_steps": 6,
+    "train.checkpoint_every": 3,
+    "probe.jvp_every": 3,
+    "probe.counterfactual_every": 3,
+    "probe.records_every": 2,
+    "train.samples_every": 2,
+    "eval.every": 3,
+    "train.report_to": "[]",
+}
+
+
+def _policy(folder: Path) -> Path:
+    code = ("import sys; from pathlib import Path; sys.path.insert(0, sys.argv[2]); "
+            "from micro import make_micro_policy; make_micro_policy(Path(sys.argv[1]))")
+    subprocess.run([sys.executable, "-c", code, str(folder), str(ROOT / "tests")], check=True)
+    return folder
+
+
+def _digest_metrics(path: Path) -> tuple[str, list[dict]]:
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows = [{k: v for k, v in r.items() if not k.startswith(VOLATILE)} for r in rows]
+    return hashlib.sha256(json.dumps(rows, sort_keys=True).encode()).hexdigest(), rows
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest() if path.exists() else "missing"
+
+
+def fingerprint(workdir: Path) -> tuple[dict[str, dict[str, str]], dict[str, list[dict]]]:
+    """Train every configuration under ``workdir`` and return the digests and the metric rows."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from micro import micro_overrides
+
+    policy = _policy(workdir / "policy")
+    erft = Path(sys.executable).with_name("erft")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]))
+    digests, rows = {}, {}
+    for i, (name, sets) in enumerate(CONFIGS.items(), 1):
+        out = workdir / name
+        args = [str(erft), "train", "--out", str(out)]
+        for s in micro_overrides(policy, **{**COMMON, **sets}):
+            args += ["--set", s]
+        print(f"[{i}/{len(CONFIGS)}] {name}", flush=True)
+        done = subprocess.run(args, env=env, capture_output=True, text=True)
+        if done.returncode:
+            sys.exit(f"fingerprint: {name} failed (exit {done.returncode}):\n{done.stderr[-2000:]}")
+        digests[name] = {"metrics.jsonl": "", "token_records.jsonl": _digest(out / "token_records.jsonl"),
+                         "samples.jsonl": _digest(out / "samples.jsonl")}
+        digests[name]["metrics.jsonl"], rows[name] = _digest_metrics(out / "metrics.jsonl")
+    return digests, rows
+
+
+def first_difference(a: list[dict], b: list[dict]) -> str:
+    for x, y in zip(a, b):
+        keys = sorted(k for k in x.keys() | y.keys() if x.get(k) != y.get(k))
+        if keys:
+            return f"step {x.get('step')}: {keys[0]} {x.get(keys[0])!r} != {y.get(keys[0])!r}"
+    return f"{len(a)} rows against {len(b)}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, required=True, help="JSON file for the digests (and the rows)")
+    ap.add_argument("--compare", type=Path, help="an earlier --out file: exit 1 when anything differs")
+    args = ap.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="erft-fp-") as tmp:
+        digests, rows = fingerprint(Path(tmp))
+    args.out.write_text(json.dumps({"digests": digests, "rows": rows}, indent=1, sort_keys=True))
+    print(f"wrote {args.out}")
+    if args.compare is None:
+        return 0
+    old = json.loads(args.compare.read_text())
+    bad = []
+    for name, files in old["digests"].items():
+        for file, digest in files.items():
+            new = digests.get(name, {}).get(file)
+            if new != digest:
+                why = first_difference(old["rows"][name], rows.get(name, [])) if file == "metrics.jsonl" else ""
+                bad.append(f"{name}/{file} differs {why}".rstrip())
+    print("\n".join(bad) if bad else f"all {len(old['digests'])} configurations bit-identical")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
