@@ -125,7 +125,7 @@ def accuracy(z, ids, temperature, stats) -> dict:
 
 
 def bench_stats(a, dtype: torch.dtype, rows: int, vocab: int, temperature: float | str) -> dict:
-    from entropy_rft.dynamics import token_stats
+    from entropy_rft.core.dynamics import token_stats
 
     dev = a.device
     g = torch.Generator(device=dev).manual_seed(0)
@@ -156,7 +156,7 @@ def bench_stats(a, dtype: torch.dtype, rows: int, vocab: int, temperature: float
 
 def head_fns(h, w, ids) -> dict:
     """name -> fn running forward + backward of logp.sum() (entropy computed, without grad)."""
-    from entropy_rft.fused import fused_logp
+    from entropy_rft.core.fused import fused_logp
 
     def ours():
         fused_logp(h, w, ids).logp.sum().backward()
@@ -190,7 +190,7 @@ def head_fns(h, w, ids) -> dict:
 
 
 def bench_head(a, dim: int) -> dict:
-    from entropy_rft.fused import fused_logp
+    from entropy_rft.core.fused import fused_logp
 
     dev = a.device
     g = torch.Generator(device=dev).manual_seed(1)
@@ -237,7 +237,7 @@ def verl_style_entropy(logits: torch.Tensor, temperature: torch.Tensor, chunk: i
 
 
 def bench_verl(a) -> dict:
-    from entropy_rft.dynamics import token_stats
+    from entropy_rft.core.dynamics import token_stats
 
     dev = a.device
     g = torch.Generator(device=dev).manual_seed(2)
@@ -301,7 +301,7 @@ def build_model(name: str, device: str):
     if name == "qwen1.5b-random":  # Qwen2.5-1.5B's shape, random weights, erft's character tokenizer
         from transformers import Qwen2Config, Qwen2ForCausalLM
 
-        from entropy_rft.models import build_char_tokenizer
+        from entropy_rft.models.loading import build_char_tokenizer
 
         tok = build_char_tokenizer()
         torch.manual_seed(0)
@@ -316,7 +316,7 @@ def build_model(name: str, device: str):
 
         folder = make_micro_policy(Path(os.environ.get("ERFT_BENCH_TMP", "/tmp")) / "bench-micro")
         return AutoModelForCausalLM.from_pretrained(folder), AutoTokenizer.from_pretrained(folder), {}
-    from entropy_rft.policies import load_policy
+    from entropy_rft.training.policies import load_policy
 
     model, tok = load_policy(name, device="cpu")
     return model, tok, {}

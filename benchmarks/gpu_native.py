@@ -9,7 +9,7 @@
    achieved bandwidth (bytes of logits / time) against the device's peak and a device-to-device copy, and
    token_stats' extra peak memory; also ``token_stats(chunk_size=rows)`` (one chunk) as a reference for what
    the default row chunking costs. Target: token_stats <= 1.2x logsumexp.
-2. The fused LM-head path (``dynamics.fused_logp``: hidden states + LM-head weight, logits never
+2. The fused LM-head path (``fused.fused_logp``: hidden states + LM-head weight, logits never
    materialised) vs the materialised path (``hidden @ W.T``, ``log_softmax``, ``token_stats``), forward +
    backward of ``logp.sum()``, N 1024 tokens, D 576, V 151,936: time and extra peak memory
    (``torch.cuda.max_memory_allocated`` above the inputs). Target: <= 1.3x the time and lower peak memory.
@@ -125,7 +125,7 @@ def peak_bandwidth(dev: str) -> tuple[str, float | None]:
 
 
 def bench_logits(a: argparse.Namespace, dtype: torch.dtype) -> dict:
-    from entropy_rft.dynamics import default_chunk_rows, token_stats
+    from entropy_rft.core.dynamics import default_chunk_rows, token_stats
 
     dev = a.device
     g = torch.Generator(device=dev).manual_seed(0)
@@ -153,7 +153,8 @@ def bench_logits(a: argparse.Namespace, dtype: torch.dtype) -> dict:
 
 
 def bench_hidden(a: argparse.Namespace, dtype: torch.dtype) -> dict:
-    from entropy_rft.dynamics import fused_logp, token_stats
+    from entropy_rft.core.dynamics import token_stats
+    from entropy_rft.core.fused import fused_logp
 
     dev = a.device
     g = torch.Generator(device=dev).manual_seed(1)
@@ -216,10 +217,10 @@ def _count_calls(module, name: str, counts: Counter, label: str | None = None, a
 
 def child_train(a: argparse.Namespace) -> None:
     """One training run in this (fresh) process; prints one JSON line with its figures."""
-    import entropy_rft.forward as fw
-    import entropy_rft.rollout as ro
-    from entropy_rft.config import load_config
-    from entropy_rft.launch import start
+    import entropy_rft.policy.forward as fw
+    import entropy_rft.policy.rollout as ro
+    from entropy_rft.config.schema import load_config
+    from entropy_rft.launch.run import start
 
     counts: Counter = Counter()
     for name in ("sample_static", "sample_kv", "sample_hf"):
@@ -229,7 +230,7 @@ def child_train(a: argparse.Namespace) -> None:
     _count_calls(fw, "token_stats", counts, "materialised_logits")
     stamps: list[float] = []  # wall clock at the end of each step (native: train_step; TRL: each step's log)
     if a.child == "native":
-        import entropy_rft.trainer as tr
+        import entropy_rft.training.trainer as tr
 
         orig_step = tr.train_step
 

@@ -66,14 +66,14 @@ def _timed(fn, device: torch.device, rounds: int) -> tuple[float, object]:
 
 
 def load(model_name: str, device: str, dtype: torch.dtype):
-    from entropy_rft.policies import load_policy
+    from entropy_rft.training.policies import load_policy
 
     model, tok = load_policy(model_name, device=device, dtype=dtype)
     return model.eval(), tok
 
 
 def sampler_bench(model, tok, *, rows: int, new_tokens: int, rounds: int, compile_hf: bool) -> dict:
-    from entropy_rft.rollout import sample_static, tokenize_prompts
+    from entropy_rft.policy.rollout import sample_static, tokenize_prompts
 
     device = next(model.parameters()).device
     prompts = [PROMPTS[i % len(PROMPTS)] for i in range(rows // 8 or 1) for _ in range(min(8, rows))][:rows]
@@ -121,8 +121,8 @@ def sampler_bench(model, tok, *, rows: int, new_tokens: int, rounds: int, compil
 
 def update_norms(model_name: str, device: str, *, steps: int, lr: float, rows: int, new_tokens: int) -> dict:
     """Per-step parameter-update norms under float32, float32 + bf16 autocast, and bf16 weights (same batch)."""
-    from entropy_rft.forward import policy_forward
-    from entropy_rft.rollout import sample
+    from entropy_rft.policy.forward import policy_forward
+    from entropy_rft.policy.rollout import sample
 
     base, tok = load(model_name, device, torch.float32)
     gen = torch.Generator(device=device).manual_seed(1)

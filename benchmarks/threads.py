@@ -1,5 +1,5 @@
 """Thread count on a shared machine: step time of the default policy, and token_stats, at 1 thread, 2 threads
-and the automatic choice (``entropy_rft.threads.choose_threads``), each alone and next to one other busy
+and the automatic choice (``entropy_rft.common.threads.choose_threads``), each alone and next to one other busy
 process (``python -c 'while True: pass'``), interleaved, side by side in one run.
 
     .venv/bin/python benchmarks/threads.py [--steps 6] [--rounds 2] [--threads 1,2,2p] [--skip-steps]
@@ -40,9 +40,9 @@ def child_steps(threads: int, steps: int) -> dict:
     import torch
 
     torch.set_num_threads(threads)
-    from entropy_rft.config import load_config
-    from entropy_rft.launch import start
-    from entropy_rft.rundir import read_jsonl
+    from entropy_rft.config.schema import load_config
+    from entropy_rft.launch.run import start
+    from entropy_rft.rundir.files import read_jsonl
 
     with tempfile.TemporaryDirectory() as d:
         cfg = load_config(None, ["model.name=default", f"train.max_steps={steps}", "eval.every=0",
@@ -59,10 +59,10 @@ def child_smollm2(threads: int) -> dict:
     import torch
 
     torch.set_num_threads(threads)
-    from entropy_rft.forward import policy_forward
-    from entropy_rft.policies import load_policy
-    from entropy_rft.prompts import ChatPrompt
-    from entropy_rft.rollout import sample
+    from entropy_rft.policy.forward import policy_forward
+    from entropy_rft.policy.rollout import sample
+    from entropy_rft.tasks.prompts import ChatPrompt
+    from entropy_rft.training.policies import load_policy
 
     model, tok = load_policy("smollm2-135m")
     model.train().requires_grad_(True)
@@ -84,7 +84,7 @@ def child_token_stats(threads: int, rows: int, vocab: int) -> dict:
     import torch
 
     torch.set_num_threads(threads)
-    from entropy_rft.dynamics import token_stats
+    from entropy_rft.core.dynamics import token_stats
 
     g = torch.Generator().manual_seed(0)
     z = torch.randn(rows, vocab, generator=g) * 3
@@ -168,8 +168,8 @@ def main() -> int:
         print(json.dumps(child_token_stats(a.child_threads, a.rows, a.vocab)))
         return 0
 
-    from entropy_rft.policies import load_policy
-    from entropy_rft.threads import available_cores, choose_threads
+    from entropy_rft.common.threads import available_cores, choose_threads
+    from entropy_rft.training.policies import load_policy
 
     model, _ = load_policy(a.model)
     n_params = sum(p.numel() for p in model.parameters())

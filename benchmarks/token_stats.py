@@ -24,8 +24,8 @@ import time
 
 import torch
 
-from entropy_rft.dynamics import token_stats
-from entropy_rft.fused import fused_logp
+from entropy_rft.core.dynamics import token_stats
+from entropy_rft.core.fused import fused_logp
 
 # ------------------------------------------------------------------------------------------ the methods
 

@@ -60,11 +60,11 @@ def trl_step_times(setup: Setup, out: Path, steps: int, method: str | None) -> l
     from trl import GRPOConfig, GRPOTrainer
 
     from entropy_rft.integrations.trl import EntropyControlGRPOTrainer
-    from entropy_rft.policies import load_policy
+    from entropy_rft.training.policies import load_policy
 
     model, tok = load_policy(setup.policy)
     if setup.policy == "default":  # TRL rebuilds its reference from config._name_or_path: give it the folder
-        from entropy_rft.policies import resolve_policy
+        from entropy_rft.training.policies import resolve_policy
 
         model.config._name_or_path = str(resolve_policy("default"))
     args = GRPOConfig(output_dir=str(out), use_cpu=True, bf16=False, per_device_train_batch_size=PROMPTS * GROUP,
@@ -94,8 +94,8 @@ def native_step_times(setup: Setup, out: Path, steps: int) -> list[float]:
     """Per-step wall times of ``erft``'s own trainer (method none, its per-step probe on) on the same settings,
     first step excluded. The JVP and counterfactual probes run every 10th step by default; they are off here
     and cost extra on those steps (see step_time.py)."""
-    from entropy_rft.config import load_config
-    from entropy_rft.trainer import train
+    from entropy_rft.config.schema import load_config
+    from entropy_rft.training.trainer import train
 
     sets = {"model.name": setup.policy, "task.name": setup.task_name, "method.name": "none",
             "rollout.prompts_per_step": PROMPTS, "rollout.group_size": GROUP, "rollout.max_new_tokens": NEW_TOKENS,

@@ -29,7 +29,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
 from entropy_rft.integrations.trl import EntropyControlGRPOTrainer
-from entropy_rft.policies import resolve_policy
+from entropy_rft.training.policies import resolve_policy
 
 
 def my_dataset(n: int = 64, seed: int = 0) -> Dataset:

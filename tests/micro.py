@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from transformers import LlamaForCausalLM
 
-from entropy_rft.models import build_char_tokenizer, llama_config, save_policy
+from entropy_rft.models.loading import build_char_tokenizer, llama_config, save_policy
 from entropy_rft.tasks.base import Example, Task
 
 
@@ -85,7 +85,7 @@ class ChatDigitTask(DigitTask):
     name = "chat_digit"
 
     def split(self, seed: int):
-        from entropy_rft.prompts import ChatPrompt
+        from entropy_rft.tasks.prompts import ChatPrompt
 
         train, val = super().split(seed)
         return ([Example(ChatPrompt(e.prompt), e.answer) for e in train],

@@ -5,7 +5,7 @@ import statistics
 import pytest
 import torch
 
-from entropy_rft.advantages import gae, grpo_advantages, whiten
+from entropy_rft.core.advantages import gae, grpo_advantages, whiten
 
 
 def _naive_grpo(rewards, g, eps, scale_std, unbiased):
@@ -112,7 +112,7 @@ def test_whiten():
 def test_token_advantages_by_hand():
     """GRPO broadcasts each sequence's group-normalised advantage over its valid tokens; PPO puts the reward on
     the last valid token (moved from the trainer, issue 26 item 2)."""
-    from entropy_rft.advantages import sequence_reward_at_last_token, token_advantages, uniform_groups
+    from entropy_rft.core.advantages import sequence_reward_at_last_token, token_advantages, uniform_groups
 
     rewards = torch.tensor([1.0, 0.0, 0.0, 0.0])  # one group of 4: mean 0.25, sample std 0.5
     mask = torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 1], [1, 1, 0]], dtype=torch.bool)

@@ -1,4 +1,10 @@
-"""docs/architecture.md is true: every module is on the map, and no import points to a higher layer."""
+"""The house keeps its architecture, read from the code itself (the AST of every module, lazy imports included).
+
+- Every package under ``entropy_rft`` is one layer of docs/architecture.md's table, in the table's order.
+- No import points to a higher layer, and no modules import each other in a cycle (within a package too).
+- Nothing inside the package imports the top-level facade (``from entropy_rft import token_stats``): that
+  short path is for users; inside, every import names the module that defines the name.
+"""
 
 from __future__ import annotations
 
@@ -10,58 +16,141 @@ ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src" / "entropy_rft"
 
 
-def layer_map() -> dict[str, int]:
-    """Module (top-level name under entropy_rft) -> layer, read from the table in docs/architecture.md."""
-    layers: dict[str, int] = {}
-    text = (ROOT / "docs" / "architecture.md").read_text()
+def layer_order(text: str | None = None) -> list[str]:
+    """The packages of docs/architecture.md's layer table, lowest layer first."""
+    text = text if text is not None else (ROOT / "docs" / "architecture.md").read_text()
     section = text.split("## Layers", 1)[-1].split("\n## ", 1)[0]
-    for line in section.splitlines():
-        m = re.match(r"\|\s*(\d+)\.[^|]*\|([^|]*)\|", line)
-        if m:
-            for name in re.findall(r"`([a-z_]+)/?`", m.group(2)):
-                layers[name] = int(m.group(1))
-    return layers
+    rows = [re.match(r"\|\s*(\d+)\s*\|\s*`([a-z_]+)/`\s*\|", line) for line in section.splitlines()]
+    rows = [m for m in rows if m]
+    assert [int(m.group(1)) for m in rows] == list(range(len(rows))), "layers must be numbered 0, 1, 2, ..."
+    return [m.group(2) for m in rows]
 
 
-def imports(path: Path) -> list[tuple[str, int]]:
-    """(top-level entropy_rft module, line) for every import in ``path``, lazy ones included."""
-    out = []
-    for node in ast.walk(ast.parse(path.read_text())):
-        names: list[str] = []
-        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "entropy_rft":
-            parts = node.module.split(".")
-            names = [parts[1]] if len(parts) > 1 else [a.name for a in node.names]
-        elif isinstance(node, ast.Import):
-            names = [a.name.split(".")[1] for a in node.names if a.name.startswith("entropy_rft.")]
-        out += [(n, node.lineno) for n in names]
+def module_names(src: Path = SRC) -> dict[str, Path]:
+    """Dotted module name (``core.dynamics``, ``control`` for a package's __init__) -> file."""
+    out = {}
+    for p in sorted(src.rglob("*.py")):
+        parts = list(p.relative_to(src).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = p
     return out
 
 
-def modules() -> list[Path]:
-    return [p for p in sorted(SRC.rglob("*.py")) if p.relative_to(SRC).parts[0] != "__init__.py"]
+def import_edges(path: Path, known: set[str]) -> list[tuple[str, int]]:
+    """(dotted module under entropy_rft, line) for every import of the project in ``path``, lazy ones included.
+
+    ``from entropy_rft.a import b`` names module ``a.b`` when that is a module, else ``a``; ``""`` is the
+    top-level facade."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "entropy_rft":
+            mod = node.module.removeprefix("entropy_rft").lstrip(".")
+            for a in node.names:
+                sub = f"{mod}.{a.name}" if mod else a.name
+                out.append((sub if sub in known else mod, node.lineno))
+        elif isinstance(node, ast.Import):
+            out += [(a.name.removeprefix("entropy_rft."), node.lineno) for a in node.names
+                    if a.name.startswith("entropy_rft.")]
+    return out
 
 
-def test_every_module_is_on_the_map():
-    layers = layer_map()
-    assert len(layers) > 20, "the layer table of docs/architecture.md was not found"
-    missing = sorted({p.relative_to(SRC).parts[0].removesuffix(".py") for p in modules()} - set(layers))
-    assert not missing, f"modules missing from docs/architecture.md: {missing}"
+def package_of(module: str) -> str:
+    return module.split(".")[0]
+
+
+def graph(src: Path = SRC) -> tuple[dict[str, Path], dict[str, list[tuple[str, int]]]]:
+    mods = module_names(src)
+    return mods, {m: [(t, line) for t, line in import_edges(p, set(mods)) if t != m] for m, p in mods.items()}
+
+
+def find_cycle(edges: dict[str, list[tuple[str, int]]]) -> list[str] | None:
+    """One import cycle as [a, b, ..., a], or None."""
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(m: str) -> list[str] | None:
+        state[m] = 1
+        stack.append(m)
+        for t, _ in edges.get(m, []):
+            if state.get(t) == 1:
+                return stack[stack.index(t):] + [t]
+            if t in edges and not state.get(t):
+                found = visit(t)
+                if found:
+                    return found
+        stack.pop()
+        state[m] = 2
+        return None
+
+    for m in sorted(edges):
+        if not state.get(m):
+            found = visit(m)
+            if found:
+                return found
+    return None
+
+
+def upward_imports(order: list[str], mods: dict[str, Path], edges) -> list[str]:
+    rank = {p: i for i, p in enumerate(order)}
+    bad = []
+    for m, targets in edges.items():
+        if m == "":
+            continue
+        for t, line in targets:
+            if t == "":
+                bad.append(f"{mods[m].relative_to(SRC.parent)}:{line} imports the top-level facade entropy_rft")
+            elif rank[package_of(t)] > rank[package_of(m)]:
+                bad.append(f"{mods[m].relative_to(SRC.parent)}:{line} ({package_of(m)}, layer {rank[package_of(m)]})"
+                           f" imports {t} (layer {rank[package_of(t)]})")
+    return bad
+
+
+def test_every_package_is_one_layer_of_the_map():
+    order = layer_order()
+    packages = sorted({package_of(m) for m in module_names() if m})
+    assert sorted(order) == packages, (f"docs/architecture.md's layers {order} must list each package once: "
+                                       f"{packages}")
+    loose = [p.name for p in SRC.glob("*.py") if p.name != "__init__.py"]
+    assert not loose, f"modules outside the layer packages: {loose}"
 
 
 def test_no_import_points_up():
-    layers = layer_map()
-    up = []
-    for path in modules():
-        me = path.relative_to(SRC).parts[0].removesuffix(".py")
-        for name, line in imports(path):
-            if name in layers and layers[name] > layers[me]:
-                up.append(f"{path.relative_to(SRC)}:{line} (layer {layers[me]}) imports {name} (layer {layers[name]})")
-    assert not up, "\n".join(up)
+    mods, edges = graph()
+    bad = upward_imports(layer_order(), mods, edges)
+    assert not bad, "\n".join(bad)
 
 
-def test_the_check_sees_an_upward_import(tmp_path):
-    """The import parser finds lazy imports and both import forms (so the check above can fail)."""
-    f = tmp_path / "m.py"
-    f.write_text("import entropy_rft.trainer\n"
-                 "def g():\n    from entropy_rft import cli\n    from entropy_rft.rundir import x\n")
-    assert imports(f) == [("trainer", 1), ("cli", 3), ("rundir", 4)]
+def test_no_import_cycle():
+    _, edges = graph()
+    cycle = find_cycle({m: t for m, t in edges.items() if m})
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_the_checks_can_fail(tmp_path):
+    """The parser sees lazy imports and both import forms; the checks flag an upward import, the facade and a
+    cycle, on a made-up package."""
+    src = tmp_path / "entropy_rft"
+    for d in ("low", "high"):
+        (src / d).mkdir(parents=True)
+        (src / d / "__init__.py").write_text("")
+    (src / "__init__.py").write_text("")
+    (src / "low" / "a.py").write_text("def f():\n    from entropy_rft.high import b\n")
+    (src / "low" / "c.py").write_text("import entropy_rft.low.d\nfrom entropy_rft import token_stats\n")
+    (src / "low" / "d.py").write_text("from entropy_rft.low import c\n")
+    (src / "high" / "b.py").write_text("from entropy_rft.low.a import f\n")
+    mods, edges = graph(src)
+    assert edges["low.a"] == [("high.b", 2)]
+    assert edges["low.c"] == [("low.d", 1), ("", 2)]
+    global SRC
+    old, SRC = SRC, src
+    try:
+        bad = upward_imports(["low", "high"], mods, edges)
+    finally:
+        SRC = old
+    assert len(bad) == 2 and "imports high.b (layer 1)" in bad[0] and "facade" in bad[1], bad
+    assert find_cycle({m: t for m, t in edges.items() if m}) in (["low.c", "low.d", "low.c"],
+                                                                 ["high.b", "low.a", "high.b"],
+                                                                 ["low.a", "high.b", "low.a"])
+    table = "## Layers\n| layer | package |\n|---|---|\n| 0 | `low/` | x |\n| 1 | `high/` | y |\n## Next\n"
+    assert layer_order(table) == ["low", "high"]

@@ -9,13 +9,14 @@ import math
 import pytest
 
 from entropy_rft import control
-from entropy_rft.autopilot import Autopilot, Gains, parse_target
-from entropy_rft.cli import main
-from entropy_rft.commands.compare import parse_variant
-from entropy_rft.config import load_config
-from entropy_rft.errors import UserError
-from entropy_rft.launch import start
-from entropy_rft.rundir import read_jsonl
+from entropy_rft.cli.compare import parse_variant
+from entropy_rft.cli.main import main
+from entropy_rft.common.errors import UserError
+from entropy_rft.config.schema import AutopilotConfig as Gains
+from entropy_rft.config.schema import load_config
+from entropy_rft.control.autopilot import Autopilot, parse_target
+from entropy_rft.launch.run import start
+from entropy_rft.rundir.files import read_jsonl
 from micro import make_micro_policy, micro_overrides
 
 # Written by hand from the papers / method docs, not read from the registry: +1 when raising the knob
@@ -296,7 +297,7 @@ def test_compare_autopilot_and_fixed_variants(micro_model, tmp_path):
 
 
 def test_tracking_by_hand():
-    from entropy_rft.autopilot import tracking
+    from entropy_rft.control.autopilot import tracking
 
     steps = list(range(1, 11))
     ent = [0.8, 0.7, 0.6, 0.5, 0.45, 0.52, 0.49, 0.5, 0.58, 0.5]
@@ -311,7 +312,7 @@ def test_tracking_by_hand():
 def test_report_shows_autopilot_probe_levels_and_counterfactual(tmp_path):
     import yaml
 
-    from entropy_rft.analysis.report import build_report
+    from entropy_rft.report.page import build_report
 
     d = tmp_path / "cmp" / "clip_v@target=0.5-s0"
     d.mkdir(parents=True)
@@ -337,7 +338,7 @@ def test_report_shows_autopilot_probe_levels_and_counterfactual(tmp_path):
 
 
 def test_train_flag_entropy_target(micro_model, tmp_path, capsys):
-    from entropy_rft.commands.train import target_value
+    from entropy_rft.cli.train import target_value
 
     assert target_value("0.43") == 0.43 and target_value(" 0.6x ") == "0.6x"
     assert target_value("linear:0.6:0.3") == "linear:0.6:0.3"

@@ -167,7 +167,7 @@ CASES: list[Case] = [
     train("trl-refuses-unhonoured", "--engine", "trl", "--set", "algo.drop_uniform_groups=true",
           must="algo.drop_uniform_groups"),
     train("unknown-flag", "--bogus-flag", must="--bogus-flag"),
-    # --- train: model (entropy_rft.models.locate_policy)
+    # --- train: model (entropy_rft.models.loading.locate_policy)
     train("model-missing-path", "--model", "/nonexistent/model", must="/nonexistent/model"),
     train("model-missing-relative", "--model", "./no_model_here", must="no_model_here"),
     train("model-not-a-model-folder", "--model", "notmodel", must="notmodel"),
@@ -431,7 +431,7 @@ def test_debug_flag_and_env_show_the_traceback(tmp_path):
 def test_unexpected_and_os_errors_are_one_line(monkeypatch, capsys):
     import errno
 
-    from entropy_rft import cli
+    from entropy_rft.cli import main as cli
 
     def boom(args):
         raise RuntimeError("kaput\nsecond line")
@@ -449,19 +449,19 @@ def test_unexpected_and_os_errors_are_one_line(monkeypatch, capsys):
                            (disk_full, 1, "'/data/run/metrics.jsonl': No space left on device"),
                            (denied, 2, "'/data/run': Permission denied"),
                            (interrupted, 130, "interrupted")):
-        monkeypatch.setattr("entropy_rft.commands.methods.run", fn)
+        monkeypatch.setattr("entropy_rft.cli.methods.run", fn)
         assert cli.main(["methods"]) == code
         err = capsys.readouterr().err
         assert text in err and len(err.splitlines()) == 1, err
-    monkeypatch.setattr("entropy_rft.commands.methods.run", boom)
+    monkeypatch.setattr("entropy_rft.cli.methods.run", boom)
     with pytest.raises(RuntimeError):
         cli.main(["--debug", "methods"])
 
 
 def test_unwritable_folder_is_named(tmp_path, monkeypatch):
     """Root writes anywhere, so the permission case is checked in-process with os.access denied."""
-    from entropy_rft import preflight
-    from entropy_rft.errors import UserError
+    from entropy_rft.common.errors import UserError
+    from entropy_rft.training import preflight
 
     real_access = os.access
     monkeypatch.setattr(preflight.os, "access", lambda p, mode: False if Path(p) == tmp_path else real_access(p, mode))
@@ -472,8 +472,8 @@ def test_unwritable_folder_is_named(tmp_path, monkeypatch):
 
 
 def test_prompt_lengths():
-    from entropy_rft.errors import UserError
-    from entropy_rft.preflight import check_prompt_lengths
+    from entropy_rft.common.errors import UserError
+    from entropy_rft.training.preflight import check_prompt_lengths
 
     check_prompt_lengths([10, 20], 12, 64, truncate=False)
     check_prompt_lengths([10, 20], 12, None, truncate=False)
@@ -489,14 +489,15 @@ def test_prompt_lengths():
 
 
 def test_config_backends_match_rollout():
-    from entropy_rft.config import ROLLOUT_BACKENDS
-    from entropy_rft.rollout import BACKENDS
+    from entropy_rft.config.schema import ROLLOUT_BACKENDS
+    from entropy_rft.policy.rollout import BACKENDS
 
     assert tuple(ROLLOUT_BACKENDS) == tuple(BACKENDS)
 
 
 def test_cli_and_config_import_no_torch():
-    code = ("import sys, entropy_rft.cli as c, entropy_rft.config, entropy_rft.preflight; c.build_parser(); "
+    code = ("import sys, entropy_rft.cli.main as c, entropy_rft.config.schema, entropy_rft.training.preflight; "
+            "c.build_parser(); "
             "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=TIMEOUT_S)
     assert p.stdout.strip() == "[]", p.stdout + p.stderr

@@ -1,6 +1,6 @@
 """More bad command lines: one line on stderr naming the flag and the fix, exit 2, nothing written.
 
-Through ``entropy_rft.cli.main`` in-process; every case is refused before a model is loaded or a file is written
+Through ``entropy_rft.cli.main.main`` in-process; every case is refused before a model is loaded or a file is written
 (each test checks the folder or file it would have written is absent, or the working folder unchanged).
 """
 
@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-from entropy_rft.cli import main
+from entropy_rft.cli.main import main
 
 
 def _one_line(capsys) -> str:

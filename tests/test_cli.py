@@ -1,6 +1,6 @@
 import pytest
 
-from entropy_rft.cli import main
+from entropy_rft.cli.main import main
 
 
 def test_help_lists_commands(capsys):

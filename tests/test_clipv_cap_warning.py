@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from entropy_rft import control
-from entropy_rft.config import load_config
-from entropy_rft.dynamics import TokenStats
+from entropy_rft.config.schema import load_config
+from entropy_rft.core.dynamics import TokenStats
 
 
 def batch(rows: int, cols: int, seed: int = 0):

@@ -7,8 +7,8 @@ import statistics
 
 import pytest
 
-from entropy_rft.cli import main
-from entropy_rft.rundir import read_jsonl
+from entropy_rft.cli.main import main
+from entropy_rft.rundir.files import read_jsonl
 from micro import make_micro_policy, micro_overrides
 
 

@@ -374,7 +374,7 @@ def test_lens_zero_bucket_and_empty():
 
 
 def test_lens_on_ppo_clipping_as_diagnostic():
-    from entropy_rft.loss import ppo_clipped_mask
+    from entropy_rft.core.loss import ppo_clipped_mask
 
     old = torch.zeros(2, 3)
     logp = torch.log(torch.tensor([[1.5, 1.0, 0.5], [0.5, 1.5, 1.0]]))

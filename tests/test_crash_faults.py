@@ -21,11 +21,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from entropy_rft import checkpoints
-from entropy_rft.cli import main
-from entropy_rft.config import load_config
-from entropy_rft.launch import start
-from entropy_rft.rundir import read_jsonl
+from entropy_rft.cli.main import main
+from entropy_rft.config.schema import load_config
+from entropy_rft.launch.run import start
+from entropy_rft.rundir import checkpoints
+from entropy_rft.rundir.files import read_jsonl
 from micro import make_micro_policy, micro_overrides
 
 TESTS = Path(__file__).parent
@@ -181,7 +181,7 @@ def test_a_full_disk_in_the_final_export_is_one_line_and_the_resume_finishes(mic
 
 def test_an_atomic_write_on_a_full_disk_names_its_file_and_leaves_no_temp(tmp_path, monkeypatch):
     """A buffered file on a full disk fails its flush, and its close again: the error names the file once."""
-    from entropy_rft import rundir
+    from entropy_rft.rundir import files as rundir
 
     class Full:
         def write(self, data):
@@ -303,7 +303,7 @@ def test_trl_resume_skips_an_incomplete_checkpoint(micro_model, tmp_path, capsys
     """transformers writes trl/checkpoint-N in place, trainer_state.json last: a run killed while writing it
     leaves a folder without one (or with half of it). Resume names it, removes it and goes on from the
     previous complete checkpoint with the uninterrupted run's metrics."""
-    from entropy_rft import launch
+    from entropy_rft.launch import run as launch
 
     sets = micro_overrides(micro_model, **{"eval.every": 0, "train.tensorboard": "false", "train.max_steps": 3,
                                            "train.checkpoint_every": 1, "train.keep_checkpoints": 3})
@@ -340,7 +340,7 @@ def test_dataset_files_in_real_encodings_read_every_row(tmp_path):
     (json.dumps(ensure_ascii=False) writes it raw) all give the rows of the plain UTF-8 file; Latin-1 is
     refused in one line naming the byte and the fix. Before: the BOM's row was dropped as bad, UTF-16 and
     Latin-1 were internal errors, a BOM'd .json was "not valid JSON", U+2028 split its row in two."""
-    from entropy_rft.errors import UserError
+    from entropy_rft.common.errors import UserError
     from entropy_rft.tasks import build_task
 
     rows = [{"prompt": f"What is {a}+{a}?\u2028Think.", "answer": str(2 * a)} for a in range(1, 13)]
@@ -437,7 +437,7 @@ def test_weights_damaged_in_place_are_refused_before_the_work(micro_model, tmp_p
     """Bytes of a cached policy that change after it was written (the tail of model.safetensors: the last
     tensor's data) still load; the first sample then failed as an internal error ("probability tensor
     contains either inf, nan"). Now one line names the tensor and the fix, and nothing is written."""
-    from entropy_rft.models import INFO_FILE
+    from entropy_rft.models.loading import INFO_FILE
 
     policy = tmp_path / "policy"
     shutil.copytree(micro_model, policy)

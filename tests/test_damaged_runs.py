@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from entropy_rft.analysis.summary import run_summary
-from entropy_rft.cli import main
+from entropy_rft.cli.main import main
 
 STEPS = 20
 
@@ -224,7 +224,7 @@ def test_report_over_a_compare_folder_warns_once(tmp_path, capsys):
 
 def test_compare_summary_reads_warn_once(tmp_path, capsys):
     """erft compare reads each run's metrics.jsonl twice (run_summary, then the last knob): one warning."""
-    from entropy_rft.commands.compare import _knob_last
+    from entropy_rft.cli.compare import _knob_last
 
     run, n = with_line(tmp_path / "cmp" / "none-s0", "garbage", at=7)
     s = run_summary(run)

@@ -25,12 +25,12 @@ import pytest
 import torch
 from transformers import LlamaForCausalLM
 
-from entropy_rft.config import load_config
-from entropy_rft.forward import policy_forward
-from entropy_rft.launch import start
-from entropy_rft.models import build_char_tokenizer, llama_config, load_policy, save_policy
-from entropy_rft.rollout import RolloutBatch
-from entropy_rft.rundir import read_jsonl
+from entropy_rft.config.schema import load_config
+from entropy_rft.launch.run import start
+from entropy_rft.models.loading import build_char_tokenizer, llama_config, load_policy, save_policy
+from entropy_rft.policy.forward import policy_forward
+from entropy_rft.policy.rollout import RolloutBatch
+from entropy_rft.rundir.files import read_jsonl
 from micro import micro_overrides
 
 TESTS = Path(__file__).parent

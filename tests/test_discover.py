@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from entropy_rft.cli import COMMANDS, main
+from entropy_rft.cli.main import COMMANDS, main
 from entropy_rft.tasks.introspect import parse_docstring
 
 
@@ -115,7 +115,7 @@ def test_parse_docstring_args_section():
 
 
 def test_cli_import_stays_light():
-    code = ("import sys, entropy_rft.cli as c; c.build_parser(); "
+    code = ("import sys, entropy_rft.cli.main as c; c.build_parser(); "
             "print(sorted(m for m in ('torch', 'transformers', 'reasoning_gym', 'rich') if m in sys.modules))")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert p.stdout.strip() == "[]", p.stdout + p.stderr

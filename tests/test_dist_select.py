@@ -31,7 +31,7 @@ def _free_port() -> int:
 def synthetic(seed: int, scale: int = 1, spread: bool = True):
     """The whole batch ([N, 8], N = scale·16), each rank's rows and width, and the old log-probs. ``spread``:
     rank 3's S is 3× the others' (its extremes are then all on rank 3)."""
-    from entropy_rft.dynamics import TokenStats
+    from entropy_rft.core.dynamics import TokenStats
 
     g = torch.Generator().manual_seed(seed)
     rows = [r * scale for r in ROWS]
@@ -56,7 +56,7 @@ def synthetic(seed: int, scale: int = 1, spread: bool = True):
 
 
 def _local(st, sl, w):
-    from entropy_rft.dynamics import TokenStats
+    from entropy_rft.core.dynamics import TokenStats
 
     return TokenStats(**{f: getattr(st, f)[sl, :w] for f in ("entropy", "logp", "s_star", "s_expected",
                                                               "s_centered")})
@@ -106,8 +106,8 @@ def _tied_across_ranks(score: torch.Tensor, chosen: torch.Tensor, among: torch.T
 def check_selections(rank: int) -> list[bool]:
     from entropy_rft import control
     from entropy_rft.control._common import token_covariance
+    from entropy_rft.core.loss import ppo_clipped_mask
     from entropy_rft.integrations import window
-    from entropy_rft.loss import ppo_clipped_mask
 
     st, adv, mask, old, slices = synthetic(7)
     sl, w = slices[rank], WIDTHS[rank]
@@ -160,8 +160,8 @@ def check_selections(rank: int) -> list[bool]:
 
 def check_metrics(rank: int) -> None:
     from entropy_rft import control
+    from entropy_rft.core.metrics import stats_metrics
     from entropy_rft.integrations import window
-    from entropy_rft.metrics import stats_metrics
 
     st, adv, mask, _, slices = synthetic(8)
     sl, w = slices[rank], WIDTHS[rank]
@@ -183,8 +183,8 @@ def check_loss_scales(rank: int) -> None:
     """The window's loss factors from three global counts equal those from ``agg_weights`` on the
     concatenated counted masks, bit for bit."""
     from entropy_rft.control import microbatch_loss_scale
+    from entropy_rft.core.loss import agg_weights
     from entropy_rft.integrations import window
-    from entropy_rft.loss import agg_weights
 
     _, _, mask, _, slices = synthetic(10)
     mask[slices[2]] = False  # a rank with no counted token, and rows that count nothing

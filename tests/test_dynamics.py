@@ -13,20 +13,19 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from entropy_rft import dynamics as dyn
-from entropy_rft.dynamics import (
-    TokenStats,
+from entropy_rft.core import dynamics as dyn
+from entropy_rft.core.dynamics import TokenStats, token_stats
+from entropy_rft.core.fused import fused_logp
+from entropy_rft.core.theory import (
     batch_predicted_entropy_change,
     cov_advantage_s_centered,
     cov_logp_advantage,
     exact_entropy_change,
     first_order_entropy_change,
-    fused_logp,
     masked_cov,
     off_policy_factor,
     predicted_entropy_change,
     single_logit_entropy_change,
-    token_stats,
 )
 
 NEG_INF = float("-inf")
@@ -227,14 +226,6 @@ def test_reused_chunk_buffers_leave_nothing_behind():
         assert torch.allclose(getattr(out, name), getattr(ts, name), atol=2e-5), name
 
 
-def test_fused_path_lives_in_fused_and_is_re_exported():
-    from entropy_rft import fused
-
-    assert dyn.fused_logp is fused.fused_logp and dyn.FusedOut is fused.FusedOut
-    with pytest.raises(AttributeError):
-        _ = dyn.no_such_name
-
-
 def test_default_chunk_keeps_temporaries_small():
     assert dyn.default_chunk_rows(1024, 151936) * 151936 * 4 <= 0.05 * 1024 * 151936 * 4 / 4
     assert dyn.default_chunk_rows(3, 10) == 3
@@ -265,7 +256,7 @@ def test_fresh_process_gives_bit_identical_results(tmp_path):
     code = (
         "import torch, sys\n"
         "torch.set_num_threads(torch.get_num_threads())\n"
-        "from entropy_rft.dynamics import token_stats\n"
+        "from entropy_rft.core.dynamics import token_stats\n"
         f"d = torch.load({str(tmp_path / 'in.pt')!r})\n"
         "s = token_stats(d['logits'], d['ids'], 0.7)\n"
         f"torch.save([s.entropy, s.logp, s.s_star, s.s_expected, s.s_centered], {str(tmp_path / 'out.pt')!r})\n"
@@ -433,8 +424,10 @@ def test_first_order_entropy_change_per_token_and_batch_by_hand():
 
 
 def test_every_caller_of_theorem_3_3_gets_first_order_entropy_change_bit_for_bit():
-    from entropy_rft import control, metrics, probe
-    from entropy_rft.loss import agg_weights
+    from entropy_rft import control
+    from entropy_rft.core import metrics
+    from entropy_rft.core.loss import agg_weights
+    from entropy_rft.training import probe
 
     g = torch.Generator().manual_seed(7)
     st_ = token_stats(torch.randn(4, 6, 30, generator=g) * 3, torch.randint(0, 30, (4, 6), generator=g))

@@ -15,11 +15,11 @@ import pytest
 from entropy_rft.analysis import agreement, equal_entropy
 from entropy_rft.analysis.law import forecast_final, run_law
 from entropy_rft.analysis.summary import prompt_standard_errors, setpoint_tracking, touched_frac
-from entropy_rft.cli import main
-from entropy_rft.commands.compare import expand_variants
+from entropy_rft.cli.compare import expand_variants
+from entropy_rft.cli.main import main
+from entropy_rft.common.errors import UserError
 from entropy_rft.control import available_methods, get_method_class
-from entropy_rft.errors import UserError
-from entropy_rft.rundir import read_jsonl
+from entropy_rft.rundir.files import read_jsonl
 from micro import make_micro_policy, micro_overrides
 
 # ----------------------------------------------------------------------------- agreement

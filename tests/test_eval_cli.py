@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from entropy_rft.cli import main  # noqa: E402
-from entropy_rft.commands.eval import markdown_table, pass_ks  # noqa: E402
-from entropy_rft.commands.filter import keep_question  # noqa: E402
-from entropy_rft.evaluation import pass_at_k_from_hist  # noqa: E402
+from entropy_rft.cli.eval import markdown_table, pass_ks  # noqa: E402
+from entropy_rft.cli.filter import keep_question  # noqa: E402
+from entropy_rft.cli.main import main  # noqa: E402
+from entropy_rft.policy.evaluation import pass_at_k_from_hist  # noqa: E402
 from micro import make_micro_policy  # noqa: E402
 
 

@@ -11,7 +11,7 @@ import re
 import pyarrow.parquet as pq
 import pytest
 
-from entropy_rft.cli import main
+from entropy_rft.cli.main import main
 from entropy_rft.integrations.verl_reward import compute_score, example_for
 from entropy_rft.tasks import build_task
 

@@ -6,9 +6,9 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from entropy_rft.fast_llama import StaticDecoder, unsupported_reason
-from entropy_rft.models import load_policy
-from entropy_rft.rollout import position_ids, sample, sample_kv, sample_static, tokenize_prompts
+from entropy_rft.models.loading import load_policy
+from entropy_rft.policy.fast_llama import StaticDecoder, unsupported_reason
+from entropy_rft.policy.rollout import position_ids, sample, sample_kv, sample_static, tokenize_prompts
 from micro import make_micro_policy
 
 V = 40
@@ -144,7 +144,7 @@ def test_cache_overflow_is_an_error():
 def test_training_forward_values_and_gradients_equal_hf(make):
     """decoder_hidden (the policy forward's fast path) against the HF decoder: hidden states and every
     parameter's gradient of a masked loss, including nn.Embedding's padding_idx row (no gradient from lookups)."""
-    from entropy_rft.fast_llama import decoder_hidden
+    from entropy_rft.policy.fast_llama import decoder_hidden
 
     model = make().train()
     ids, mask, cont = _batch()
@@ -176,7 +176,7 @@ def test_training_forward_values_and_gradients_equal_hf(make):
 def test_policy_forward_uses_hf_modules_under_gradient_checkpointing_and_dropout():
     """The raw-weights path would silently skip activation checkpointing and attention dropout, so
     fast_path_ok refuses it there; the HF path then runs and gives the same values."""
-    from entropy_rft.forward import fast_path_ok
+    from entropy_rft.policy.forward import fast_path_ok
 
     model = _llama(kv=2).train()
     assert fast_path_ok(model)
@@ -191,7 +191,7 @@ def test_policy_forward_uses_hf_modules_under_gradient_checkpointing_and_dropout
 def _grouped_rollout():
     """Six rows over three distinct prompts of different lengths, interleaved (A B A C B A), with responses of
     lengths 5, 1, 3, 5, 2, 4 (right-padded with the pad id 0; one response samples the pad id as a real token)."""
-    from entropy_rft.rollout import RolloutBatch
+    from entropy_rft.policy.rollout import RolloutBatch
 
     g = torch.Generator().manual_seed(4)
     prompts = {"A": [7, 3, 9, 1], "B": [5, 2], "C": [8, 8, 6, 4, 11]}
@@ -217,8 +217,8 @@ def test_packed_policy_forward_equals_the_hf_decoder(make, small_attention, monk
     """The packed training forward (each distinct prompt once, no padding computed) against transformers' own
     decoder on the full padded rows: log p, entropy, every TokenStats field, and every parameter's gradient;
     with short-sequence attention as plain matmuls (the CPU default) and through SDPA (long sequences, GPUs)."""
-    from entropy_rft import fast_llama
-    from entropy_rft.forward import policy_forward
+    from entropy_rft.policy import fast_llama
+    from entropy_rft.policy.forward import policy_forward
 
     if not small_attention:
         monkeypatch.setattr(fast_llama, "SMALL_ATTENTION", 0)
@@ -247,7 +247,7 @@ def test_packed_policy_forward_equals_the_hf_decoder(make, small_attention, monk
 
 def test_packed_forward_shares_each_prompt_and_skips_padding():
     """response_hidden returns exactly the valid tokens, row-major; the fallback covers non-prefix masks."""
-    from entropy_rft.fast_llama import is_prefix_mask, response_hidden
+    from entropy_rft.policy.fast_llama import is_prefix_mask, response_hidden
 
     rb = _grouped_rollout()
     ph = response_hidden(_llama(), rb.prompt_ids, rb.prompt_mask, rb.response_ids, rb.response_mask)

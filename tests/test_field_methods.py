@@ -16,18 +16,14 @@ import pytest
 import torch
 
 from entropy_rft import control
-from entropy_rft.config import load_config
-from entropy_rft.control.builtins import (
-    adaptive_entropy_step,
-    entropic_step,
-    entropy_advantage_shift,
-)
-from entropy_rft.dynamics import first_order_entropy_change
-from entropy_rft.errors import UserError
-from entropy_rft.launch import start
-from entropy_rft.loss import agg_weights, policy_loss, ppo_clipped_mask
-from entropy_rft.rundir import read_jsonl
-from entropy_rft.step_log import lens_metrics
+from entropy_rft.common.errors import UserError
+from entropy_rft.config.schema import load_config
+from entropy_rft.control.builtins import adaptive_entropy_step, entropic_step, entropy_advantage_shift
+from entropy_rft.core.loss import agg_weights, policy_loss, ppo_clipped_mask
+from entropy_rft.core.theory import first_order_entropy_change
+from entropy_rft.launch.run import start
+from entropy_rft.rundir.files import read_jsonl
+from entropy_rft.training.step_log import lens_metrics
 from micro import make_micro_policy, micro_overrides
 
 NEW = ("entropy_adv", "adaptive_entropy", "ce_gppo", "clip_low", "entropic")
@@ -428,7 +424,7 @@ def _lens_batch(seed=0):
 def test_weight_lens_terms_sum_to_the_total_first_order_change():
     """Method: keep-mask + advantage shift under PPO's clip, off-policy ratios, token-mean. Its token weights are
     known in closed form, g = r·(A + ψ)/|kept| on kept tokens the clip leaves, so the total first-order ΔH is
-    dynamics.first_order_entropy_change of those; the lens's quadrant terms plus the vanilla total give it."""
+    theory.first_order_entropy_change of those; the lens's quadrant terms plus the vanilla total give it."""
     mask, adv, s_c, old, new, keep, psi = _lens_batch()
     kw = dict(eps_low=0.2, eps_high=0.2, agg="token-mean")
     g_m = control.gradient_coefficients(new, old, adv, mask, keep=keep, adv_shift=psi, **kw)
@@ -514,7 +510,7 @@ def test_own_controller_state_survives_a_resume(micro_model, tmp_path):
     full = read_jsonl(tmp_path / "full" / "metrics.jsonl")
     cfg2 = load_config(None, micro_overrides(micro_model, **{**sets, "train.max_steps": 2}))
     start(cfg2, tmp_path / "part")
-    from entropy_rft.launch import start_or_resume
+    from entropy_rft.launch.run import start_or_resume
 
     start_or_resume(cfg, tmp_path / "part")
     part = read_jsonl(tmp_path / "part" / "metrics.jsonl")
@@ -562,7 +558,7 @@ def test_controller_tracking_and_table_by_hand():
 
 
 def test_erft_methods_lists_each_new_method_with_its_lens_line(capsys):
-    from entropy_rft.cli import main
+    from entropy_rft.cli.main import main
 
     assert main(["methods", *NEW, "clip_v"]) == 0
     text = capsys.readouterr().out
@@ -577,7 +573,7 @@ def test_erft_methods_lists_each_new_method_with_its_lens_line(capsys):
 
 
 def test_report_shows_methods_through_the_lens(micro_model, tmp_path):
-    from entropy_rft.analysis.report import build_report
+    from entropy_rft.report.page import build_report
 
     for name in ("none", "entropy_adv"):
         sets = {"eval.every": 0, "train.max_steps": 2, "probe.jvp_every": 0, "probe.counterfactual_every": 0,

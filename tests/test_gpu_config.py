@@ -10,9 +10,9 @@ from pathlib import Path
 
 import yaml
 
-from entropy_rft.commands.compare import worker_threads
-from entropy_rft.config import load_config
-from entropy_rft.rundir import read_jsonl
+from entropy_rft.cli.compare import worker_threads
+from entropy_rft.config.schema import load_config
+from entropy_rft.rundir.files import read_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "smollm2-gpu.yaml"
@@ -84,4 +84,4 @@ def test_parallel_runs_on_one_accelerator_share_the_cores():
     assert worker_threads(5, 16, 0, "cuda:0") == 3
     assert worker_threads(32, 16, 0, "cuda") == 1
     assert worker_threads(4, 16, 2, "cuda") == 0  # train.threads set: the run's own
-    assert worker_threads(2, 16, 0, "cpu") == 0  # CPU: entropy_rft.threads' rule
+    assert worker_threads(2, 16, 0, "cpu") == 0  # CPU: entropy_rft.common.threads' rule

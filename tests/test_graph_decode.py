@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from entropy_rft.fast_llama import StaticDecoder
-from entropy_rft.graph_decode import bucket_sizes, decode, draw_token
-from entropy_rft.models import load_policy
-from entropy_rft.rollout import sample_kv, sample_static, tokenize_prompts
+from entropy_rft.models.loading import load_policy
+from entropy_rft.policy.fast_llama import StaticDecoder
+from entropy_rft.policy.graph_decode import bucket_sizes, decode, draw_token
+from entropy_rft.policy.rollout import sample_kv, sample_static, tokenize_prompts
 from micro import make_micro_policy
 
 
@@ -23,7 +23,7 @@ def test_draw_is_torch_multinomial_without_host_reads(temperature, top_p):
     ga, gb = torch.Generator().manual_seed(7), torch.Generator().manual_seed(7)
     probs = torch.softmax(logits / temperature, -1)
     if top_p < 1:
-        from entropy_rft.graph_decode import top_p_filter
+        from entropy_rft.policy.graph_decode import top_p_filter
         probs = top_p_filter(probs, top_p)
     want = torch.multinomial(probs, 1, generator=ga).squeeze(-1)
     got = draw_token(logits, temperature, top_p, gb)

@@ -20,8 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from entropy_rft import model_files, models
-from entropy_rft.errors import UserError
+from entropy_rft.common.errors import UserError
+from entropy_rft.models import files as model_files
+from entropy_rft.models import loading as models
 from micro import make_micro_policy
 
 REV = "0123456789abcdef0123456789abcdef01234567"
@@ -94,7 +95,7 @@ def test_cached_hub_id_located_and_loaded_offline(offline_hub):
 
 def test_cached_hub_id_loads_in_a_fresh_process(hub_cache, tmp_path):
     # huggingface_hub reads HF_HUB_CACHE / HF_HUB_OFFLINE at import: the honest check is a new process
-    code = ("from entropy_rft.models import load_policy, locate_policy\n"
+    code = ("from entropy_rft.models.loading import load_policy, locate_policy\n"
             "m, t = load_policy('org/name')\n"
             "print(locate_policy('org/name'), type(m).__name__, len(t))\n")
     out = subprocess.run([sys.executable, "-c", code], env=_env(hub_cache, tmp_path, HF_HUB_OFFLINE="1"),

@@ -9,11 +9,11 @@ import os
 import pytest
 import torch
 
-from entropy_rft import dynamics
-from entropy_rft.dynamics import NonFiniteLogits, token_stats
-from entropy_rft.fused import fused_logp
-from entropy_rft.kernels.head import FusedHead
-from entropy_rft.kernels.stats import row_stats
+from entropy_rft.core import dynamics
+from entropy_rft.core.dynamics import NonFiniteLogits, token_stats
+from entropy_rft.core.fused import fused_logp
+from entropy_rft.core.kernels.head import FusedHead
+from entropy_rft.core.kernels.stats import row_stats
 
 V = 333  # not a multiple of any block: the last block is partly masked
 

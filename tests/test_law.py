@@ -10,8 +10,8 @@ import pytest
 from scipy.optimize import curve_fit
 
 from entropy_rft.analysis.law import MIN_RELIABLE_POINTS, fit_law, fit_run, forecast, law_points, reliability_warning
-from entropy_rft.cli import main
-from entropy_rft.errors import UserError
+from entropy_rft.cli.main import main
+from entropy_rft.common.errors import UserError
 
 
 def _write_run(d, rows):

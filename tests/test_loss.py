@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from entropy_rft.loss import AGG_MODES, aggregate, kl_estimate, policy_loss, ppo_clipped_mask
+from entropy_rft.core.loss import AGG_MODES, aggregate, kl_estimate, policy_loss, ppo_clipped_mask
 
 T, F = True, False
 LN = math.log

@@ -10,9 +10,9 @@ import yaml
 from PIL import Image
 
 from entropy_rft.analysis import masking
-from entropy_rft.cli import main
-from entropy_rft.errors import UserError
-from entropy_rft.rundir import read_jsonl
+from entropy_rft.cli.main import main
+from entropy_rft.common.errors import UserError
+from entropy_rft.rundir.files import read_jsonl
 from micro import make_micro_policy, micro_overrides
 
 

@@ -7,11 +7,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from entropy_rft.errors import UserError
-from entropy_rft.prompts import ChatPrompt, encode_prompt, make_prompt
-from entropy_rft.rollout import tokenize_prompts
+from entropy_rft.common.errors import UserError
+from entropy_rft.policy.rollout import tokenize_prompts
 from entropy_rft.tasks import build_task
 from entropy_rft.tasks.math import DAPO_PREFIX, DAPO_SUFFIX, MathTask, champ_answer, get_path
+from entropy_rft.tasks.prompts import ChatPrompt, encode_prompt, make_prompt
 
 
 def _jsonl(path, rows):
@@ -102,7 +102,7 @@ def test_champ_and_gsm_symbolic_gold_answers_verify():
 
 
 def test_chat_prompt_rendered_at_tokenisation():
-    from entropy_rft.models import build_char_tokenizer
+    from entropy_rft.models.loading import build_char_tokenizer
 
     tok = build_char_tokenizer()
     plain = make_prompt("1+1?", prompt_format="plain")

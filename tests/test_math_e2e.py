@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 import math
 
-from entropy_rft.cli import main
-from entropy_rft.rundir import read_jsonl
+from entropy_rft.cli.main import main
+from entropy_rft.rundir.files import read_jsonl
 
 
 def test_smollm2_champ_train_then_eval(smollm2_cache, tmp_path, monkeypatch):

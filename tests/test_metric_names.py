@@ -1,4 +1,4 @@
-"""One metric table: every key either engine writes to metrics.jsonl is in ``entropy_rft.metric_names`` (one
+"""One metric table: every key either engine writes to metrics.jsonl is in ``entropy_rft.common.metric_names`` (one
 name, one meaning), every entry is written by some run, and docs/metrics.md's glossary is the table."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from entropy_rft import metric_names
-from entropy_rft.config import load_config
-from entropy_rft.launch import start
+from entropy_rft.common import metric_names
+from entropy_rft.config.schema import load_config
+from entropy_rft.launch.run import start
 from micro import make_micro_policy, micro_overrides
 
 ROOT = Path(__file__).resolve().parents[1]

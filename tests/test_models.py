@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from entropy_rft import models, policies, sft
+from entropy_rft.models import loading as models
 from entropy_rft.tasks.countdown import CountdownTask
+from entropy_rft.training import policies, sft
 
 # Small enough to build in about a second.
 MICRO = {
@@ -250,7 +251,7 @@ def test_smollm2_tokenizer_round_trip(smollm2):
 
 
 def test_loading_never_builds_the_default_policy():
-    """Building the default policy is an explicit step (entropy_rft.policies), not a side effect of loading."""
+    """Building the default policy is an explicit step (entropy_rft.training.policies), not a side effect of loading."""
     with pytest.raises(ValueError, match="policies.load_policy"):
         models.load_policy("default")
 
@@ -259,7 +260,7 @@ def test_build_bytes_do_not_depend_on_the_callers_thread_count(tmp_path):
     """Issue 26 item 8: the base policy is built at the training rule's thread count (1 for a model this size),
     so fresh processes left at 1 or 2 threads write the same model.safetensors (they differed before: float sums
     depend on the thread count at this width) and record the same thread count."""
-    code = ("import sys, torch; torch.set_num_threads(int(sys.argv[1])); from entropy_rft import sft; "
+    code = ("import sys, torch; torch.set_num_threads(int(sys.argv[1])); from entropy_rft.training import sft; "
             "f = sft.build_default_policy(sys.argv[2], progress=False, steps=8, eval_prompts=0, eval_samples=0); "
             "print(torch.get_num_threads()); print(f)")
     folders = []

@@ -7,9 +7,9 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from entropy_rft.config import load_config
-from entropy_rft.precision import lr_warning, smallest_kept_update
-from entropy_rft.trainer import Run
+from entropy_rft.config.schema import load_config
+from entropy_rft.models.precision import lr_warning, smallest_kept_update
+from entropy_rft.training.trainer import Run
 from micro import make_micro_policy, micro_overrides
 
 
@@ -84,7 +84,7 @@ def test_master_weights_stay_float32_and_forwards_run_bf16(micro, tmp_path, caps
     rb = run.rollout([e.prompt for e in run.sample_prompts()])
     with _MatmulDtypes() as seen, run.autocast():
         loss = -run.forward(rb).logp.sum()
-    # Every matmul of the decoder runs in bf16; only the LM head's log-prob chunks (dynamics.fused_logp, the
+    # Every matmul of the decoder runs in bf16; only the LM head's log-prob chunks (fused.fused_logp, the
     # statistics) stay float32.
     vocab = run.model.config.vocab_size
     assert sum(c[1] == torch.bfloat16 for c in seen.calls) >= 8

@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 import torch
 
-from entropy_rft.config import load_config
-from entropy_rft.jvp import entropy_jvp
-from entropy_rft.launch import start
-from entropy_rft.models import load_policy
-from entropy_rft.probe import agreement_metrics, counterfactual_metrics, due
-from entropy_rft.rollout import position_ids, sample
-from entropy_rft.rundir import read_jsonl
+from entropy_rft.config.schema import load_config
+from entropy_rft.launch.run import start
+from entropy_rft.models.loading import load_policy
+from entropy_rft.policy.jvp import entropy_jvp
+from entropy_rft.policy.rollout import position_ids, sample
+from entropy_rft.rundir.files import read_jsonl
+from entropy_rft.training.probe import agreement_metrics, counterfactual_metrics, due
 from micro import make_micro_policy, micro_overrides
 
 
@@ -163,7 +163,7 @@ def test_counterfactual_vanilla_equals_a_real_vanilla_step(micro_model, tmp_path
 
 
 def test_tabular_probe_metrics_by_hand():
-    from entropy_rft.probe import probe_metrics
+    from entropy_rft.training.probe import probe_metrics
 
     pred = torch.tensor([[0.2, -0.1, 0.0, 0.3, 9.0]])
     actual = torch.tensor([[0.1, 0.1, 0.5, -0.2, 9.0]])

@@ -37,7 +37,7 @@ def test_every_import_the_docs_show_works():
 
 def test_the_top_level_short_path():
     from entropy_rft import TokenStats, build_method, policy_loss, predicted_entropy_change, token_stats
-    from entropy_rft.dynamics import token_stats as deep
+    from entropy_rft.core.dynamics import token_stats as deep
     from entropy_rft.integrations.trl import EntropyControlGRPOTrainer
 
     assert token_stats is deep and TokenStats.__name__ == "TokenStats"

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from entropy_rft import control
-from entropy_rft.dynamics import token_stats
-from entropy_rft.loss import policy_loss, token_logprobs
+from entropy_rft.core.dynamics import token_stats
+from entropy_rft.core.loss import policy_loss, token_logprobs
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 

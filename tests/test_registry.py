@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from entropy_rft import control
-from entropy_rft.cli import main
+from entropy_rft.cli.main import main
 from entropy_rft.control import registry
-from entropy_rft.loss import policy_loss, ppo_clipped_mask
+from entropy_rft.core.loss import policy_loss, ppo_clipped_mask
 
 BUILTINS = {
     "none", "clip_b", "clip_b_paper", "clip_v", "clip_v_paper", "clip_cov", "kl_cov", "clip_higher",

@@ -17,10 +17,13 @@ import pytest
 import yaml
 from PIL import Image
 
-from entropy_rft.analysis import plots
-from entropy_rft.analysis.report import RunData, assign_labels, build_report, expand_run_dirs, law_fits, load_run
-from entropy_rft.cli import main
-from entropy_rft.errors import UserError
+from entropy_rft.analysis import runs as runs_mod
+from entropy_rft.analysis.findings import law_fits
+from entropy_rft.analysis.runs import RunData, assign_labels, expand_run_dirs, load_run
+from entropy_rft.cli.main import main
+from entropy_rft.common.errors import UserError
+from entropy_rft.report import plots
+from entropy_rft.report.page import build_report
 from micro import make_micro_policy, micro_overrides
 
 CHROMIUM = "/usr/bin/chromium"
@@ -42,9 +45,9 @@ def test_pass_curve_matches_enumeration_over_subsets():
             subsets = list(itertools.combinations(range(K), k))
             tot += h * sum(any(outcomes[i] for i in s) for s in subsets) / len(subsets)
         naive.append(tot / sum(hist))
-    assert plots.pass_curve(hist) == pytest.approx(naive, abs=1e-12)
-    assert plots.pass_curve([0, 1, 0]) == pytest.approx([0.5, 1.0])  # by hand: one of two right
-    assert plots.pass_curve([]) == []
+    assert runs_mod.pass_curve(hist) == pytest.approx(naive, abs=1e-12)
+    assert runs_mod.pass_curve([0, 1, 0]) == pytest.approx([0.5, 1.0])  # by hand: one of two right
+    assert runs_mod.pass_curve([]) == []
 
 
 def test_agreement_against_a_naive_loop():
@@ -52,7 +55,7 @@ def test_agreement_against_a_naive_loop():
     p = rng.normal(size=50)
     a = 0.5 * p + rng.normal(size=50)
     p[:5] = 0.0  # tokens without a prediction are left out
-    ag = plots.agreement(p, a)
+    ag = runs_mod.agreement(p, a)
     pairs = [(x, y) for x, y in zip(p, a) if x != 0 and y != 0]
     assert ag["n"] == 45
     assert ag["sign_agreement"] == pytest.approx(sum((x > 0) == (y > 0) for x, y in pairs) / 45)
@@ -190,7 +193,7 @@ def test_labels_name_only_what_differs():
     runs = [_fake_run("s0", seed=0), _fake_run("s1", seed=1), _fake_run("n-a", "none"), _fake_run("n-b", "none")]
     assign_labels(runs)
     assert [r.label for r in runs] == ["clip_v", "clip_v", "none [n-a]", "none [n-b]"]
-    assert plots.methods_in_order(runs) == ["none [n-a]", "none [n-b]", "clip_v"]  # the baseline first
+    assert runs_mod.methods_in_order(runs) == ["none [n-a]", "none [n-b]", "clip_v"]  # the baseline first
 
 
 def test_native_and_trl_runs_of_one_method_are_two_labelled_series(tmp_path):
@@ -233,14 +236,14 @@ def test_seeds_of_one_label_are_averaged_into_one_series(tmp_path):
     assert "clip_v ×2" in nums["summary"]
     # The plotted curve is the mean over seeds: step 10 is halfway, 1 + (0.8-1)/2 = 0.9 and 0.8 -> 0.85.
     runs = [load_run(a), load_run(b)]
-    xs, ys = plots.mean_series(runs, "entropy/mean")
+    xs, ys = runs_mod.mean_series(runs, "entropy/mean")
     assert xs == list(range(1, 21))
     assert ys[9] == pytest.approx(0.85) and ys[-1] == pytest.approx(0.7)
-    ex, ey = plots.mean_series(runs, "eval/entropy", "eval_rows")
+    ex, ey = runs_mod.mean_series(runs, "eval/entropy", "eval_rows")
     assert ex == [0, 10, 20] and ey == pytest.approx([1.0, 0.85, 0.7])
     # A seed that stopped early ends the mean instead of making it jump.
     runs[1].train_rows = runs[1].train_rows[:5]
-    assert plots.mean_series(runs, "entropy/mean")[0] == [1, 2, 3, 4, 5]
+    assert runs_mod.mean_series(runs, "entropy/mean")[0] == [1, 2, 3, 4, 5]
     page = (tmp_path / "rep" / "report.html").read_text()
     assert '0.700 <span class="sd">± 0.100</span>' in page
 

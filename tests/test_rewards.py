@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from entropy_rft import rewards as R
+from entropy_rft.tasks import rewards as R
 
 
 def test_last_boxed_nested_and_last():

@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 
 from entropy_rft import tasks
-from entropy_rft.config import default_config_path, load_config, load_yaml
-from entropy_rft.errors import UserError
-from entropy_rft.preflight import build_task as preflight_build_task
-from entropy_rft.preflight import settings_warnings
+from entropy_rft.common.errors import UserError
+from entropy_rft.config.schema import default_config_path, load_config, load_yaml
 from entropy_rft.tasks.rg import ReasoningGymTask, extract_answer
+from entropy_rft.training.preflight import build_task as preflight_build_task
+from entropy_rft.training.preflight import settings_warnings
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -165,8 +165,8 @@ def test_settings_warnings():
 def test_evaluation_reports_progress_per_batch(tmp_path):
     import torch
 
-    from entropy_rft.evaluation import evaluate_policy
-    from entropy_rft.models import load_policy
+    from entropy_rft.models.loading import load_policy
+    from entropy_rft.policy.evaluation import evaluate_policy
     from micro import DigitTask, make_micro_policy
 
     model, tok = load_policy(str(make_micro_policy(tmp_path / "m")))
@@ -184,7 +184,7 @@ def test_evaluation_reports_progress_per_batch(tmp_path):
 
 
 def test_erft_train_warns_once_when_a_model_inherits_another_models_settings(tmp_path, capsys):
-    from entropy_rft.cli import main
+    from entropy_rft.cli.main import main
     from micro import make_micro_policy, micro_overrides
 
     model = make_micro_policy(tmp_path / "m")
@@ -199,8 +199,8 @@ def test_erft_train_warns_once_when_a_model_inherits_another_models_settings(tmp
 
 
 def test_only_a_declared_response_budget_is_checked():
-    from entropy_rft.preflight import declared_response_tokens
     from entropy_rft.tasks.countdown import CountdownTask
+    from entropy_rft.training.preflight import declared_response_tokens
     from micro import DigitTask
 
     assert declared_response_tokens(DigitTask()) == 0  # inherits Task's hint only: no warning
@@ -221,7 +221,7 @@ def test_another_task_does_not_inherit_the_config_files_task_params():
 
 
 def test_help_config_lists_the_params_of_the_command_lines_task(capsys):
-    from entropy_rft.cli import main
+    from entropy_rft.cli.main import main
 
     assert main(["train", "--model", "smollm2-135m", "--help-config"]) == 0
     out = capsys.readouterr().out

@@ -12,11 +12,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from entropy_rft import evaluation
-from entropy_rft.config import apply_overrides, config_from_dict, help_text, load_config
-from entropy_rft.errors import UserError
-from entropy_rft.forward import policy_forward
-from entropy_rft.rollout import sample
+from entropy_rft.common.errors import UserError
+from entropy_rft.config.schema import apply_overrides, config_from_dict, help_text, load_config
+from entropy_rft.policy import evaluation
+from entropy_rft.policy.forward import policy_forward
+from entropy_rft.policy.rollout import sample
 from micro import make_micro_policy
 
 

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from entropy_rft.cli import main
-from entropy_rft.config import load_config
-from entropy_rft.launch import start
-from entropy_rft.rundir import read_jsonl, truncate_jsonl
+from entropy_rft.cli.main import main
+from entropy_rft.config.schema import load_config
+from entropy_rft.launch.run import start
+from entropy_rft.rundir.files import read_jsonl, truncate_jsonl
 from micro import make_micro_policy, micro_overrides
 
 TESTS = Path(__file__).parent
@@ -330,7 +330,7 @@ def test_prompt_longer_than_the_context_is_refused_and_writes_nothing(micro_mode
 def test_a_full_disk_mid_run_is_one_line_naming_the_file(micro_model, tmp_path, capsys, monkeypatch):
     import errno
 
-    from entropy_rft import rundir
+    from entropy_rft.rundir import files as rundir
 
     out = tmp_path / "run"
     real_write_many = rundir.JsonlWriter.write_many

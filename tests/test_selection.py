@@ -11,7 +11,7 @@ import torch
 
 from entropy_rft import control
 from entropy_rft.control import Masks, Method, microbatch_loss_scale, select_minibatch
-from entropy_rft.loss import agg_weights, policy_loss
+from entropy_rft.core.loss import agg_weights, policy_loss
 
 T, F = True, False
 

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from entropy_rft import preflight, trl_settings
-from entropy_rft.config import load_config
+from entropy_rft.config import trl as trl_settings
+from entropy_rft.config.schema import load_config
+from entropy_rft.training import preflight
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"

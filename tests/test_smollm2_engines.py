@@ -7,10 +7,10 @@ import math
 
 import yaml
 
-from entropy_rft.cli import main
-from entropy_rft.config import default_config_path, load_yaml
-from entropy_rft.metric_names import is_known
-from entropy_rft.rundir import read_jsonl
+from entropy_rft.cli.main import main
+from entropy_rft.common.metric_names import is_known
+from entropy_rft.config.schema import default_config_path, load_yaml
+from entropy_rft.rundir.files import read_jsonl
 
 SMALL = ["rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.max_new_tokens=8", "eval.every=0",
          "algo.minibatches=1", "train.progress=false", "train.tensorboard=false", "train.checkpoint_every=2",

@@ -8,9 +8,9 @@ import math
 import pytest
 import torch
 
-from entropy_rft import theory_probe as tp
-from entropy_rft.cli import main
-from entropy_rft.errors import UserError
+from entropy_rft.analysis import theory_probe as tp
+from entropy_rft.cli.main import main
+from entropy_rft.common.errors import UserError
 
 
 def _all_finite_or_none(obj) -> bool:

@@ -1,11 +1,11 @@
-"""entropy_rft.threads: the one thread-count rule (issue 15: OpenMP threads collapse on shared cores)."""
+"""entropy_rft.common.threads: the one thread-count rule (issue 15: OpenMP threads collapse on shared cores)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from entropy_rft.threads import (
+from entropy_rft.common.threads import (
     MAX_AUTO_THREADS,
     SMALL_MODEL_PARAMS,
     apply_threads,

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from entropy_rft import rundir, trackers
-from entropy_rft.cli import main
-from entropy_rft.config import load_config
+from entropy_rft.cli.main import main
+from entropy_rft.common.options import TRACKERS, trackers_selected
+from entropy_rft.config.schema import load_config
+from entropy_rft.rundir import files as rundir
 from micro import make_micro_policy, micro_overrides
 
 
@@ -168,7 +169,7 @@ def test_an_unknown_tracker_is_refused_before_anything_is_written(micro_model, t
     assert main(train_args(micro_model, out, **{"train.report_to": "[tensorboard, neptune]"})) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "train.report_to" in err[0] and "'neptune'" in err[0]
-    assert all(name in err[0] for name in trackers.TRACKERS)
+    assert all(name in err[0] for name in TRACKERS)
     assert not out.exists()
 
 
@@ -181,4 +182,4 @@ def test_an_unknown_tracker_is_refused_before_anything_is_written(micro_model, t
     (["train.report_to=[wandb, mlflow]", "train.wandb=true", "train.tensorboard=false"], ["wandb", "mlflow"]),
 ])
 def test_legacy_switches_add_and_remove_trackers(sets, want):
-    assert trackers.selected(load_config(None, sets).train) == want
+    assert trackers_selected(load_config(None, sets).train) == want

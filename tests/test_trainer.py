@@ -16,12 +16,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from entropy_rft.cli import main
-from entropy_rft.config import load_config
-from entropy_rft.launch import start
-from entropy_rft.records import Scored
-from entropy_rft.rundir import read_jsonl, truncate_jsonl
-from entropy_rft.trainer import Run
+from entropy_rft.cli.main import main
+from entropy_rft.config.schema import load_config
+from entropy_rft.launch.run import start
+from entropy_rft.rundir.files import read_jsonl, truncate_jsonl
+from entropy_rft.training.records import Scored
+from entropy_rft.training.trainer import Run
 from micro import make_micro_policy, micro_overrides
 
 TESTS = Path(__file__).parent

@@ -3,7 +3,7 @@ and loss against the native trainer's components, the accumulation re-weighting,
 --engine trl` runs for every method (run directory rules, metrics.jsonl, resume).
 
 References are independent of the code under test: TRL's ``add_fused_lm_head`` (its own log-prob/entropy
-kernel), ``entropy_rft.forward.policy_forward`` (the native trainer's forward) and plain ``policy_loss``
+kernel), ``entropy_rft.policy.forward.policy_forward`` (the native trainer's forward) and plain ``policy_loss``
 on the concatenated batch.
 """
 
@@ -20,16 +20,17 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from entropy_rft import control, launch  # noqa: E402
-from entropy_rft.config import load_config  # noqa: E402
-from entropy_rft.errors import UserError  # noqa: E402
-from entropy_rft.forward import policy_forward  # noqa: E402
+from entropy_rft import control  # noqa: E402
+from entropy_rft.common.errors import UserError  # noqa: E402
+from entropy_rft.config.schema import load_config  # noqa: E402
+from entropy_rft.core.loss import policy_loss, ppo_clipped_mask  # noqa: E402
 from entropy_rft.integrations import trl as erft_trl  # noqa: E402
 from entropy_rft.integrations import window  # noqa: E402
 from entropy_rft.integrations.stats_forward import fused_policy_out  # noqa: E402
-from entropy_rft.loss import policy_loss, ppo_clipped_mask  # noqa: E402
-from entropy_rft.models import load_policy  # noqa: E402
-from entropy_rft.rollout import RolloutBatch  # noqa: E402
+from entropy_rft.launch import run as launch
+from entropy_rft.models.loading import load_policy  # noqa: E402
+from entropy_rft.policy.forward import policy_forward  # noqa: E402
+from entropy_rft.policy.rollout import RolloutBatch  # noqa: E402
 from micro import make_micro_policy, micro_overrides  # noqa: E402
 
 # Parameters that make every method act on a few dozen tokens.
@@ -295,7 +296,7 @@ def test_prompt_dataset_uses_conversations_only_with_a_chat_template(policy_dir)
 def test_grpo_config_follows_erfts_gradient_checkpointing(tmp_path, on):
     """GRPOConfig turns gradient checkpointing on by default; the erft config decides, as on the native engine
     (TRL's peak memory and step time are otherwise not comparable with ours)."""
-    from entropy_rft.config import load_config
+    from entropy_rft.config.schema import load_config
     from entropy_rft.integrations.trl import grpo_config
 
     cfg = load_config(None, [f"model.gradient_checkpointing={str(on).lower()}", "engine=trl"])

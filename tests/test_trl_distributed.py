@@ -43,7 +43,7 @@ def _pad(x: torch.Tensor, width: int, value) -> torch.Tensor:
 
 def synthetic(seed: int = 11):
     """A 12-row batch: rank 0 owns rows 0-4 (width 6), rank 1 rows 5-11 (width 9)."""
-    from entropy_rft.dynamics import TokenStats
+    from entropy_rft.core.dynamics import TokenStats
 
     g = torch.Generator().manual_seed(seed)
     n, w = 12, 9
@@ -59,10 +59,10 @@ def synthetic(seed: int = 11):
 
 def check_synthetic(rank: int) -> None:
     from entropy_rft import control
-    from entropy_rft.dynamics import TokenStats
+    from entropy_rft.core.dynamics import TokenStats
+    from entropy_rft.core.loss import policy_loss, ppo_clipped_mask
     from entropy_rft.integrations import window
     from entropy_rft.integrations.dist import all_reduce_sum
-    from entropy_rft.loss import policy_loss, ppo_clipped_mask
 
     st, adv, mask, old, rows, widths = synthetic()
     sl, w = rows[rank], widths[rank]
@@ -113,11 +113,11 @@ def check_trainer(rank: int, policy_dir: str, tmp: str) -> None:
     from trl import GRPOConfig
 
     from entropy_rft import control
-    from entropy_rft.dynamics import TokenStats
+    from entropy_rft.core.dynamics import TokenStats
     from entropy_rft.integrations import trl as erft_trl
     from entropy_rft.integrations import window
     from entropy_rft.integrations.dist import all_gather_rows
-    from entropy_rft.models import load_policy
+    from entropy_rft.models.loading import load_policy
 
     record = []
     original = window.global_rollout_batch

@@ -17,7 +17,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from entropy_rft.models import load_policy  # noqa: E402
+from entropy_rft.models.loading import load_policy  # noqa: E402
 from micro import make_micro_policy  # noqa: E402
 
 # Prompts of 4 to 8 characters: TRL left-pads them in every batch.

@@ -1,4 +1,4 @@
-"""The TRL engine's settings (``entropy_rft.trl_settings``): the ``trl:`` pass-through section checked against
+"""The TRL engine's settings (``entropy_rft.config.trl``): the ``trl:`` pass-through section checked against
 TRL's own GRPOConfig dataclass and passed into it, and every erft setting that engine does not honour refused
 (it would change training) or warned about (it only changes what is measured), one line each, by name."""
 
@@ -9,9 +9,10 @@ import dataclasses
 import pytest
 from trl import GRPOConfig
 
-from entropy_rft import preflight, trl_settings
-from entropy_rft.config import load_config
-from entropy_rft.errors import UserError
+from entropy_rft.common.errors import UserError
+from entropy_rft.config import trl as trl_settings
+from entropy_rft.config.schema import load_config
+from entropy_rft.training import preflight
 
 # The native-only measurements off: a config the TRL engine honours completely.
 CLEAN = {"eval.every": 0, "probe.enabled": False, "probe.records_every": 0, "probe.jvp_every": 0,

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from entropy_rft.cli import main
-from entropy_rft.commands import eval as eval_cmd
-from entropy_rft.config import load_config
-from entropy_rft.launch import start
-from entropy_rft.rundir import read_jsonl
-from entropy_rft.step_log import StepLines, progress_bar, step_line
+from entropy_rft.cli import eval as eval_cmd
+from entropy_rft.cli.main import main
+from entropy_rft.config.schema import load_config
+from entropy_rft.launch.run import start
+from entropy_rft.rundir.files import read_jsonl
+from entropy_rft.training.step_log import StepLines, progress_bar, step_line
 from micro import make_micro_policy, micro_overrides
 
 STEP = re.compile(r"^step (\d+)/(\d+)  reward (\S+)  entropy (\S+)  kept (\S+)(?:  val pass@1 (\S+))?  (\S+) s/step$")
@@ -83,7 +83,7 @@ def test_progress_off_prints_nothing_and_terminal_gets_the_bar(monkeypatch, caps
     cfg = load_config(None, [])
     with progress_bar(cfg, 0) as bar:
         assert isinstance(bar, StepLines)  # captured stdout: no terminal
-    import entropy_rft.step_log as step_log
+    import entropy_rft.training.step_log as step_log
 
     monkeypatch.setattr(step_log, "is_live", lambda: True)
     with progress_bar(cfg, 0) as bar:

@@ -17,9 +17,9 @@ from verl.trainer.ppo.reward import get_custom_reward_fn
 from verl.utils.dataset.rl_dataset import RLHFDataset, collate_fn
 from verl.workers.reward_manager.naive import NaiveRewardManager
 
-from entropy_rft.cli import main
-from entropy_rft.commands.export_verl import reward_path
-from entropy_rft.models import build_char_tokenizer
+from entropy_rft.cli.export_verl import reward_path
+from entropy_rft.cli.main import main
+from entropy_rft.models.loading import build_char_tokenizer
 from entropy_rft.tasks import build_task
 
 CHAT = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}<assistant>"

@@ -27,8 +27,8 @@ def worker(rank: int, port: int) -> None:
     import torch.distributed as dist
 
     from entropy_rft import control
+    from entropy_rft.core.loss import ppo_clipped_mask
     from entropy_rft.integrations import verl as ev
-    from entropy_rft.loss import ppo_clipped_mask
     from test_dist_select import WIDTHS, synthetic
 
     torch.set_num_threads(1)

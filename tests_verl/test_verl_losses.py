@@ -18,7 +18,7 @@ from verl.workers.config import FSDPActorConfig
 
 import entropy_rft.integrations.verl as ev
 from entropy_rft import control
-from entropy_rft.loss import policy_loss
+from entropy_rft.core.loss import policy_loss
 
 AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
@@ -297,7 +297,7 @@ def test_stats_hook_through_verls_prepare_model_outputs_at_temperature_0_7():
     equal token_stats(z / T), and verl's own entropy (computed from its own z / T copy) agrees with ours."""
     from verl.utils import tensordict_utils as tu
 
-    from entropy_rft.dynamics import token_stats
+    from entropy_rft.core.dynamics import token_stats
 
     g = torch.Generator().manual_seed(11)
     lens = [6, 4]

@@ -18,14 +18,14 @@ __version__ = "0.1.0"
 
 # public name -> the module that defines it
 PUBLIC = {
-    "token_stats": "entropy_rft.dynamics",
-    "TokenStats": "entropy_rft.dynamics",
-    "predicted_entropy_change": "entropy_rft.dynamics",
-    "first_order_entropy_change": "entropy_rft.dynamics",
-    "NonFiniteLogits": "entropy_rft.dynamics",
-    "fused_logp": "entropy_rft.fused",
-    "policy_loss": "entropy_rft.loss",
-    "token_logprobs": "entropy_rft.loss",
+    "token_stats": "entropy_rft.core.dynamics",
+    "TokenStats": "entropy_rft.core.dynamics",
+    "predicted_entropy_change": "entropy_rft.core.theory",
+    "first_order_entropy_change": "entropy_rft.core.theory",
+    "NonFiniteLogits": "entropy_rft.core.dynamics",
+    "fused_logp": "entropy_rft.core.fused",
+    "policy_loss": "entropy_rft.core.loss",
+    "token_logprobs": "entropy_rft.core.loss",
     "build_method": "entropy_rft.control",
     "available_methods": "entropy_rft.control",
     "Method": "entropy_rft.control",

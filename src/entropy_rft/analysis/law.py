@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from entropy_rft.errors import UserError
-from entropy_rft.rundir import read_step_log
+from entropy_rft.common.errors import UserError
+from entropy_rft.rundir.files import read_step_log
 
 ENTROPY_SOURCES = ("eval", "train")
 

@@ -32,8 +32,8 @@ from typing import Any
 
 import numpy as np
 
-from entropy_rft.errors import UserError
-from entropy_rft.rundir import read_jsonl
+from entropy_rft.common.errors import UserError
+from entropy_rft.rundir.files import read_jsonl
 
 
 @dataclass(frozen=True)
@@ -192,8 +192,8 @@ def run_experiment(out: str | Path, *, steps: int, config: str | None = None, mo
                    sets: Sequence[str] = (), s_field: str = "s_star", overwrite: bool = False,
                    log=print) -> list[Path]:
     """Train the vanilla baseline and the four conditions (resuming finished or interrupted runs)."""
-    from entropy_rft import launch
-    from entropy_rft.config import load_config
+    from entropy_rft.config.schema import load_config
+    from entropy_rft.launch import run as launch
 
     if steps < 2:
         raise UserError(f"--steps must be >= 2, got {steps}")

@@ -11,8 +11,8 @@ import numpy as np
 
 from entropy_rft.analysis.agreement import run_agreement
 from entropy_rft.analysis.law import run_law
-from entropy_rft.autopilot import tracking
-from entropy_rft.rundir import read_step_log
+from entropy_rft.control.autopilot import tracking
+from entropy_rft.rundir.files import read_step_log
 
 
 def _last(rows: list[dict], key: str) -> Any:
@@ -39,7 +39,7 @@ def _k(rows: list[dict]) -> int | None:
 def read_run_config(run_dir: str | Path) -> dict[str, Any]:
     """A run directory's ``config.yaml`` as a dict for reading (``{}`` when it has none); a damaged one is
     refused in one line with the ``cp`` that restores it (``checkpoints.read_config_dict``)."""
-    from entropy_rft.checkpoints import read_config_dict
+    from entropy_rft.rundir.checkpoints import read_config_dict
 
     return read_config_dict(run_dir) if (Path(run_dir) / "config.yaml").is_file() else {}
 

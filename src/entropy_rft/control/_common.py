@@ -1,15 +1,15 @@
 """Shared input checks and masked statistics for the control modules (private).
 
-The generic tensor checks live in :mod:`entropy_rft.tensor_checks` and the aggregation weights in
-:mod:`entropy_rft.loss`; they are imported here too, for the control modules and ``advantages``."""
+The generic tensor checks live in :mod:`entropy_rft.core.tensor_checks` and the aggregation weights in
+:mod:`entropy_rft.core.loss`; they are imported here too, for the control modules and ``advantages``."""
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor
 
-from entropy_rft.loss import agg_weights  # noqa: F401  (re-exported for control.lens)
-from entropy_rft.tensor_checks import (  # noqa: F401  (re-exported for the control modules and advantages)
+from entropy_rft.core.loss import agg_weights  # noqa: F401  (re-exported for control.lens)
+from entropy_rft.core.tensor_checks import (  # noqa: F401  (re-exported for the control modules)
     as_mask,
     broadcast_advantages,
     check_bool_like,

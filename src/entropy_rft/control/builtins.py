@@ -34,7 +34,7 @@ from entropy_rft.control.masks import (
 from entropy_rft.control.registry import Masks, Method, param, register_method
 
 if TYPE_CHECKING:
-    from entropy_rft.dynamics import TokenStats
+    from entropy_rft.core.dynamics import TokenStats
 
 PAPER_A = "Wang et al. 2026, On the Entropy Dynamics in RFT of LLMs, arXiv 2602.03392"
 PAPER_B = "Cui et al. 2025, The Entropy Mechanism of RL for Reasoning LMs, arXiv 2505.22617"
@@ -776,7 +776,7 @@ class EntropicControl(Method):
         self.alpha = value - 1.0
 
     def observe(self, stats: TokenStats, mask: Tensor, agg: str) -> dict[str, Any]:
-        from entropy_rft.loss import aggregate
+        from entropy_rft.core.loss import aggregate
 
         target_level = check_level(self.target, "target")
         if target_level is None or not bool(mask.any()):

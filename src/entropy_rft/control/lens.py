@@ -3,7 +3,7 @@
 For any keep-mask, report which tokens it removes in the quadrants sign(A) × sign(S_c), and the first-order
 entropy change those tokens carried: Theorem 3.3 per token with the aggregation weights and the off-policy
 factor, −w·A·r·S_c (lr dropped; a PPO-clipped token has no gradient and carries 0), as
-``dynamics.first_order_entropy_change`` computes it (formulas: ``entropy_rft.dynamics``).
+``theory.first_order_entropy_change`` computes it (formulas: ``entropy_rft.core.dynamics``).
 
 Methods that reweight tokens, add gradient to them or change the clip (advantage shaping, EntroPIC, CE-GPPO,
 clip-low/high) drop nothing, so the drop lens cannot see them. ``weight_lens`` extends it to any method: with
@@ -19,15 +19,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from entropy_rft.control._common import (
-    agg_weights,
-    as_mask,
-    broadcast_advantages,
-    check_bool_like,
-    check_like,
-)
-from entropy_rft.dynamics import first_order_entropy_change
-from entropy_rft.loss import policy_loss
+from entropy_rft.control._common import agg_weights, as_mask, broadcast_advantages, check_bool_like, check_like
+from entropy_rft.core.loss import policy_loss
+from entropy_rft.core.theory import first_order_entropy_change
 
 __all__ = ["QUADRANTS", "gradient_coefficients", "lens_attribution", "quadrant_effects", "weight_lens"]
 

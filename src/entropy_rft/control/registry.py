@@ -21,7 +21,7 @@ from torch import Tensor
 if TYPE_CHECKING:
     import torch
 
-    from entropy_rft.dynamics import TokenStats
+    from entropy_rft.core.dynamics import TokenStats
 
 __all__ = [
     "Masks",

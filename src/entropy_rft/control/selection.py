@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from entropy_rft.control.registry import Masks, Method
-from entropy_rft.loss import agg_weights, ppo_clipped_mask
+from entropy_rft.core.loss import agg_weights, ppo_clipped_mask
 
 __all__ = ["MinibatchSelection", "combine_selection", "microbatch_loss_scale", "select_minibatch"]
 

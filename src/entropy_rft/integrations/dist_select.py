@@ -35,7 +35,6 @@ import torch
 import torch.distributed as torch_dist
 from torch import Tensor
 
-from entropy_rft import dynamics
 from entropy_rft.control._common import (
     as_mask,
     broadcast_advantages,
@@ -49,7 +48,8 @@ from entropy_rft.control._common import (
 )
 from entropy_rft.control.masks import _violation, clip_b_mask, clip_cov_mask, clip_v_mask, kl_cov_select
 from entropy_rft.control.registry import Masks, Method
-from entropy_rft.dynamics import TokenStats
+from entropy_rft.core import theory
+from entropy_rft.core.dynamics import TokenStats
 from entropy_rft.integrations.dist import rank_and_world
 
 __all__ = [
@@ -322,7 +322,7 @@ def dist_stats_metrics(st: TokenStats, adv: Tensor, mask: Tensor) -> dict[str, f
     f = {k: getattr(st, k).detach().to(torch.float64)[m] for k in ("entropy", "logp", "s_star", "s_expected",
                                                                      "s_centered")}
     a = adv.detach().to(torch.float64)[m]
-    dh = dynamics.first_order_entropy_change(st.s_centered, adv, mask=m).per_token.to(torch.float64)[m]
+    dh = theory.first_order_entropy_change(st.s_centered, adv, mask=m).per_token.to(torch.float64)[m]
     keys = ("entropy", "s_star", "s_centered", "s_expected", "logp")
     one = torch.tensor(float(m.sum()), dtype=torch.float64, device=m.device)
     s = global_sum(torch.stack([*(f[k].sum() for k in keys), a.sum(), dh.sum(), one]))

@@ -23,26 +23,24 @@ from accelerate import PartialState
 from datasets import Dataset
 from torch import Tensor
 
-from entropy_rft import control, dynamics, rundir
-from entropy_rft.checkpoints import last_complete_trl_checkpoint
-from entropy_rft.config import config_to_dict
+from entropy_rft import control
+from entropy_rft.common.threads import apply_threads
+from entropy_rft.config.schema import config_to_dict
+from entropy_rft.config.trl import grpo_config, loss_overrides, step_factor
 from entropy_rft.control import Masks, Method
-from entropy_rft.forward import supports_fused
+from entropy_rft.core import dynamics
+from entropy_rft.core.loss import policy_loss
 from entropy_rft.integrations import window
 from entropy_rft.integrations._compat import require_version
-from entropy_rft.integrations.stats_forward import (
-    captured_hidden,
-    chunked_policy_out,
-    stats_from_hidden,
-)
+from entropy_rft.integrations.stats_forward import captured_hidden, chunked_policy_out, stats_from_hidden
 from entropy_rft.integrations.trl_logging import ErftLog
-from entropy_rft.loss import policy_loss
-from entropy_rft.models import load_tokenizer
-from entropy_rft.policies import load_policy, resolve_policy
-from entropy_rft.prompts import ChatPrompt, as_conversation, has_chat_template
+from entropy_rft.models.loading import load_tokenizer
+from entropy_rft.policy.forward import supports_fused
+from entropy_rft.rundir import files as rundir
+from entropy_rft.rundir.checkpoints import last_complete_trl_checkpoint
 from entropy_rft.tasks import build_task
-from entropy_rft.threads import apply_threads
-from entropy_rft.trl_settings import grpo_config, loss_overrides, step_factor
+from entropy_rft.tasks.prompts import ChatPrompt, as_conversation, has_chat_template
+from entropy_rft.training.policies import load_policy, resolve_policy
 
 # TRL versions this integration was tested with: it overrides private methods of GRPOTrainer, whose
 # signatures change between minor releases.
@@ -443,7 +441,7 @@ def train_trl(cfg, out: str | Path, resume: bool = False) -> dict[str, Any]:
         model=model, reward_funcs=reward, args=args,
         train_dataset=prompt_dataset(train_set, tok), processing_class=tok, method=cfg.method.name,
         method_params=cfg.method_params(), agg=cfg.algo.agg, dual_clip=cfg.algo.dual_clip)
-    apply_threads(cfg.train.threads, trainer.model, cfg.model.device)  # 0: automatic (entropy_rft.threads)
+    apply_threads(cfg.train.threads, trainer.model, cfg.model.device)  # 0: automatic (entropy_rft.common.threads)
     trainer.loss_kwargs.update(loss_overrides(cfg, trainer.method.loss_kwargs()))
     log = ErftLog(trainer, cfg, out, k, purge_step=start + 1 if resume else None)
     trainer.add_callback(log)

@@ -1,7 +1,7 @@
 """What ``erft train --engine trl`` logs, in the native engine's layout: one metrics row per erft step (one
 generation batch = ``minibatches × ppo_epochs`` optimizer steps) with the native key names, written through
 ``rundir.Logger`` to ``metrics.jsonl`` and erft's trackers (``train.report_to``: TensorBoard in ``<out>/tb``, W&B,
-MLflow, trackio; :mod:`entropy_rft.trackers`) on the erft step axis, and the completions with their prompt, gold
+MLflow, trackio; :mod:`entropy_rft.rundir.trackers`) on the erft step axis, and the completions with their prompt, gold
 answer and reward to ``samples.jsonl`` every ``train.samples_every`` steps. TRL's own trackers are only what
 ``trl.report_to`` asks for (``trl_settings.report_to``).
 """
@@ -14,8 +14,8 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from entropy_rft import rundir
-from entropy_rft.step_log import sample_rows
+from entropy_rft.rundir.logger import Logger
+from entropy_rft.training.step_log import sample_rows
 
 # TRL's log keys -> erft's (averaged over the erft step's optimizer steps; time/step summed)
 _TRL_KEYS = (("grad_norm", "optim/grad_norm"), ("learning_rate", "optim/lr"), ("step_time", "time/step"))
@@ -27,7 +27,7 @@ class ErftLog(TrainerCallback):
 
     def __init__(self, trainer: Any, cfg: Any, out: Path, k: int, purge_step: int | None) -> None:
         self.trainer, self.cfg, self.k = trainer, cfg, k
-        self.logger = rundir.Logger(Path(out), cfg, purge_step) if trainer.accelerator.is_main_process else None
+        self.logger = Logger(Path(out), cfg, purge_step) if trainer.accelerator.is_main_process else None
         self.trl: dict[str, list[float]] = defaultdict(list)
 
     def erft_step(self) -> int:

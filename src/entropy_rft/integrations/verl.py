@@ -46,13 +46,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from entropy_rft import control, dynamics
+from entropy_rft import control
 from entropy_rft.control import Masks, Method, MinibatchSelection, microbatch_loss_scale, select_minibatch
 from entropy_rft.control.selection import combine_selection
+from entropy_rft.core import dynamics
+from entropy_rft.core.loss import AGG_MODES, policy_loss, ppo_clipped_mask
 from entropy_rft.integrations._compat import require_version
 from entropy_rft.integrations.dist import all_gather_rows, rank_and_world
 from entropy_rft.integrations.dist_select import dist_minibatch_masks, dist_rollout_masks
-from entropy_rft.loss import AGG_MODES, policy_loss, ppo_clipped_mask
 
 # verl versions this integration was tested with (the loss signature and engine internals change often).
 VERL_MIN, VERL_MAX_EXCLUSIVE = (0, 9, 0), (0, 10, 0)

@@ -30,7 +30,9 @@ from torch import Tensor
 
 from entropy_rft.control import Masks, Method, MinibatchSelection, microbatch_loss_scale, select_minibatch
 from entropy_rft.control.selection import combine_selection
-from entropy_rft.dynamics import TokenStats
+from entropy_rft.core.dynamics import TokenStats
+from entropy_rft.core.loss import _check_agg, agg_weights, ppo_clipped_mask
+from entropy_rft.core.metrics import stats_metrics
 from entropy_rft.integrations.dist import all_gather_rows, all_reduce_sum, rank_and_world
 from entropy_rft.integrations.dist_select import (
     dist_minibatch_masks,
@@ -40,8 +42,6 @@ from entropy_rft.integrations.dist_select import (
     global_sum,
 )
 from entropy_rft.integrations.stats_forward import map_stats
-from entropy_rft.loss import _check_agg, agg_weights, ppo_clipped_mask
-from entropy_rft.metrics import stats_metrics
 
 __all__ = [
     "GlobalBatch",

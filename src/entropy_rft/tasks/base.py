@@ -61,8 +61,8 @@ class Task(ABC):
 
 def int_param(task: str, name: str, value: Any) -> int:
     """A task parameter that must be an integer (a float with no fraction, ``2000.0``, counts as one), else a
-    one-line :class:`~entropy_rft.errors.UserError` naming the task, the parameter and the expected type."""
-    from entropy_rft.errors import UserError
+    one-line :class:`~entropy_rft.common.errors.UserError` naming the task, the parameter and the expected type."""
+    from entropy_rft.common.errors import UserError
 
     if isinstance(value, float) and value.is_integer():
         return int(value)

@@ -154,7 +154,7 @@ def describe(name: str, factory: Any, *, skip: tuple[str, ...] = ()) -> dict[str
 
 def rg_datasets() -> tuple[list[str], str | None]:
     """The installed reasoning-gym dataset names, or ([], why not)."""
-    from entropy_rft.errors import UserError
+    from entropy_rft.common.errors import UserError
     from entropy_rft.tasks import rg
 
     try:
@@ -207,7 +207,7 @@ def rg_info(dataset: str | None) -> dict[str, Any]:
 def _unknown(name: str, known: list[str], what: str):
     import difflib
 
-    from entropy_rft.errors import UserError
+    from entropy_rft.common.errors import UserError
 
     near = difflib.get_close_matches(name, known, n=3)
     hint = f" (did you mean {' or '.join(near)}?)" if near else ""
@@ -224,7 +224,7 @@ def infos(name: str | None) -> list[dict[str, Any]]:
         dataset = name[len(RG_PREFIX):]
         names, why = rg_datasets()
         if why:
-            from entropy_rft.errors import UserError
+            from entropy_rft.common.errors import UserError
 
             raise UserError(why)
         if dataset not in names:
@@ -234,7 +234,7 @@ def infos(name: str | None) -> list[dict[str, Any]]:
         try:
             return [describe(name, task_factory(name))]
         except ValueError as e:
-            from entropy_rft.errors import UserError
+            from entropy_rft.common.errors import UserError
 
             raise UserError(str(e)) from None
     raise _unknown(name, available_tasks() + [f"{RG_PREFIX}<dataset>"], "task")

@@ -13,10 +13,10 @@ mapping of each named benchmark; every field can be overridden in ``task.params`
 
 Bad rows (missing or empty answer, empty prompt, wrong types) are counted, and the count with the first
 row index is reported on stderr at load time; ``on_bad_rows="skip"`` (default) drops them,
-``"error"`` refuses the dataset with a :class:`~entropy_rft.errors.UserError`. Loading happens when the
+``"error"`` refuses the dataset with a :class:`~entropy_rft.common.errors.UserError`. Loading happens when the
 task is built, before any training step, so a bad file never stops a run midway.
 
-The reward is :func:`entropy_rft.rewards.math_reward` (last ``\\boxed{}`` vs the gold answer, math-verify in
+The reward is :func:`entropy_rft.tasks.rewards.math_reward` (last ``\\boxed{}`` vs the gold answer, math-verify in
 worker processes with a hard time limit), or any ``"pkg.mod:fn"`` with ``fn(response, answer) -> float``
 run in the same kind of worker pool. An optional format penalty: ``format_penalty=p`` gives a response
 with no complete ``\\boxed{}`` the reward ``-p`` (so ``reward > 0`` still means correct).
@@ -33,9 +33,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from entropy_rft.errors import UserError
-from entropy_rft.prompts import MATH_TEMPLATE, PROMPT_FORMATS, make_prompt
+from entropy_rft.common.errors import UserError
 from entropy_rft.tasks.base import Example, Task
+from entropy_rft.tasks.prompts import MATH_TEMPLATE, PROMPT_FORMATS, make_prompt
 
 BAD_ROW_POLICIES = ("skip", "error")
 LOCAL_SUFFIXES = (".parquet", ".jsonl", ".json")
@@ -382,7 +382,7 @@ class MathTask(Task):
         if reward != "math":
             if ":" not in str(reward):
                 raise UserError(f"task param 'reward' must be 'math' or 'pkg.module:function', got {reward!r}")
-            from entropy_rft.rewards import resolve_callable
+            from entropy_rft.tasks.rewards import resolve_callable
 
             try:
                 resolve_callable(reward)
@@ -458,14 +458,14 @@ class MathTask(Task):
     # -- verifier
     def _pool_for_custom(self):
         if self._pool is None:
-            from entropy_rft.rewards import RewardPool
+            from entropy_rft.tasks.rewards import RewardPool
 
             self._pool = RewardPool(self.reward_name, workers=1, timeout=self.reward_timeout, default=0.0)
         return self._pool
 
     def check_many(self, responses: list[str], examples: list[Example]) -> list[tuple[float, str | None]]:
         """(reward, canonical) for many responses at once (spread over the worker pool), cached."""
-        from entropy_rft.rewards import format_reward, last_boxed, math_check
+        from entropy_rft.tasks.rewards import format_reward, last_boxed, math_check
 
         keys = [(str(r), str(ex.answer)) for r, ex in zip(responses, examples)]
         todo = [k for k in dict.fromkeys(keys) if k not in self._cache]

@@ -28,9 +28,9 @@ import random
 import re
 from typing import Any
 
-from entropy_rft.errors import UserError
-from entropy_rft.prompts import PROMPT_FORMATS, make_prompt
+from entropy_rft.common.errors import UserError
 from entropy_rft.tasks.base import Example, Task, int_param
+from entropy_rft.tasks.prompts import PROMPT_FORMATS, make_prompt
 
 PREFIX = "rg:"
 ANSWER_FORMATS = ("tag", "boxed", "line", "number")
@@ -64,7 +64,7 @@ def extract_answer(response: str, answer_format: str) -> str | None:
         found = _TAG.findall(response)
         text = found[-1] if found else None
     elif answer_format == "boxed":
-        from entropy_rft.rewards import last_boxed
+        from entropy_rft.tasks.rewards import last_boxed
 
         text = last_boxed(response)
     elif answer_format == "line":

@@ -1,0 +1,265 @@
+"""Run directories as data: ``load_run`` reads a run's config, metrics, token records and evaluation
+histograms into a ``RunData``; ``assign_labels`` groups runs into series (the method with its variant, then
+the engine and the model, each only where the runs given differ in it; seeds of one label are averaged).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from entropy_rft.analysis.summary import (
+    read_run_config,
+)
+from entropy_rft.common.errors import UserError
+from entropy_rft.control.lens import QUADRANTS
+from entropy_rft.policy.evaluation import pass_at_k_from_hist
+from entropy_rft.rundir.files import read_jsonl, read_status, read_step_log
+
+
+@dataclass
+class RunData:
+    path: Path
+    name: str
+    method: str
+    label: str  # the series this run belongs to (assign_labels); the variant until then
+    seed: int | None
+    cfg: dict
+    rows: list[dict]
+    records: list[dict]
+    train_rows: list[dict] = field(default_factory=list)
+    eval_rows: list[dict] = field(default_factory=list)
+    k: int | None = None
+    base_hist: list[int] | None = None
+    final_hist: list[int] | None = None
+    variant: str = ""  # the method with its variant: clip_v, clip_v:mu=3, clip_v@target=0.43
+    engine: str = "native"
+    model: str = "default"
+
+
+def is_run_dir(p: Path) -> bool:
+    """A folder holding a metrics.jsonl (one that is not a file is refused when the run is read)."""
+    return p.is_dir() and os.path.lexists(p / "metrics.jsonl")
+
+
+def expand_run_dirs(paths: Sequence[str | Path]) -> list[Path]:
+    """Run directories as given; a folder that is not one contributes its run-directory children (sorted)."""
+    if not paths:
+        raise UserError("give at least one RUN_DIR (a run directory or an erft compare folder)")
+    out: list[Path] = []
+    for raw in paths:
+        p = Path(raw)
+        if not p.exists():
+            raise UserError(f"{p}: no such directory; give a run directory or an erft compare --out folder")
+        if is_run_dir(p):
+            out.append(p)
+            continue
+        kids = sorted(c for c in p.iterdir() if is_run_dir(c)) if p.is_dir() else []
+        if not kids:
+            raise UserError(f"{p}: not a run directory (no metrics.jsonl) and holds none; give the --out "
+                            "folder of erft train or erft compare")
+        out.extend(kids)
+    seen: set = set()
+    return [p for p in out if not (p.resolve() in seen or seen.add(p.resolve()))]
+
+
+def _label(cfg: dict) -> tuple[str, str]:
+    m = cfg.get("method") or {}
+    name = str(m.get("name") or "none")
+    if m.get("label"):  # erft compare names its variants (clip_v:mu=1.5, clip_v@target=0.43)
+        return name, str(m["label"])
+    if m.get("entropy_target") is not None:
+        return name, f"{name}@target={m['entropy_target']}"
+    params = {**((m.get("presets") or {}).get(name) or {}), **(m.get("params") or {})}
+    if name == "grad_mask":
+        a = ">" if params.get("sample_sign", "positive") == "positive" else "<"
+        s = ">" if params.get("s_sign", "positive") == "positive" else "<"
+        field_ = "S_c" if params.get("s_field") == "s_centered" else "S"
+        return name, f"grad_mask A{a}0 {field_}{s}0"
+    return name, name
+
+
+def _hist(v: Any) -> list[int] | None:
+    """A pass-rate histogram (counts of prompts by correct samples), or None when the logged value is not one."""
+    if isinstance(v, list) and len(v) >= 2 and all(
+            isinstance(c, (int, float)) and not isinstance(c, bool) and math.isfinite(c) and c >= 0 and c == int(c)
+            for c in v):
+        return [int(c) for c in v]
+    return None
+
+
+def load_run(path: Path) -> RunData:
+    cfg = read_run_config(path)
+    rows = read_step_log(path / "metrics.jsonl")
+    if not rows:
+        raise UserError(f"{path / 'metrics.jsonl'}: empty; the run has not logged a step yet")
+    method, label = _label(cfg)
+    status = read_status(path)  # run.json: the TRL engine records engine="trl" there too
+    engine = str(cfg.get("engine") or status.get("engine") or "native")
+    model = str((cfg.get("model") or {}).get("name") or "default")
+    seed = (cfg.get("train") or {}).get("seed")
+    if seed is not None and not isinstance(seed, (int, str)):
+        seed = str(seed)  # only compared: a damaged value must not stop the report
+    r = RunData(path=path, name=path.name, method=method, label=label, seed=seed, cfg=cfg, rows=rows,
+                records=read_jsonl(path / "token_records.jsonl"), variant=label, engine=engine, model=model)
+    r.train_rows = [x for x in rows if x["step"] >= 1]  # read_step_log: every step is an integer >= 0
+    r.eval_rows = [x for x in rows if isinstance(x.get("eval/pass@1"), (int, float))]
+    for x in r.eval_rows:
+        ks = [int(k[9:]) for k in x if k.startswith("eval/avg@") and k[9:].isdigit()]
+        if ks:
+            r.k = ks[0]
+            break
+    hists = [(x["step"], h) for x in r.eval_rows if (h := _hist(x.get("eval/pass_rate_hist"))) is not None]
+    if hists:
+        if hists[0][0] == 0:
+            r.base_hist = hists[0][1]
+        r.final_hist = hists[-1][1]
+    return r
+
+
+def _model_short(name: str) -> str:
+    """A local model folder by its last component (a hub id such as Qwen/Qwen2.5-7B as it is)."""
+    if name.startswith(("/", "./", "../", "~")) or (os.sep in name and Path(name).exists()):
+        return Path(name).name or name
+    return name
+
+
+def assign_labels(runs: Sequence[RunData]) -> None:
+    """Set each run's series label: its variant, then its engine and model where the runs differ in them.
+
+    Runs of one label are seeds only when their ``train.seed`` values are distinct; otherwise (the same seed
+    twice, or a seed missing) each of them is its own series, labelled with its run directory's name.
+    """
+    parts = [lambda r: r.variant]
+    if len({r.engine for r in runs}) > 1:
+        parts.append(lambda r: r.engine)
+    models = {r.model for r in runs}
+    if len(models) > 1:
+        short = {m: _model_short(m) for m in models}
+        if len(set(short.values())) < len(short):  # two folders of one name: keep the full names
+            short = {m: m for m in models}
+        parts.append(lambda r: short[r.model])
+    for r in runs:
+        r.label = " · ".join(f(r) for f in parts)
+    groups: dict[str, list[RunData]] = {}
+    for r in runs:
+        groups.setdefault(r.label, []).append(r)
+    for label, rs in groups.items():
+        seeds = [r.seed for r in rs]
+        if len(rs) > 1 and (None in seeds or len(set(seeds)) < len(seeds)):
+            names = [r.name for r in rs]
+            if len(set(names)) < len(names):
+                names = [str(r.path) for r in rs]
+            for r, n in zip(rs, names):
+                r.label = f"{label} [{n}]"
+
+
+def series_info(runs: Sequence[RunData]) -> list[dict[str, Any]]:
+    """Per series (in report order): label, method, variant, engine, model, and its runs and seeds."""
+    out = []
+    for label, rs in by_label(runs):
+        out.append({"label": label, "method": rs[0].method, "variant": rs[0].variant, "engine": rs[0].engine,
+                    "model": rs[0].model, "n": len(rs), "runs": [str(r.path) for r in rs],
+                    "seeds": [r.seed for r in rs]})
+    return out
+
+
+QUADRANT_LABELS = {
+    "pos_spos": "A>0, S_c>0",
+    "pos_sneg": "A>0, S_c≤0",
+    "neg_spos": "A<0, S_c>0",
+    "neg_sneg": "A<0, S_c≤0",
+    "zero": "A=0",
+}
+
+
+def methods_in_order(runs: Sequence[RunData]) -> list[str]:
+    """Series labels in order of first appearance, those of the vanilla baseline (method 'none') first."""
+    labels = list(dict.fromkeys(r.label for r in runs))
+    base = {r.label for r in runs if r.method == "none"}
+    return sorted(labels, key=lambda lab: lab not in base)
+
+
+def by_label(runs: Sequence[RunData]) -> list[tuple[str, list[RunData]]]:
+    """(label, its runs) in ``methods_in_order``: a series and its seeds."""
+    return [(lab, [r for r in runs if r.label == lab]) for lab in methods_in_order(runs)]
+
+
+def series(rows: Sequence[dict], key: str) -> tuple[list[int], list[float]]:
+    """(steps, values) of the rows where ``key`` is a finite number."""
+    xs, ys = [], []
+    for row in rows:
+        v = row.get(key)
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+            xs.append(int(row.get("step", 0)))
+            ys.append(float(v))
+    return xs, ys
+
+
+def mean_series(runs: Sequence[RunData], key: str, rows: str = "train_rows") -> tuple[list[int], list[float]]:
+    """The mean over seeds of ``key``: at the steps that every run which logged ``key`` has (so a shorter
+    seed ends the mean curve rather than making it jump), the mean of those runs' values."""
+    per = [dict(zip(*series(getattr(r, rows), key))) for r in runs]
+    per = [p for p in per if p]
+    if not per:
+        return [], []
+    steps = sorted(set.intersection(*(set(p) for p in per)))
+    return steps, [float(np.mean([p[s] for p in per])) for s in steps]
+
+
+def logged(runs: Sequence[RunData], key: str) -> bool:
+    """True when some run's training rows hold ``key`` as a finite number."""
+    return any(series(r.train_rows, key)[0] for r in runs)
+
+
+def agreement(pred: np.ndarray, actual: np.ndarray) -> dict[str, float | None]:
+    """Pearson r and sign agreement over tokens where both predicted and actual ΔH are non-zero."""
+    pred = np.asarray(pred, dtype=np.float64)
+    actual = np.asarray(actual, dtype=np.float64)
+    both = (pred != 0) & (actual != 0)
+    p, a = pred[both], actual[both]
+    n = int(both.sum())
+    corr = None
+    if n >= 2 and p.std() > 0 and a.std() > 0:
+        corr = float(np.corrcoef(p, a)[0, 1])
+    sign = float(np.mean(np.sign(p) == np.sign(a))) if n else None
+    return {"n": n, "corr": corr, "sign_agreement": sign}
+
+
+def lens_means(runs: Sequence[RunData], prefix: str = "lens") -> dict[str, dict[str, float | None]]:
+    """Per method label: mean over training steps (and seeds) of drop_frac/<q> and dH_dropped/<q>."""
+    out: dict[str, dict[str, float | None]] = {}
+    for label in methods_in_order(runs):
+        rows = [row for r in runs if r.label == label for row in r.train_rows]
+        d: dict[str, float | None] = {}
+        for key in ["drop_frac", "dH_dropped", "dH_kept", "dH_total"] + \
+                   [f"{m}/{q}" for m in ("drop_frac", "dH_dropped") for q in QUADRANTS]:
+            _, ys = series(rows, f"{prefix}/{key}")
+            d[key] = float(np.mean(ys)) if ys else None
+        out[label] = d
+    return out
+
+
+def pass_curve(hist: Sequence[int]) -> list[float]:
+    """Mean unbiased Pass@k for k = 1..K from a pass-rate histogram (hist[c] = #problems with c of K right)."""
+    n = len(hist) - 1
+    total = sum(hist)
+    if n < 1 or total == 0:
+        return []
+    return list(pass_at_k_from_hist(hist, range(1, n + 1)).values())
+
+
+def rolling(ys: Sequence[float], n: int) -> list[float]:
+    out, acc = [], []
+    for y in ys:
+        acc.append(y)
+        if len(acc) > n:
+            acc.pop(0)
+        out.append(float(np.mean(acc)))
+    return out

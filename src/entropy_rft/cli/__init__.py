@@ -1,0 +1,2 @@
+"""Layer 13: the erft command line: each command parses its flags and calls the library.
+"""

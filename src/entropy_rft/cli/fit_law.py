@@ -1,0 +1,75 @@
+"""``erft fit-law``: fit Paper B's entropy-performance law R = −a·exp(H) + b to one run, and test its forecast."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from entropy_rft.common.errors import UserError
+
+NAME = "fit-law"
+HELP = ("Fit the entropy-performance law R = -a*exp(H) + b (Cui et al. 2025) to a run's (entropy, validation "
+        "accuracy) pairs; report a, b, the ceiling b - a, R^2, and the forecast error from the first steps.")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_dir", metavar="RUN_DIR", help="A run directory (with metrics.jsonl) written by erft train.")
+    p.add_argument("--fit-frac", type=float, default=0.2,
+                   help="Forecast test: fit on evaluations at steps <= this fraction of the last step, "
+                        "report the RMSE on the rest (Paper B: ~1%% RMSE on real models). Default 0.2.")
+    p.add_argument("--entropy", choices=("eval", "train"), default="eval",
+                   help="H: 'eval' = entropy of the validation samples (eval/entropy), 'train' = the training "
+                        "batch's entropy/mean at the same step.")
+    p.add_argument("--metric", default="pass@1",
+                   help="R: 'pass@1' (default), 'avg@K', or any eval/ key suffix such as pass@8.")
+    p.add_argument("--json", metavar="FILE", help="Also write the fit and forecast as JSON.")
+
+
+def _f(v: float | None, fmt: str = ".4f") -> str:
+    if v is None:
+        return "–"
+    text = format(v, fmt)
+    return text[1:] if text.startswith("-") and float(text) == 0 else text  # no "-0.0000"
+
+
+def run(args: argparse.Namespace) -> int:
+    run_dir = Path(args.run_dir)
+    if not args.run_dir.strip():
+        raise UserError("RUN_DIR is empty; give a run directory written by erft train")
+    if run_dir.exists() and not run_dir.is_dir():
+        raise UserError(f"{run_dir}: is a file, not a run directory; give the --out folder of erft train")
+    if not run_dir.is_dir():
+        raise UserError(f"{run_dir}: no such run directory")
+    if not 0 < args.fit_frac < 1:  # also NaN
+        raise UserError(f"--fit-frac must be in (0, 1), got {args.fit_frac}")
+    if args.json is not None:
+        from entropy_rft.training import preflight
+
+        preflight.check_out_file(args.json, "--json")
+    from entropy_rft.analysis.law import fit_run
+    from entropy_rft.rundir.files import atomic_write_json, forget_warnings
+
+    forget_warnings()  # each damaged line of metrics.jsonl: one warning in this command
+    res = fit_run(run_dir, fit_frac=args.fit_frac, entropy=args.entropy, metric=args.metric)
+    fit = res["fit"]
+    print(f"entropy-performance law for {run_dir}  (R = {args.metric}, H = {args.entropy} entropy)")
+    print(f"  R = -a*exp(H) + b, linear least squares on [-exp(H), 1] over {fit['n']} evaluations")
+    print(f"  a = {_f(fit['a'])}   b = {_f(fit['b'])}   ceiling b - a = {_f(fit['ceiling'])}   "
+          f"R^2 = {_f(fit['r2'])}   RMSE = {_f(fit['rmse'])}")
+    if res.get("warning"):
+        print(f"  warning: {res['warning']}")
+    fc = res["forecast"]
+    if fc is None:
+        print(f"  forecast test: not possible: {res['forecast_error']}")
+    else:
+        print(f"  forecast test: fit on steps {fc['fit_steps']} (<= {fc['cutoff_step']:g}), "
+              f"a = {_f(fc['fit']['a'])}, b = {_f(fc['fit']['b'])}")
+        print(f"    predicting steps {fc['test_steps']}: RMSE = {_f(fc['test_rmse'])}, "
+              f"MAE = {_f(fc['test_mae'])} (accuracy units; Paper B reports ~0.01 on real models)")
+    ff = res["final_forecast"]
+    print("  the last evaluation forecast from the first 10% / 20% / 40% of steps (predicted - actual): "
+          + " / ".join(_f(ff[f"law/forecast_err@{p}"]) for p in ("10%", "20%", "40%")))
+    if args.json:
+        atomic_write_json(args.json, res)
+        print(f"  written to {args.json}")
+    return 0

@@ -1,0 +1,47 @@
+"""``erft report``: one self-contained HTML report (figures embedded) for run directories or a compare folder."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from entropy_rft.common.errors import UserError
+
+NAME = "report"
+HELP = ("Write a self-contained report.html (entropy, accuracy, probe, S_c, lens, Pass@K, pass-rate "
+        "histograms, entropy-performance law, and a computed summary) for runs or an erft compare folder.")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR",
+                   help="Run directories, or folders of run directories (erft compare --out).")
+    p.add_argument("--out", required=True, help="Folder for report.html and report.json.")
+
+
+def run(args: argparse.Namespace) -> int:
+    from entropy_rft.rundir import files as rundir
+    from entropy_rft.training import preflight
+
+    rundir.forget_warnings()  # each damaged line of the runs read: one warning in this command
+    preflight.check_out(args.out, file_hint="")
+    for d in args.run_dirs:
+        if not d.strip():
+            raise UserError("a RUN_DIR is empty; give run directories or an erft compare --out folder")
+        if not Path(d).exists():
+            raise UserError(f"{d}: no such directory; give a run directory or an erft compare --out folder")
+        if not Path(d).is_dir():
+            raise UserError(f"{d}: is a file, not a run directory; give the --out folder of erft train or "
+                            "erft compare")
+    from entropy_rft.report.page import build_report
+
+    numbers = build_report(args.run_dirs, args.out)
+    print(numbers["summary"])
+    print(f"report written to {Path(args.out) / 'report.html'} ({len(numbers['runs'])} runs in "
+          f"{len(numbers['series'])} series: {'; '.join(x['label'] for x in numbers['series'])}; "
+          f"figures: {', '.join(numbers['figures'])})")
+    for o in numbers["omitted"]:
+        print(f"  left out: {o['title']} ({o['reason']})")
+    for f in numbers["law"]:
+        if f.get("warning"):
+            print(f"  law, {f['run']}: {f['warning']}")
+    return 0

@@ -1,0 +1,2 @@
+"""Layer 10: starting runs: one run (start or resume under the run directory's lock, on the native or TRL engine).
+"""

@@ -1,0 +1,220 @@
+"""The self-contained HTML report: figures as PNG data URIs, a summary table, and a computed paragraph.
+
+``build_report(paths, out)`` accepts run directories and folders of run directories (``erft compare``
+output), and writes ``out/report.html`` (readable offline: no script, no external file) and
+``out/report.json`` (the numbers behind the paragraph), both atomically.
+
+Runs are grouped into series by a label (``assign_labels``): the method with its variant (``clip_v:mu=3``,
+``clip_v@0.8x``), then the engine (native / trl) and the model, each only where the runs given differ in
+it. Runs of one label with different ``train.seed`` are seeds and are averaged; runs of one label that
+share a seed are not seeds, and their labels get the run directory's name.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import html
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from entropy_rft.analysis.findings import fmt, law_fits, quadrant_rows, quadrant_table_md, summary_paragraph
+from entropy_rft.analysis.law import MIN_RELIABLE_POINTS
+from entropy_rft.analysis.runs import (
+    RunData,
+    assign_labels,
+    expand_run_dirs,
+    lens_means,
+    load_run,
+    methods_in_order,
+    series_info,
+)
+from entropy_rft.analysis.summary import (
+    DEFAULT_COLUMNS,
+    aggregate,
+    expand_columns,
+    markdown_table,
+    run_summary,
+)
+from entropy_rft.common.errors import UserError
+from entropy_rft.report import plots
+from entropy_rft.report.equal_entropy_page import equal_entropy_section
+from entropy_rft.report.html_parts import CSS, figure_html, not_shown_html, table_html
+from entropy_rft.rundir.files import atomic_write_json, atomic_write_text
+
+# ----------------------------------------------------------------------------- HTML
+
+FIGURES = [
+    ("entropy", "Entropy over steps", plots.fig_entropy,
+     "Mean token entropy of each training batch (solid) and of the validation samples at evaluation steps "
+     "(dashed). Entropy collapse shows as a falling solid line."),
+    ("autopilot", "Entropy autopilot", plots.fig_autopilot,
+     "Runs with an entropy target (method.entropy_target): the measured batch entropy (thin), its smoothed value "
+     "that the PI controller reads (thick), the target (dashed) with a ±15% band, and the knob the controller "
+     "set each step (right, log scale)."),
+    ("accuracy", "Accuracy and reward over steps", plots.fig_accuracy_reward,
+     "Mean training reward per step, and validation pass@1 / pass@K at evaluation steps."),
+    ("probe", "Predicted vs actual entropy change", plots.fig_probe_scatter,
+     "Each point is a recorded token: the tabular first-order prediction −w·A·S_c (Theorem 3.3, without the "
+     "learning-rate factor, so only sign and correlation matter) against the actual change of that token's "
+     "entropy after the step. Legend: Pearson r and sign agreement over tokens where both are non-zero."),
+    ("probe_levels", "Probe levels over training", plots.fig_probe_levels,
+     "How well each level predicts the actual per-token entropy change after a step. Tabular: −A·S_c "
+     "(Theorem 3.3), every step (10-step rolling mean), raw and |prediction|-weighted sign agreement. JVP: the "
+     "network's exact first-order change ∇θH·Δθ along the step's actual parameter update, by forward-mode AD "
+     "every probe.jvp_every steps. The dash-dotted line is chance (0.5)."),
+    ("counterfactual", "What the method did to entropy (counterfactual)", plots.fig_counterfactual,
+     "Every probe.counterfactual_every steps, the vanilla update was also taken from the very same parameters, "
+     "optimizer state, RNGs and batch (then undone). Left: the method's own effect, batch-mean ΔH after the "
+     "method's update minus after the vanilla one (positive: the method kept entropy up). Right: both ΔH."),
+    ("sc", "Distribution of S_c", plots.fig_sc_hist,
+     "The centred discriminator S_c = S_k − E_p[S] over the recorded tokens. ClipV drops the tails."),
+    ("lens", "Lens attribution", plots.fig_lens,
+     "What each method removed from the gradient, by quadrant sign(A) × sign(S_c), and the first-order entropy "
+     "change those tokens would have caused (negative: they would have lowered entropy). Hatched: tokens "
+     "PPO's own ratio clip silenced."),
+    ("passk", "Pass@k curves", plots.fig_pass_at_k,
+     "Unbiased Pass@k for k = 1..K from each final evaluation's pass-rate histogram; the base model dashed."),
+    ("passrate", "Pass-rate histograms", plots.fig_pass_rate_hist,
+     "How many of the K samples per validation problem were correct, base vs final. Paper A reports that "
+     "clipping moves problems from the extremes (all wrong / all right) toward the middle."),
+]
+
+
+def _missing_reason(key: str, runs: Sequence[RunData]) -> str:
+    if key == "autopilot":
+        return "no run had an entropy target (method.entropy_target)"
+    if key == "law":
+        return "no evaluations with validation entropy in these runs (set eval.every > 0)"
+    if key == "accuracy":
+        return "no run logged reward/mean or eval/pass@1"
+    if key == "entropy":
+        return "no run logged entropy/mean"
+    if key in ("passk", "passrate"):
+        return "no evaluation with a pass-rate histogram in these runs (set eval.every > 0)"
+    if key in ("probe", "sc") and not any(r.records for r in runs):
+        return "no token records (probe.records_every = 0, or no step reached it)"
+    if key == "probe":
+        return ("no recorded token had both a non-zero predicted and a non-zero actual entropy change (e.g. every "
+                "group's rewards were uniform, so A = 0)")
+    if key == "lens":
+        return "no lens metrics logged"
+    if key == "probe_levels":
+        return "no JVP probe in these runs (probe.jvp_every = 0, or the runs are shorter than it)"
+    if key == "counterfactual":
+        return "no counterfactual probe in these runs (probe.counterfactual_every = 0, or the runs are shorter than it)"
+    return "no training steps logged yet"
+
+
+def _omitted_html(omitted: Sequence[dict[str, str]]) -> str:
+    if not omitted:
+        return ""
+    return ("<h2>Figures left out</h2><p>These figures are not drawn because no run given logged what they "
+            "plot:</p>" + "".join(not_shown_html(f"{o['title']}: {o['reason']}") for o in omitted))
+
+
+def _law_html(fits: Sequence[dict], runs: Sequence[RunData]) -> tuple[str, bytes | None]:
+    law_png = plots.fig_law(fits, runs)
+    if law_png is None:
+        return "", None
+    law_rows, fc_rows = [], []
+    for f in fits:
+        note = f.get("warning") or f.get("error") or ""
+        fc_rows.append(f"| {f['run']} | {f['label']} | " + " | ".join(
+            fmt(f["forecast"][f"law/forecast_err@{p}"]).replace("n/a", "–") for p in ("10%", "20%", "40%")) + " |")
+        if f.get("fit"):
+            ft = f["fit"]
+            law_rows.append(f"| {f['run']} | {f['label']} | {ft['n']} | {ft['a']:.4f} | {ft['b']:.4f} | "
+                            f"{ft['ceiling']:.4f} | {fmt(ft['r2'], 3)} | {note} |")
+        else:
+            law_rows.append(f"| {f['run']} | {f['label']} | {len(f['points']['step'])} | – | – | – | – | {note} |")
+    out = "<h2>Entropy-performance law</h2>"
+    warned = [f for f in fits if f.get("warning")]
+    if warned:
+        out += "".join(f'<p class="warn">{html.escape(f["run"])}: {html.escape(f["warning"])}.</p>' for f in warned)
+    out += figure_html(law_png, "Entropy-performance law", (
+        "R = −a·exp(H) + b fitted by linear least squares on [−exp(H), 1] to each run's (validation entropy, "
+        "pass@1) pairs; the ceiling b − a is the predicted accuracy at zero entropy. Runs with fewer than 3 "
+        f"evaluations are shown as points only; a fit on fewer than {MIN_RELIABLE_POINTS} is dashed and marked "
+        "not reliable (with so few points a high R² arises from noise alone). Forecast err: the law fitted on the "
+        "evaluations of the first 10/20/40% of steps only predicts the final pass@1 from the final entropy; "
+        "predicted − actual (Paper B: about 0.01 from the first 36 of 200 steps). <code>erft fit-law RUN_DIR</code> "
+        "gives the full test."))
+    out += table_html("| run | series | evaluations | a | b | ceiling b − a | R² | note |\n|---|\n"
+                      + "\n".join(law_rows))
+    out += ("<p>The law's forecast of the final pass@1 (predicted − actual), fitted on the evaluations of the first "
+            "10%, 20% and 40% of the steps:</p>")
+    out += table_html("| run | series | from 10% | from 20% | from 40% |\n|---|\n" + "\n".join(fc_rows))
+    return out, law_png
+
+
+ENTROPY_COLUMNS = ("entropy@*",)
+MAIN_COLUMNS = tuple(c for c in DEFAULT_COLUMNS if c not in ENTROPY_COLUMNS)
+
+
+def build_report(paths: Sequence[str | Path], out: str | Path) -> dict[str, Any]:
+    """Write ``out/report.html`` and ``out/report.json``; return the numbers (paragraph, fits, lens)."""
+    run_dirs = expand_run_dirs(paths)
+    runs = [load_run(p) for p in run_dirs]
+    assign_labels(runs)
+    summaries = [run_summary(r.path, rows=r.rows, cfg=r.cfg) for r in runs]
+    for r, s in zip(runs, summaries):
+        s["method"] = r.label
+    agg = aggregate(summaries)
+    agg = {lab: agg[lab] for lab in methods_in_order(runs)}
+    lens = lens_means(runs, "lens")
+    fits = law_fits(runs)
+    paragraph = summary_paragraph(runs, summaries, lens, fits)
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out}: exists and is not a folder; choose a folder for report.html")
+
+    sections = []
+    figures_present: list[str] = []
+    omitted: list[dict[str, str]] = []
+    for key, title, fn, caption in FIGURES:
+        png = fn(runs)
+        if png is None:  # nothing to plot: no empty panel, a line in "Figures left out"
+            omitted.append({"figure": key, "title": title, "reason": _missing_reason(key, runs)})
+        else:
+            figures_present.append(key)
+            sections.append(f"<h2>{html.escape(title)}</h2>{figure_html(png, title, html.escape(caption))}")
+    law_html, law_png = _law_html(fits, runs)
+    if law_png is None:
+        omitted.append({"figure": "law", "title": "Entropy-performance law", "reason": _missing_reason("law", runs)})
+    else:
+        figures_present.append("law")
+        sections.append(law_html)
+
+    title = "entropy-rft report"
+    now = _dt.datetime.now().strftime("%Y-%m-%d %H:%M")
+    run_list = ", ".join(html.escape(str(p)) for p in run_dirs)
+    first = "method" if all(r.label == r.variant for r in runs) else "series"
+    tables = table_html(markdown_table(agg, MAIN_COLUMNS, first=first))
+    comparison_html, comparison = equal_entropy_section(runs, summaries)
+    if expand_columns(agg, ENTROPY_COLUMNS):  # a second table, so that neither is too wide for the page
+        tables += ("<p>Training-batch entropy at fixed steps:</p>"
+                   + table_html(markdown_table(agg, ENTROPY_COLUMNS, first=first)))
+    quadrants = quadrant_rows(runs)
+    quadrant_html = ("<h2>Methods through the lens</h2><p>What each method does to each quadrant sign(A) × "
+                     "sign(S_c) (drops, zeroes, reweights, adds gradient, changes the clip), and the measured "
+                     "first-order entropy change of its change in token weights there, mean per step "
+                     "(lensw/dH_change: Theorem 3.3 per token, −Δg·S_c, against the vanilla loss on the same "
+                     "batch).</p>" + table_html(quadrant_table_md(quadrants)))
+    page = (
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+        f"<title>{title}</title><style>{CSS}</style></head><body>"
+        f"<h1>{title}</h1><p class=\"meta\">Generated {now} from {len(runs)} run(s): {run_list}</p>"
+        f"<h2>Summary</h2><p class=\"summary\" id=\"summary\">{html.escape(paragraph)}</p>"
+        f"<h2>Table (mean ± std over seeds)</h2>{tables}" + comparison_html + quadrant_html
+        + _omitted_html(omitted) + "".join(sections) + "</body></html>\n"
+    )
+    atomic_write_text(out / "report.html", page)
+    numbers = {"runs": [str(p) for p in run_dirs], "summary": paragraph, "series": series_info(runs),
+               "figures": figures_present, "omitted": omitted, "methods": agg, "lens": lens, "law": fits,
+               "comparison": comparison, "quadrants": quadrants}
+    atomic_write_json(out / "report.json", numbers)
+    for name in ("report.html", "report.json"):
+        os.chmod(out / name, 0o644)  # the atomic temp file is private; a report is for sharing
+    return numbers
