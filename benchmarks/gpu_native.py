@@ -219,7 +219,7 @@ def child_train(a: argparse.Namespace) -> None:
     """One training run in this (fresh) process; prints one JSON line with its figures."""
     import entropy_rft.policy.forward as fw
     import entropy_rft.policy.rollout as ro
-    from entropy_rft.config.schema import load_config
+    from entropy_rft.config.loading import load_config
     from entropy_rft.launch.run import start
 
     counts: Counter = Counter()

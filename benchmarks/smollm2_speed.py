@@ -33,7 +33,7 @@ PROMPTS, GROUP, NEW_TOKENS, LR = 8, 8, 64, 1e-6
 
 
 def erft_config(steps: int, threads: int):
-    from entropy_rft.config.schema import load_config
+    from entropy_rft.config.loading import load_config
 
     sets = {"model.name": "smollm2-135m", "task.name": "rg:products",
             "task.params": "{params: {max_digits: 1}, answer_format: number}", "method.name": "none",

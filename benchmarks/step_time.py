@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from entropy_rft.config.schema import load_config
+from entropy_rft.config.loading import load_config
 from entropy_rft.launch.run import start
 from entropy_rft.rundir.files import read_jsonl
 from entropy_rft.training.records import Scored, trained_mask

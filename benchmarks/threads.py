@@ -40,7 +40,7 @@ def child_steps(threads: int, steps: int) -> dict:
     import torch
 
     torch.set_num_threads(threads)
-    from entropy_rft.config.schema import load_config
+    from entropy_rft.config.loading import load_config
     from entropy_rft.launch.run import start
     from entropy_rft.rundir.files import read_jsonl
 

@@ -94,7 +94,7 @@ def native_step_times(setup: Setup, out: Path, steps: int) -> list[float]:
     """Per-step wall times of ``erft``'s own trainer (method none, its per-step probe on) on the same settings,
     first step excluded. The JVP and counterfactual probes run every 10th step by default; they are off here
     and cost extra on those steps (see step_time.py)."""
-    from entropy_rft.config.schema import load_config
+    from entropy_rft.config.loading import load_config
     from entropy_rft.training.trainer import train
 
     sets = {"model.name": setup.policy, "task.name": setup.task_name, "method.name": "none",

@@ -12,8 +12,8 @@ from entropy_rft import control
 from entropy_rft.cli.compare import parse_variant
 from entropy_rft.cli.main import main
 from entropy_rft.common.errors import UserError
+from entropy_rft.config.loading import load_config
 from entropy_rft.config.schema import AutopilotConfig as Gains
-from entropy_rft.config.schema import load_config
 from entropy_rft.control.autopilot import Autopilot, parse_target
 from entropy_rft.launch.run import start
 from entropy_rft.rundir.files import read_jsonl

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from entropy_rft import control
-from entropy_rft.config.schema import load_config
+from entropy_rft.config.loading import load_config
 from entropy_rft.core.dynamics import TokenStats
 
 

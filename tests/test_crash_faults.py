@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from entropy_rft.cli.main import main
-from entropy_rft.config.schema import load_config
+from entropy_rft.config.loading import load_config
 from entropy_rft.launch.run import start
 from entropy_rft.rundir import checkpoints
 from entropy_rft.rundir.files import read_jsonl

@@ -25,7 +25,7 @@ import pytest
 import torch
 from transformers import LlamaForCausalLM
 
-from entropy_rft.config.schema import load_config
+from entropy_rft.config.loading import load_config
 from entropy_rft.launch.run import start
 from entropy_rft.models.loading import build_char_tokenizer, llama_config, load_policy, save_policy
 from entropy_rft.policy.forward import policy_forward

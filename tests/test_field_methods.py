@@ -17,7 +17,7 @@ import torch
 
 from entropy_rft import control
 from entropy_rft.common.errors import UserError
-from entropy_rft.config.schema import load_config
+from entropy_rft.config.loading import load_config
 from entropy_rft.control.builtins import adaptive_entropy_step, entropic_step, entropy_advantage_shift
 from entropy_rft.core.loss import agg_weights, policy_loss, ppo_clipped_mask
 from entropy_rft.core.theory import first_order_entropy_change

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from entropy_rft.common import metric_names
-from entropy_rft.config.schema import load_config
+from entropy_rft.config.loading import load_config
 from entropy_rft.launch.run import start
 from micro import make_micro_policy, micro_overrides
 

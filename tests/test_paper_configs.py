@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from entropy_rft.config.schema import load_config
+from entropy_rft.config.loading import load_config
 
 PAPER = Path(__file__).resolve().parents[1] / "configs" / "paper"
 EXPECTED = {  # name: (engine, method, group_size, prompts_per_step, algorithm, model)

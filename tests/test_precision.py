@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from entropy_rft.config.schema import load_config
+from entropy_rft.config.loading import load_config
 from entropy_rft.models.precision import lr_warning, smallest_kept_update
 from entropy_rft.training.trainer import Run
 from micro import make_micro_policy, micro_overrides

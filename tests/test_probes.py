@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from entropy_rft.config.schema import load_config
+from entropy_rft.config.loading import load_config
 from entropy_rft.launch.run import start
 from entropy_rft.models.loading import load_policy
 from entropy_rft.policy.jvp import entropy_jvp

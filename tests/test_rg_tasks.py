@@ -8,7 +8,7 @@ import pytest
 
 from entropy_rft import tasks
 from entropy_rft.common.errors import UserError
-from entropy_rft.config.schema import default_config_path, load_config, load_yaml
+from entropy_rft.config.loading import default_config_path, load_config, load_yaml
 from entropy_rft.tasks.rg import ReasoningGymTask, extract_answer
 from entropy_rft.training.preflight import build_task as preflight_build_task
 from entropy_rft.training.preflight import settings_warnings

@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from entropy_rft.common.errors import UserError
-from entropy_rft.config.schema import apply_overrides, config_from_dict, help_text, load_config
+from entropy_rft.config.loading import apply_overrides, config_from_dict, load_config
+from entropy_rft.config.schema import help_text
 from entropy_rft.policy import evaluation
 from entropy_rft.policy.forward import policy_forward
 from entropy_rft.policy.rollout import sample

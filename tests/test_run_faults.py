@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from entropy_rft.cli.main import main
-from entropy_rft.config.schema import load_config
+from entropy_rft.config.loading import load_config
 from entropy_rft.launch.run import start
 from entropy_rft.rundir.files import read_jsonl, truncate_jsonl
 from micro import make_micro_policy, micro_overrides

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from entropy_rft.config import trl as trl_settings
-from entropy_rft.config.schema import load_config
+from entropy_rft.config.loading import load_config
 from entropy_rft.training import preflight
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -9,7 +9,7 @@ import yaml
 
 from entropy_rft.cli.main import main
 from entropy_rft.common.metric_names import is_known
-from entropy_rft.config.schema import default_config_path, load_yaml
+from entropy_rft.config.loading import default_config_path, load_yaml
 from entropy_rft.rundir.files import read_jsonl
 
 SMALL = ["rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.max_new_tokens=8", "eval.every=0",

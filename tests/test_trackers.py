@@ -13,7 +13,7 @@ import pytest
 
 from entropy_rft.cli.main import main
 from entropy_rft.common.options import TRACKERS, trackers_selected
-from entropy_rft.config.schema import load_config
+from entropy_rft.config.loading import load_config
 from entropy_rft.rundir import files as rundir
 from micro import make_micro_policy, micro_overrides
 

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from entropy_rft.cli.main import main
-from entropy_rft.config.schema import load_config
+from entropy_rft.config.loading import load_config
 from entropy_rft.launch.run import start
 from entropy_rft.rundir.files import read_jsonl, truncate_jsonl
 from entropy_rft.training.records import Scored

@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from entropy_rft import control  # noqa: E402
 from entropy_rft.common.errors import UserError  # noqa: E402
-from entropy_rft.config.schema import load_config  # noqa: E402
+from entropy_rft.config.loading import load_config  # noqa: E402
 from entropy_rft.core.loss import policy_loss, ppo_clipped_mask  # noqa: E402
 from entropy_rft.integrations import trl as erft_trl  # noqa: E402
 from entropy_rft.integrations import window  # noqa: E402
@@ -296,7 +296,7 @@ def test_prompt_dataset_uses_conversations_only_with_a_chat_template(policy_dir)
 def test_grpo_config_follows_erfts_gradient_checkpointing(tmp_path, on):
     """GRPOConfig turns gradient checkpointing on by default; the erft config decides, as on the native engine
     (TRL's peak memory and step time are otherwise not comparable with ours)."""
-    from entropy_rft.config.schema import load_config
+    from entropy_rft.config.loading import load_config
     from entropy_rft.integrations.trl import grpo_config
 
     cfg = load_config(None, [f"model.gradient_checkpointing={str(on).lower()}", "engine=trl"])

@@ -11,7 +11,7 @@ from trl import GRPOConfig
 
 from entropy_rft.common.errors import UserError
 from entropy_rft.config import trl as trl_settings
-from entropy_rft.config.schema import load_config
+from entropy_rft.config.loading import load_config
 from entropy_rft.training import preflight
 
 # The native-only measurements off: a config the TRL engine honours completely.

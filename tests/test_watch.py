@@ -14,7 +14,7 @@ import pytest
 
 from entropy_rft.cli import eval as eval_cmd
 from entropy_rft.cli.main import main
-from entropy_rft.config.schema import load_config
+from entropy_rft.config.loading import load_config
 from entropy_rft.launch.run import start
 from entropy_rft.rundir.files import read_jsonl
 from entropy_rft.training.step_log import StepLines, progress_bar, step_line

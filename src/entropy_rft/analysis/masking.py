@@ -192,7 +192,7 @@ def run_experiment(out: str | Path, *, steps: int, config: str | None = None, mo
                    sets: Sequence[str] = (), s_field: str = "s_star", overwrite: bool = False,
                    log=print) -> list[Path]:
     """Train the vanilla baseline and the four conditions (resuming finished or interrupted runs)."""
-    from entropy_rft.config.schema import load_config
+    from entropy_rft.config.loading import load_config
     from entropy_rft.launch import run as launch
 
     if steps < 2:

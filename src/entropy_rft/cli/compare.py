@@ -315,7 +315,7 @@ def _knob_last(run_dir: Path) -> float | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from entropy_rft.config.schema import load_config
+    from entropy_rft.config.loading import load_config
     from entropy_rft.rundir.files import forget_warnings
     from entropy_rft.training import preflight
 

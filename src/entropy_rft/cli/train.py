@@ -66,7 +66,7 @@ def target_value(raw: str) -> float | str:
 def task_params_help(args: argparse.Namespace) -> str:
     """The parameters of the task this command line would train (``task.params`` depends on ``task.name``)."""
     from entropy_rft.cli import tasks as tasks_cmd
-    from entropy_rft.config.schema import load_config
+    from entropy_rft.config.loading import load_config
     from entropy_rft.tasks import introspect
 
     cfg = load_config(args.config, args.set, extra=cli_extra(args), check_method=False)
@@ -76,7 +76,8 @@ def task_params_help(args: argparse.Namespace) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from entropy_rft.config.schema import help_text, load_config
+    from entropy_rft.config.loading import load_config
+    from entropy_rft.config.schema import help_text
     from entropy_rft.training import preflight
 
     if args.help_config:

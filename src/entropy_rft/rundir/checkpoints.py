@@ -347,7 +347,7 @@ def read_config_dict(out: str | Path) -> dict[str, Any]:
 
 def load_run_config(out: str | Path):
     """The config a run directory recorded (``config.yaml``), refused in one line when missing or damaged."""
-    from entropy_rft.config.schema import config_from_dict
+    from entropy_rft.config.loading import config_from_dict
 
     data = read_config_dict(out)
     try:

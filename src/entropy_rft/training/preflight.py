@@ -55,7 +55,7 @@ def _folder_stamp(name: str) -> tuple:
 
 def check_train(cfg: Any, out: str | os.PathLike | None) -> None:
     """Check a training request before anything is created. ``out=None``: a resume, or no output folder."""
-    from entropy_rft.config.schema import validate_method
+    from entropy_rft.config.validation import validate_method
 
     if out is not None:
         check_out(out)

@@ -1,0 +1,119 @@
+"""Config fields: each field's help text and constraints declared together, and the one loop that checks them.
+
+``setting(default, help, ge=1)`` declares a dataclass field whose ``metadata`` holds its help text (shown by
+``erft train --help-config``) and its constraints:
+
+- ``ge`` / ``gt`` / ``le`` / ``lt``: a numeric range (a field typed ``X | None`` also accepts null);
+- ``choices``: the accepted values;
+- ``pattern`` with ``shown``: a regular expression the whole value must match, and how to say it;
+- ``empty``: the value must not be blank; the text is the fix to show;
+- ``names``: a mapping whose keys must be parameter names (identifiers);
+- ``check``: a function ``(value, field name) -> value`` for a rule none of these says (it raises the
+  :class:`~entropy_rft.common.errors.UserError` itself and may normalise the value);
+- ``note``: words added after the rule (``(0: automatic)``).
+
+:func:`check_fields` walks a dataclass (nested sections included) and raises the first violation as one line
+``config field 'section.name' must be >= 1, got 0``. Types are checked earlier, when a mapping becomes the
+dataclass (``config.loading``). Torch-free.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import re
+import types
+import typing
+from collections.abc import Callable
+from dataclasses import field
+from typing import Any
+
+from entropy_rft.common.errors import UserError
+from entropy_rft.common.options import or_list
+
+
+def setting(default: Any, help: str, *, ge: float | None = None, gt: float | None = None, le: float | None = None,
+            lt: float | None = None, choices: tuple | None = None, pattern: re.Pattern | None = None,
+            shown: str | None = None, empty: str | None = None, names: bool = False,
+            check: Callable[[Any, str], Any] | None = None, note: str = "") -> Any:
+    """A dataclass field with its help text and constraints (see the module docstring)."""
+    meta: dict[str, Any] = {"help": help}
+    given = dict(ge=ge, gt=gt, le=le, lt=lt, choices=choices, pattern=pattern, shown=shown, empty=empty,
+                 names=names or None, check=check, note=note or None)
+    meta.update({k: v for k, v in given.items() if v is not None})
+    if isinstance(default, (dict, list)):
+        return field(default_factory=lambda d=default: type(d)(d), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def short(value: Any, limit: int = 80) -> str:
+    """``repr(value)``, cut to ``limit`` characters, for an error line."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _nullable(tp: Any) -> bool:
+    return typing.get_origin(tp) in (typing.Union, types.UnionType) and type(None) in typing.get_args(tp)
+
+
+def range_rule(meta: dict, integer: bool) -> str | None:
+    """The words of a numeric range: ``>= 1``, ``> 0``, ``in (0, 1]``, ``in [0, 1]``, ``in 0..N`` (integers)."""
+    lo, hi = meta.get("ge", meta.get("gt")), meta.get("le", meta.get("lt"))
+    if lo is not None and hi is not None:
+        if integer and "ge" in meta and "le" in meta:
+            return f"in {lo}..{hi}"
+        return f"in {'[' if 'ge' in meta else '('}{lo}, {hi}{']' if 'le' in meta else ')'}"
+    if lo is not None:
+        return f">= {lo}" if "ge" in meta else f"> {lo}"
+    if hi is not None:
+        return f"<= {hi}" if "le" in meta else f"< {hi}"
+    return None
+
+
+def _in_range(value: Any, meta: dict) -> bool:
+    return (("ge" not in meta or value >= meta["ge"]) and ("gt" not in meta or value > meta["gt"])
+            and ("le" not in meta or value <= meta["le"]) and ("lt" not in meta or value < meta["lt"]))
+
+
+def problem(value: Any, meta: dict, tp: Any) -> str | None:
+    """What is wrong with ``value`` under the constraints ``meta`` of a field typed ``tp`` (None: nothing), in the
+    words that follow ``config field 'NAME'``."""
+    if value is None:
+        return None  # null passes the type check only where the field is typed ``X | None``
+    if "empty" in meta and not value.strip():
+        return f"is empty; {meta['empty']}"
+    if meta.get("names"):
+        bad = [k for k in value if not isinstance(k, str) or not k.isidentifier()]
+        if bad:
+            return f"has invalid parameter name(s) {bad}; use name: value pairs"
+    if "pattern" in meta and not meta["pattern"].fullmatch(value):
+        return f"must be {meta['shown']}, got {value!r}"
+    if "choices" in meta and value not in meta["choices"]:
+        return f"must be {meta.get('shown') or or_list(tuple(meta['choices']))}, got {value!r}"
+    rule = range_rule(meta, tp is int)
+    if rule is not None and not _in_range(value, meta):
+        note = f" {meta['note']}" if "note" in meta else ""
+        return f"must be {rule}{' or null' if _nullable(tp) else ''}{note}, got {value}"
+    return None
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def check_fields(obj: Any, prefix: str = "") -> None:
+    """Check every field of the dataclass ``obj`` (and of its nested sections) against its constraints, in the
+    order they are declared; a field's ``check`` function may replace its value (``optim.betas`` become floats).
+    Raises the first violation as a one-line :class:`UserError` naming the field."""
+    hints = _hints(type(obj))
+    for f in dataclasses.fields(obj):
+        value, name = getattr(obj, f.name), f"{prefix}{f.name}"
+        if dataclasses.is_dataclass(hints[f.name]):
+            check_fields(value, f"{name}.")
+            continue
+        msg = problem(value, f.metadata, hints[f.name])
+        if msg is not None:
+            raise UserError(f"config field '{name}' {msg}")
+        if "check" in f.metadata:
+            setattr(obj, f.name, f.metadata["check"](value, name))
