@@ -119,8 +119,8 @@ def expand_variants(methods: str, targets: str | None) -> list[Variant]:
     at its preset, and ``none`` is always there as the reference. Entries that already carry parameters or a
     target are kept as written.
     """
+    from entropy_rft.common.comma_lists import comma_items
     from entropy_rft.control import available_methods
-    from entropy_rft.training.preflight import comma_items
 
     entries = comma_items(methods, "--methods", "none,clip_v")
     if "all" in entries:

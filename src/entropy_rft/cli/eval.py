@@ -91,11 +91,11 @@ def check_sampling_args(args: argparse.Namespace) -> None:
 
 
 def pass_ks(spec: str | None, n: int) -> list[int]:
-    from entropy_rft.training import preflight
+    from entropy_rft.common.comma_lists import parse_int_list
 
     if spec is None:
         return sorted({k for k in (1, 8, n) if k <= n})
-    ks = sorted(preflight.parse_int_list(spec, "--pass-k", "1,4"))
+    ks = sorted(parse_int_list(spec, "--pass-k", "1,4"))
     if any(not 1 <= k <= n for k in ks):
         raise UserError(f"--pass-k values must be in 1..--samples ({n}); got {spec}")
     return ks

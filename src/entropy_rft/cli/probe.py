@@ -32,12 +32,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from entropy_rft.common.comma_lists import parse_int_list
     from entropy_rft.training import preflight
 
     if args.vocab_sizes is not None and args.model != "synthetic":
         raise UserError("--vocab-sizes applies only to --model synthetic; drop it or use --model synthetic")
     vocab_sizes = (None if args.vocab_sizes is None
-                   else tuple(preflight.parse_int_list(args.vocab_sizes, "--vocab-sizes", "50,1000")))
+                   else tuple(parse_int_list(args.vocab_sizes, "--vocab-sizes", "50,1000")))
     if args.text is not None and not args.text.strip():
         raise UserError("--text is empty; give the text to probe, or leave --text out for the built-in paragraph")
     preflight.check_min("--seed", args.seed, 0)

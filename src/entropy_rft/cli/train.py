@@ -106,10 +106,11 @@ def run(args: argparse.Namespace) -> int:
     # The method's check imports torch: check_train makes it after the cheap checks.
     cfg = load_config(args.config, args.set, extra=cli_extra(args), check_method=False)
     out = args.out if args.out is not None else f"runs/{cfg.method.name}"
-    # The whole request (output folder, device, task, method, model) before the run directory is made.
-    preflight.check_train(cfg, out)
+    # The whole request (output folder, device, task, method, model) before the run directory is made; the
+    # method it builds is the run's (built once).
+    method = preflight.check_train(cfg, out)
     from entropy_rft.launch import run as launch
 
-    launch.start(cfg, out, overwrite=args.overwrite)
+    launch.start(cfg, out, overwrite=args.overwrite, method=method)
     print(f"run written to {out}")
     return 0

@@ -406,13 +406,14 @@ def policy_for_trl(cfg, args: GRPOConfig) -> tuple[Any, Any]:
     return model, tok
 
 
-def train_trl(cfg, out: str | Path, resume: bool = False) -> dict[str, Any]:
+def train_trl(cfg, out: str | Path, resume: bool = False, method: Method | None = None) -> dict[str, Any]:
     """``erft train --engine trl``: train ``cfg`` into run directory ``out`` with EntropyControlGRPOTrainer.
 
     ``out`` must already be prepared (``launch.start`` refuses to overwrite). Writes ``config.yaml``,
     ``run.json``, ``metrics.jsonl`` and ``out/tb`` (one row per erft step = one generation batch, native names),
     ``samples.jsonl`` (``trl_logging``), TRL checkpoints under ``out/trl`` and the final policy in
     ``out/final``. The GRPOConfig is ``trl_settings.grpo_config`` (with the config's ``trl:`` section).
+    ``method``: the method the request's check built (``config.validation.validate_method``), else built here.
     ``resume=True`` continues from the last TRL checkpoint, dropping log rows after it. Run under
     ``accelerate launch`` for several processes.
     """
@@ -439,8 +440,9 @@ def train_trl(cfg, out: str | Path, resume: bool = False) -> dict[str, Any]:
     reward = task_reward_func(task, train_set, on_scored=lambda *scored: log.samples(*scored))  # log: below
     trainer = EntropyControlGRPOTrainer(
         model=model, reward_funcs=reward, args=args,
-        train_dataset=prompt_dataset(train_set, tok), processing_class=tok, method=cfg.method.name,
-        method_params=cfg.method_params(), agg=cfg.algo.agg, dual_clip=cfg.algo.dual_clip)
+        train_dataset=prompt_dataset(train_set, tok), processing_class=tok,
+        method=cfg.method.name if method is None else method,
+        method_params=cfg.method_params() if method is None else None, agg=cfg.algo.agg, dual_clip=cfg.algo.dual_clip)
     apply_threads(cfg.train.threads, trainer.model, cfg.model.device)  # 0: automatic (entropy_rft.common.threads)
     trainer.loss_kwargs.update(loss_overrides(cfg, trainer.method.loss_kwargs()))
     log = ErftLog(trainer, cfg, out, k, purge_step=start + 1 if resume else None)

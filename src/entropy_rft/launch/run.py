@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -11,6 +11,9 @@ from entropy_rft.common.errors import UserError
 from entropy_rft.config.schema import Config, config_to_dict
 from entropy_rft.rundir import checkpoints
 from entropy_rft.rundir import files as rundir
+
+if TYPE_CHECKING:
+    from entropy_rft.control.registry import Method
 
 
 def _is_main_process() -> bool:
@@ -20,38 +23,39 @@ def _is_main_process() -> bool:
     return int(os.environ.get("RANK", "0")) == 0
 
 
-def _train(cfg: Config, out: Path, *, resume: bool) -> dict[str, Any]:
-    """Dispatch to the configured engine: our trainer, or TRL through ``integrations.trl.train_trl``."""
+def _train(cfg: Config, out: Path, *, resume: bool, method: Method | None = None) -> dict[str, Any]:
+    """Dispatch to the configured engine: our trainer, or TRL through ``integrations.trl.train_trl``, with the
+    method the request's check built (None: the engine builds it)."""
     if cfg.engine == "trl":
         from entropy_rft.integrations.trl import train_trl
 
-        return train_trl(cfg, out, resume=resume)
+        return train_trl(cfg, out, resume=resume, method=method)
     from entropy_rft.training.trainer import train
 
-    return train(cfg, out, resume=resume)
+    return train(cfg, out, resume=resume, method=method)
 
 
-def _preflight(cfg: Config, out: str | Path | None) -> None:
-    """Check the whole request (task, model, device, output path) before anything is written."""
-    try:
-        from entropy_rft.training import preflight
-    except ImportError:  # pragma: no cover - the module lands with the pre-flight checks
-        return
-    preflight.check_train(cfg, out)
+def _preflight(cfg: Config, out: str | Path | None, method: Method | None = None) -> Method:
+    """Check the whole request (task, model, device, output path, method) before anything is written; returns
+    the method, built once (``method``: the one an earlier check of this request built)."""
+    from entropy_rft.training import preflight
+
+    return preflight.check_train(cfg, out, method=method)
 
 
-def start(cfg: Config, out: str | Path, *, overwrite: bool = False) -> dict[str, Any]:
+def start(cfg: Config, out: str | Path, *, overwrite: bool = False, method: Method | None = None) -> dict[str, Any]:
     """Train ``cfg`` into a new run directory ``out`` (refused if it exists, unless ``overwrite`` and it is
-    an erft run directory). The request is checked first, so a refused start writes nothing."""
+    an erft run directory). The request is checked first, so a refused start writes nothing. ``method``: the
+    method ``preflight.check_train`` built for this ``cfg`` (``erft train``), so that it is built once."""
     if not _is_main_process():
         return _train(cfg, Path(out), resume=False)
-    _preflight(cfg, out)
+    method = _preflight(cfg, out, method)
     rundir.check_new(out, overwrite)  # before the lock file is created in a folder that is not ours
     created = not Path(out).exists()
     with rundir.RunLock(out):
         out = rundir.prepare_new(out, overwrite)
         try:
-            return _train(cfg, out, resume=False)
+            return _train(cfg, out, resume=False, method=method)
         except UserError:
             if created:  # refused before the run wrote anything: leave no folder behind
                 rundir.remove_if_only_lock(out)
@@ -80,9 +84,10 @@ def resume(out: str | Path, *, max_steps: int | None = None) -> dict[str, Any]:
     preflight.check_resume_dir(out)
     if not _is_main_process():
         return _train(checkpoints.load_run_config(out), out, resume=True)
-    checkpoints.load_run_config(out)  # a folder that is not a run is refused before the lock file is created
+    # a folder that is not a run is refused before the lock file is created; the method: by _preflight, once
+    checkpoints.load_run_config(out, check_method=False)
     with rundir.RunLock(out):
-        cfg = checkpoints.load_run_config(out)
+        cfg = checkpoints.load_run_config(out, check_method=False)
         if max_steps is not None and max_steps != cfg.train.max_steps:
             if max_steps < 1:
                 raise UserError(f"--max-steps must be >= 1, got {max_steps}")
@@ -91,13 +96,13 @@ def resume(out: str | Path, *, max_steps: int | None = None) -> dict[str, Any]:
                 raise UserError(f"--max-steps {max_steps} is below the {held} steps run {out} already holds; "
                                 f"pass --max-steps {held} or more")
             cfg.train.max_steps = max_steps
-            _preflight(cfg, None)
+            method = _preflight(cfg, None)
             rundir.atomic_write_text(out / "config.yaml", yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
         else:
-            _preflight(cfg, None)
+            method = _preflight(cfg, None)
         if is_finished(out, cfg.train.max_steps):
             return {"step": rundir.read_status(out).get("step"), "already_finished": True}
-        return _train(cfg, out, resume=True)
+        return _train(cfg, out, resume=True, method=method)
 
 
 def is_finished(out: str | Path, max_steps: int) -> bool:

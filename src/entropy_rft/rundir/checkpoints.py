@@ -345,13 +345,14 @@ def read_config_dict(out: str | Path) -> dict[str, Any]:
     return data
 
 
-def load_run_config(out: str | Path):
-    """The config a run directory recorded (``config.yaml``), refused in one line when missing or damaged."""
+def load_run_config(out: str | Path, *, check_method: bool = True):
+    """The config a run directory recorded (``config.yaml``), refused in one line when missing or damaged
+    (``check_method=False``: the method is left to the caller's check, ``launch.resume``'s preflight)."""
     from entropy_rft.config.loading import config_from_dict
 
     data = read_config_dict(out)
     try:
-        return config_from_dict(data)
+        return config_from_dict(data, check_method=check_method)
     except UserError as e:
         raise UserError(f"run config {Path(out) / 'config.yaml'}: {e}; {_config_fix(Path(out))}") from None
 

@@ -8,9 +8,9 @@ corrected retry with the same ``--out`` starts cleanly.
 
 ``check_prompt_lengths`` is the pure rule the trainer applies once the tokenizer is loaded.
 
-Torch is imported only to check a device other than the CPU and the method (``config.validate_method``), and
-``entropy_rft.models.loading`` (transformers) only for the model check, and trl only for engine 'trl' (``check_trl``:
-the ``trl:`` section and the settings that engine refuses or ignores, ``trl_settings``).
+Torch is imported only to check a device other than the CPU and the method (``config.validation.validate_method``,
+which builds the run's method once), ``entropy_rft.models.loading`` (transformers) only for the model check, and
+trl only for engine 'trl' (``check_trl``: the ``trl:`` section and the settings that engine refuses or ignores).
 """
 
 from __future__ import annotations
@@ -21,9 +21,12 @@ import os
 import re
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from entropy_rft.common.errors import UserError
+
+if TYPE_CHECKING:
+    from entropy_rft.control.registry import Method
 
 # Virtual file systems: nothing a run writes belongs there.
 VIRTUAL_ROOTS = ("/proc", "/sys", "/dev")
@@ -53,8 +56,11 @@ def _folder_stamp(name: str) -> tuple:
         return ()
 
 
-def check_train(cfg: Any, out: str | os.PathLike | None) -> None:
-    """Check a training request before anything is created. ``out=None``: a resume, or no output folder."""
+def check_train(cfg: Any, out: str | os.PathLike | None, *, method: Method | None = None) -> Method:
+    """Check a training request before anything is created. ``out=None``: a resume, or no output folder.
+
+    Returns the run's method, built once (``config.validation.validate_method``) for the run to use; a
+    ``method`` an earlier check of this same request returned is handed back as it is, not built again."""
     from entropy_rft.config.validation import validate_method
 
     if out is not None:
@@ -63,7 +69,8 @@ def check_train(cfg: Any, out: str | os.PathLike | None) -> None:
     response_tokens = check_task(cfg.task.name, cfg.task.params)
     check_optional_packages(cfg)
     check_model(cfg.model.name)
-    validate_method(cfg)  # imports torch: after the cheap checks
+    if method is None:
+        method = validate_method(cfg)  # imports torch: after the cheap checks
     lines = settings_warnings(cfg, response_tokens)
     if getattr(cfg, "engine", "native") == "trl":
         lines += check_trl(cfg)
@@ -72,6 +79,7 @@ def check_train(cfg: Any, out: str | os.PathLike | None) -> None:
                      "native engine ignores it (pass --engine trl, or remove it)")
     for line in lines:
         warn_once(line)
+    return method
 
 
 def warn_once(line: str | None) -> None:
@@ -481,39 +489,3 @@ def check_prompt_lengths(prompt_token_counts: list[int], max_new_tokens: int, ma
     raise UserError(f"{over} of {len(prompt_token_counts)} prompts do not fit the model's context: the longest has "
                     f"{longest} tokens, + {budget} {max_new_tokens} = {longest + max_new_tokens} > "
                     f"{max_positions} positions; {fix}")
-
-
-# ----------------------------------------------------------------------------- comma lists
-
-
-def comma_items(text: str | None, flag: str, example: str) -> list[str]:
-    """The items of a comma list (``--methods none,clip_v``), stripped, in the order given. Refused in one line
-    naming ``flag`` when it is empty, has an empty item (``a,,b``, a comma at an end) or repeats an item;
-    ``example`` is the fix shown."""
-    text = "" if text is None else str(text)
-    if not text.strip():
-        raise UserError(f"{flag} is empty; give e.g. {example}")
-    items = [item.strip() for item in text.split(",")]
-    if "" in items:
-        raise UserError(f"{flag} '{text}' has an empty item (two commas in a row, or one at an end); give e.g. "
-                        f"{example}")
-    dup = sorted({item for item in items if items.count(item) > 1})
-    if dup:
-        raise UserError(f"{flag} '{text}' gives {', '.join(dup)} twice; give each once, e.g. {example}")
-    return items
-
-
-def parse_int_list(text: str | None, flag: str, example: str) -> list[int]:
-    """A comma list of integers (``--pass-k 1,4``), in the order given: :func:`comma_items`, each an integer,
-    none repeated (``2,02``)."""
-    values: list[int] = []
-    for item in comma_items(text, flag, example):
-        try:
-            value = int(item)
-        except ValueError:
-            raise UserError(f"{flag} '{text}': {item!r} is not an integer; give a comma list of integers, e.g. "
-                            f"{example}") from None
-        if value in values:
-            raise UserError(f"{flag} '{text}' gives {value} twice; give each value once, e.g. {example}")
-        values.append(value)
-    return values

@@ -132,7 +132,7 @@ class ValueHead(torch.nn.Module):
 class Run:
     """Model, optimizer, RNGs and logs of one run directory. ``train()`` drives it."""
 
-    def __init__(self, cfg: Config, out: Path, start_step: int = 0):
+    def __init__(self, cfg: Config, out: Path, start_step: int = 0, method: control.Method | None = None):
         from transformers.utils import logging as hf_logging
 
         from entropy_rft.training.policies import load_policy
@@ -165,7 +165,8 @@ class Run:
         # evaluation set, and the first training prompts; each step checks its own, see sample_prompts).
         self.fitting_prompts: set[tuple] = set()  # checked once each, not every step
         self.check_prompts([ex.prompt for ex in [*self.val_set[: cfg.eval.prompts], *self.train_set[:256]]])
-        self.method = control.build_method(cfg.method.name, **cfg.method_params())
+        # ``method``: the instance the request's check built (config.validation.validate_method), else built here
+        self.method = method if method is not None else control.build_method(cfg.method.name, **cfg.method_params())
         self.vanilla = control.build_method("none")  # the reference of the counterfactual and the weight lens
         target = parse_target(cfg.method.entropy_target)
         self.autopilot = None if target is None else Autopilot(self.method, target, autopilot_gains(cfg),
@@ -484,11 +485,13 @@ class Run:
 # ----------------------------------------------------------------------------- the loop
 
 
-def train(cfg: Config, out: str | Path, *, resume: bool = False, on_step=None) -> dict[str, Any]:
+def train(cfg: Config, out: str | Path, *, resume: bool = False, on_step=None,
+          method: control.Method | None = None) -> dict[str, Any]:
     """Train ``cfg`` into run directory ``out`` (fresh, or resumed from its newest intact checkpoint).
 
     Returns the last metrics row. SIGTERM/SIGINT save a checkpoint, record the status "stopped" and raise
-    SystemExit(143/130). The caller holds the run directory's lock (``launch``).
+    SystemExit(143/130). The caller holds the run directory's lock (``launch``). ``method``: the method the
+    request's check built (``config.validation.validate_method``), so the run does not build it again.
     """
     out = Path(out)
     required = ("model", "optim", "sched", "rng", "trainer")
@@ -496,7 +499,8 @@ def train(cfg: Config, out: str | Path, *, resume: bool = False, on_step=None) -
     if resume and state is None:
         checkpoints.refuse_lost_checkpoints(out, cfg.train.checkpoint_every)
     start = int(state["trainer"]["step"]) if state else 0
-    run = Run(cfg, out, start_step=start)  # loads the model and checks the prompts: a refusal writes nothing
+    # loads the model and checks the prompts: a refusal writes nothing
+    run = Run(cfg, out, start_step=start, method=method)
     if resume:
         rundir.truncate_logs(out, start if state else -1)
     else:
