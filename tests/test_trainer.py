@@ -201,6 +201,31 @@ def test_sigterm_saves_a_checkpoint_and_exits(micro_model, tmp_path):
     assert step == read_jsonl(out / "metrics.jsonl")[-1]["step"]
 
 
+def test_loop_stops_when_asked_after_a_step_with_its_checkpoint(micro_model, tmp_path):
+    """``trainer.train``'s ``stop`` (launch's SIGTERM/SIGINT flag) is read after each step: that step's
+    checkpoint is saved (off the checkpoint_every grid), no final policy is written, and the loop says it did
+    not finish; asked never, it runs to max_steps and exports final/."""
+    from entropy_rft.rundir.logger import Logger
+    from entropy_rft.training.trainer import train
+
+    cfg = cfg_for(micro_model, **{"train.max_steps": 3, "train.checkpoint_every": 100, "eval.every": 0})
+    out = tmp_path / "run"
+    out.mkdir()
+    run = build_run(cfg, out)
+    logger = Logger(out, cfg, purge_step=None)
+    last, finished = train(run, logger, stop=lambda: run.step == 2)
+    logger.close(quiet=True)
+    assert (last["step"], finished, run.step) == (2, False, 2)
+    assert [p.name for p in (out / "checkpoints").glob("step_*")] == ["step_000002"]
+    assert not (out / "final").exists()
+    run = build_run(cfg, tmp_path / "b")
+    (tmp_path / "b").mkdir()
+    logger = Logger(tmp_path / "b", cfg, purge_step=None)
+    last, finished = train(run, logger)
+    logger.close(quiet=True)
+    assert (last["step"], finished) == (3, True) and (tmp_path / "b" / "final").is_dir()
+
+
 def test_resume_without_checkpoint_restarts_from_step_1(micro_model, tmp_path):
     # A run killed before its first checkpoint (every 10 steps; the final one at step 2 removed as if never
     # written) starts again from step 1 and writes the same rows. With a deleted checkpoint that must have
