@@ -56,7 +56,7 @@ def peak_rss_mib() -> float:
 
 
 def native_times(cfg, out: Path) -> tuple[list[float], float]:
-    from entropy_rft.training.trainer import train
+    from entropy_rft.launch.run import train_native
 
     stamps, peak = [time.perf_counter()], [0.0]
 
@@ -64,7 +64,7 @@ def native_times(cfg, out: Path) -> tuple[list[float], float]:
         stamps.append(time.perf_counter())
         peak[0] = peak_rss_mib()
 
-    train(cfg, out, on_step=on_step)
+    train_native(cfg, out, on_step=on_step)
     return [b - a for a, b in zip(stamps[1:-1], stamps[2:])], peak[0]
 
 

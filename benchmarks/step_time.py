@@ -29,8 +29,9 @@ import torch
 from entropy_rft.config.loading import load_config
 from entropy_rft.launch.run import start
 from entropy_rft.rundir.files import read_jsonl
+from entropy_rft.training import stages
 from entropy_rft.training.records import Scored, trained_mask
-from entropy_rft.training.trainer import Run
+from entropy_rft.training.state import build_run, checkpoint_state, load_checkpoint_state
 
 STAGES = ("time/generate", "time/forward", "time/backward", "time/probe", "time/step")
 
@@ -51,23 +52,23 @@ def same_batch_overhead(model: str, repeats: int, out: Path, threads: int,
                         methods: tuple[str, ...] = ("none", "clip_v")) -> dict[str, float]:
     """Time the post-rollout part of a step for each method (``none`` first) on one fixed batch, interleaved."""
     sets = [f"model.name={model}", "eval.every=0", "train.progress=false", f"train.threads={threads}"]
-    runs = {m: Run(load_config(None, sets + [f"method.name={m}"]), out / f"sb-{m}") for m in methods}
+    runs = {m: build_run(load_config(None, sets + [f"method.name={m}"]), out / f"sb-{m}") for m in methods}
     base = runs["none"]
-    exs = base.sample_prompts()
+    exs = stages.sample_prompts(base)
     group = [e for e in exs for _ in range(base.cfg.rollout.group_size)]
-    rb = base.rollout([e.prompt for e in group])
+    rb = stages.rollout(base, [e.prompt for e in group])
     rewards = torch.tensor([base.task.reward(r, e) for r, e in zip(rb.responses, group)])
-    state0 = copy.deepcopy(base.state())
+    state0 = copy.deepcopy(checkpoint_state(base))
     times: dict[str, list[float]] = {m: [] for m in runs}
     for _ in range(repeats):
         for m, run in runs.items():
-            run.load_state(copy.deepcopy(state0))
+            load_checkpoint_state(run, copy.deepcopy(state0))
             t0 = time.perf_counter()
             s = Scored(group, rb, rewards, rb.response_mask.clone())
-            old = run.old_policy(s)
-            sel = run.select(s, old)
-            upd = run.update(s, old, sel)
-            run.probe(s, old, trained_mask(s, sel, upd))
+            old = stages.old_policy(run, s)
+            sel = stages.select(run, s, old)
+            upd = stages.update(run, s, old, sel)
+            stages.probe(run, s, old, trained_mask(s, sel, upd))
             times[m].append(time.perf_counter() - t0)
     return {m: statistics.median(v) for m, v in times.items()}
 

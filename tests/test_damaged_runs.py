@@ -224,11 +224,11 @@ def test_report_over_a_compare_folder_warns_once(tmp_path, capsys):
 
 def test_compare_summary_reads_warn_once(tmp_path, capsys):
     """erft compare reads each run's metrics.jsonl twice (run_summary, then the last knob): one warning."""
-    from entropy_rft.cli.compare import _knob_last
+    from entropy_rft.analysis.summary import knob_last
 
     run, n = with_line(tmp_path / "cmp" / "none-s0", "garbage", at=7)
     s = run_summary(run)
-    assert _knob_last(run) == 1.0 and s["steps"] == STEPS
+    assert knob_last(run) == 1.0 and s["steps"] == STEPS
     assert warnings(capsys.readouterr().err) == [
         f"erft: warning: {run / 'metrics.jsonl'}:{n} is not a JSON object; skipped"]
 

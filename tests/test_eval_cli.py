@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from entropy_rft.cli.eval import markdown_table, pass_ks  # noqa: E402
-from entropy_rft.cli.filter import keep_question  # noqa: E402
+from entropy_rft.analysis.evaluate import markdown_table  # noqa: E402
+from entropy_rft.analysis.pass_filter import keep_question  # noqa: E402
+from entropy_rft.cli.eval import pass_ks  # noqa: E402
 from entropy_rft.cli.main import main  # noqa: E402
 from entropy_rft.policy.evaluation import pass_at_k_from_hist  # noqa: E402
 from micro import make_micro_policy  # noqa: E402
@@ -127,3 +128,29 @@ def test_eval_user_errors(setup, capsys):
     assert "--pass-k" in capsys.readouterr().err
     assert main(["eval", "--run", str(tmp), "--out", str(tmp / "x")]) == 2
     assert "not a run directory" in capsys.readouterr().err
+
+
+def test_sampling_flags_are_declared_once():
+    """eval and filter take the shared sampling flags from cli.flags: the same type, default and help where the
+    commands do not say otherwise; a flag given its own words that is not added is a programming error."""
+    import argparse
+
+    from entropy_rft.cli import eval as eval_cmd
+    from entropy_rft.cli import filter as filter_cmd
+    from entropy_rft.cli.flags import SAMPLING_FLAGS, add_sampling_flags
+
+    def actions(mod):
+        p = argparse.ArgumentParser()
+        mod.add_arguments(p)
+        return {a.option_strings[0]: a for a in p._actions if a.option_strings}
+
+    ev, fl = actions(eval_cmd), actions(filter_cmd)
+    for flag in ("--max-new-tokens", "--batch-size", "--device", "--dtype", "--threads"):
+        assert (ev[flag].type, ev[flag].default, ev[flag].help, ev[flag].choices) == \
+               (fl[flag].type, fl[flag].default, fl[flag].help, fl[flag].choices) == \
+               (SAMPLING_FLAGS[flag].get("type"), SAMPLING_FLAGS[flag]["default"], SAMPLING_FLAGS[flag]["help"],
+                SAMPLING_FLAGS[flag].get("choices"))
+    assert (ev["--temperature"].default, fl["--temperature"].default) == (0.7, 1.0)  # each command's own
+    assert ev["--seed"].help != fl["--seed"].help and ev["--seed"].default == fl["--seed"].default == 0
+    with pytest.raises(TypeError, match="samples"):
+        add_sampling_flags(argparse.ArgumentParser(), "--seed", samples={"default": 3})

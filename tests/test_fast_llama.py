@@ -188,6 +188,41 @@ def test_policy_forward_uses_hf_modules_under_gradient_checkpointing_and_dropout
     assert not fast_path_ok(GPT2LMHeadModel(GPT2Config(vocab_size=V, n_embd=16, n_layer=1, n_head=2)))
 
 
+def test_policy_forward_decides_its_path_once_per_model(monkeypatch):
+    """The fused-head check and the module walk (supports_fused, unsupported_reason) run at a model's first
+    forward only, the same numbers come out every call, the mode (gradient checkpointing) is still read on each
+    call, every model gets its own plan, and the plan does not keep its model alive."""
+    import gc
+    import weakref
+
+    from entropy_rft.policy import forward
+
+    calls = []
+    real_reason, real_fused = forward.unsupported_reason, forward.supports_fused
+    monkeypatch.setattr(forward, "unsupported_reason", lambda m, *a: calls.append("walk") or real_reason(m, *a))
+    monkeypatch.setattr(forward, "supports_fused", lambda m: calls.append("head") or real_fused(m))
+    model, rb = _llama(kv=2).eval(), _grouped_rollout()
+    with torch.no_grad():
+        outs = [forward.policy_forward(model, rb, 0.7) for _ in range(3)]
+        assert calls == ["head", "walk"]
+        for out in outs[1:]:
+            assert torch.equal(out.logp, outs[0].logp) and torch.equal(out.stats.s_star, outs[0].stats.s_star)
+        assert forward.fast_path_ok(model)
+        model.gradient_checkpointing_enable()
+        assert not forward.fast_path_ok(model)
+        model.gradient_checkpointing_disable()
+        other = _llama(kv=1)
+        forward.policy_forward(other, rb, 0.7)
+    assert calls == ["head", "walk"] * 2
+    assert forward.forward_plan(model) == forward.ForwardPlan(fused=True, fast_reason=None)
+    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=V, n_embd=16, n_layer=1, n_head=2))
+    assert forward.forward_plan(gpt2).fast_reason == real_reason(gpt2)
+    ref = weakref.ref(other)
+    del other
+    gc.collect()
+    assert ref() is None
+
+
 def _grouped_rollout():
     """Six rows over three distinct prompts of different lengths, interleaved (A B A C B A), with responses of
     lengths 5, 1, 3, 5, 2, 4 (right-padded with the pad id 0; one response samples the pad id as a real token)."""

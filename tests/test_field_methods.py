@@ -597,7 +597,7 @@ def test_entropic_state_restores_alpha_exactly():
     alpha, st = m.alpha, m.state_dict()
     assert (1.0 + alpha) - 1.0 != alpha  # the knob alone loses the last bits of this alpha
     m2 = control.build_method("entropic", target=0.3)
-    m2.set_knob(1.0 + alpha)  # what the trainer's load_state does first
+    m2.set_knob(1.0 + alpha)  # what the trainer's load_checkpoint_state does first
     m2.load_state_dict(st)
     assert m2.alpha == alpha and m2.state_dict() == st
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import yaml
 
-from entropy_rft.cli.compare import worker_threads
 from entropy_rft.config.loading import load_config
+from entropy_rft.launch.sweep import worker_threads
 from entropy_rft.rundir.files import read_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -5,7 +5,8 @@ import math
 import pytest
 import torch
 
-from entropy_rft.core.loss import AGG_MODES, aggregate, kl_estimate, policy_loss, ppo_clipped_mask
+from entropy_rft.core.loss import AGG_MODES, aggregate, kl_estimate, policy_loss, ppo_clipped_mask, value_loss
+from entropy_rft.core.metrics import approx_kl
 
 T, F = True, False
 LN = math.log
@@ -191,6 +192,26 @@ def test_ref_kl_estimators(est, value, grad):
     assert met["loss/kl_ref"] == pytest.approx(0.1 * value)
     loss.backward()
     assert lp.grad.item() == pytest.approx(0.1 * grad)
+
+
+def test_value_loss_is_the_masked_mean_squared_error():
+    """(V - R)^2 over the valid tokens only: (0.5^2 + 2^2) / 2; padding (a huge error) does not count; no valid
+    token gives 0, not NaN."""
+    v = torch.tensor([[1.0, 3.0, 100.0]])
+    ret = torch.tensor([[0.5, 1.0, 0.0]])
+    mask = torch.tensor([[True, True, False]])
+    assert value_loss(v, ret, mask).item() == pytest.approx((0.25 + 4.0) / 2)
+    assert value_loss(v, ret, torch.zeros_like(mask)).item() == 0.0
+
+
+def test_approx_kl_is_k3_of_old_against_new():
+    """k3 with log r = log pi - log pi_old: r - 1 - log r per token, averaged over the mask (null when empty)."""
+    old = torch.tensor([[-1.0, -2.0, -3.0]])
+    new = torch.tensor([[-0.5, -2.5, 0.0]])
+    mask = torch.tensor([[True, True, False]])
+    want = ((math.exp(0.5) - 1 - 0.5) + (math.exp(-0.5) - 1 + 0.5)) / 2
+    assert approx_kl(new, old, mask) == pytest.approx(want, rel=1e-12)
+    assert approx_kl(new, old, torch.zeros_like(mask)) is None
 
 
 def test_entropy_bonus_gradient():

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from entropy_rft.models import gguf
 from entropy_rft.models import loading as models
 from entropy_rft.tasks.countdown import CountdownTask
 from entropy_rft.training import policies, sft
@@ -219,7 +220,7 @@ def test_unpermute_qk_inverts_llama_cpp_permute():
         return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
 
     w = torch.randn(3 * 64, 10)
-    assert torch.equal(models._unpermute_qk(permute(w, 3), 3), w)
+    assert torch.equal(gguf._unpermute_qk(permute(w, 3), 3), w)
 
 
 @pytest.fixture(scope="session")

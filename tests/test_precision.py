@@ -9,7 +9,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from entropy_rft.config.loading import load_config
 from entropy_rft.models.precision import lr_warning, smallest_kept_update
-from entropy_rft.training.trainer import Run
+from entropy_rft.training import stages
+from entropy_rft.training.state import build_run
 from micro import make_micro_policy, micro_overrides
 
 
@@ -79,11 +80,11 @@ def micro(tmp_path_factory):
 
 def test_master_weights_stay_float32_and_forwards_run_bf16(micro, tmp_path, capsys):
     cfg = load_config(None, micro_overrides(micro, **{"model.autocast_bf16": True, "optim.lr": 2e-5}))
-    run = Run(cfg, tmp_path / "run")
+    run = build_run(cfg, tmp_path / "run")
     before = [p.detach().clone() for p in run.model.parameters()]
-    rb = run.rollout([e.prompt for e in run.sample_prompts()])
-    with _MatmulDtypes() as seen, run.autocast():
-        loss = -run.forward(rb).logp.sum()
+    rb = stages.rollout(run, [e.prompt for e in stages.sample_prompts(run)])
+    with _MatmulDtypes() as seen, stages.autocast(run):
+        loss = -stages.forward(run, rb).logp.sum()
     # Every matmul of the decoder runs in bf16; only the LM head's log-prob chunks (fused.fused_logp, the
     # statistics) stay float32.
     vocab = run.model.config.vocab_size
@@ -99,7 +100,7 @@ def test_master_weights_stay_float32_and_forwards_run_bf16(micro, tmp_path, caps
 
 def test_bf16_weights_warn_once_at_a_small_lr(micro, tmp_path, capsys):
     sets = {"model.dtype": "bfloat16", "optim.lr": 1e-6}
-    Run(load_config(None, micro_overrides(micro, **sets)), tmp_path / "a")
-    Run(load_config(None, micro_overrides(micro, **sets)), tmp_path / "b")
+    build_run(load_config(None, micro_overrides(micro, **sets)), tmp_path / "a")
+    build_run(load_config(None, micro_overrides(micro, **sets)), tmp_path / "b")
     err = capsys.readouterr().err
     assert err.count("model.dtype=bfloat16 keeps the weights") == 1, err

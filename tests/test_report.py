@@ -50,23 +50,6 @@ def test_pass_curve_matches_enumeration_over_subsets():
     assert runs_mod.pass_curve([]) == []
 
 
-def test_agreement_against_a_naive_loop():
-    rng = np.random.default_rng(0)
-    p = rng.normal(size=50)
-    a = 0.5 * p + rng.normal(size=50)
-    p[:5] = 0.0  # tokens without a prediction are left out
-    ag = runs_mod.agreement(p, a)
-    pairs = [(x, y) for x, y in zip(p, a) if x != 0 and y != 0]
-    assert ag["n"] == 45
-    assert ag["sign_agreement"] == pytest.approx(sum((x > 0) == (y > 0) for x, y in pairs) / 45)
-    mx = sum(x for x, _ in pairs) / 45
-    my = sum(y for _, y in pairs) / 45
-    cov = sum((x - mx) * (y - my) for x, y in pairs)
-    vx = sum((x - mx) ** 2 for x, _ in pairs)
-    vy = sum((y - my) ** 2 for _, y in pairs)
-    assert ag["corr"] == pytest.approx(cov / math.sqrt(vx * vy), abs=1e-12)
-
-
 # ----------------------------------------------------------------------------- synthetic runs
 
 

@@ -20,8 +20,9 @@ from entropy_rft.cli.main import main
 from entropy_rft.config.loading import load_config
 from entropy_rft.launch.run import start
 from entropy_rft.rundir.files import read_jsonl, truncate_jsonl
+from entropy_rft.training import stages
 from entropy_rft.training.records import Scored
-from entropy_rft.training.trainer import Run
+from entropy_rft.training.state import build_run
 from micro import make_micro_policy, micro_overrides
 
 TESTS = Path(__file__).parent
@@ -200,6 +201,31 @@ def test_sigterm_saves_a_checkpoint_and_exits(micro_model, tmp_path):
     assert step == read_jsonl(out / "metrics.jsonl")[-1]["step"]
 
 
+def test_loop_stops_when_asked_after_a_step_with_its_checkpoint(micro_model, tmp_path):
+    """``trainer.train``'s ``stop`` (launch's SIGTERM/SIGINT flag) is read after each step: that step's
+    checkpoint is saved (off the checkpoint_every grid), no final policy is written, and the loop says it did
+    not finish; asked never, it runs to max_steps and exports final/."""
+    from entropy_rft.rundir.logger import Logger
+    from entropy_rft.training.trainer import train
+
+    cfg = cfg_for(micro_model, **{"train.max_steps": 3, "train.checkpoint_every": 100, "eval.every": 0})
+    out = tmp_path / "run"
+    out.mkdir()
+    run = build_run(cfg, out)
+    logger = Logger(out, cfg, purge_step=None)
+    last, finished = train(run, logger, stop=lambda: run.step == 2)
+    logger.close(quiet=True)
+    assert (last["step"], finished, run.step) == (2, False, 2)
+    assert [p.name for p in (out / "checkpoints").glob("step_*")] == ["step_000002"]
+    assert not (out / "final").exists()
+    run = build_run(cfg, tmp_path / "b")
+    (tmp_path / "b").mkdir()
+    logger = Logger(tmp_path / "b", cfg, purge_step=None)
+    last, finished = train(run, logger)
+    logger.close(quiet=True)
+    assert (last["step"], finished) == (3, True) and (tmp_path / "b" / "final").is_dir()
+
+
 def test_resume_without_checkpoint_restarts_from_step_1(micro_model, tmp_path):
     # A run killed before its first checkpoint (every 10 steps; the final one at step 2 removed as if never
     # written) starts again from step 1 and writes the same rows. With a deleted checkpoint that must have
@@ -240,19 +266,19 @@ def _naive_ppo_step(model, opt, rb, old_logp, adv, mask, eps, temperature):
 def test_method_none_reproduces_vanilla_ppo(micro_model, tmp_path):
     cfg = cfg_for(micro_model, **{"algo.minibatches": 1, "optim.lr": 1e-2})
     torch.manual_seed(0)
-    run = Run(cfg, tmp_path)
+    run = build_run(cfg, tmp_path)
     naive = copy.deepcopy(run.model)
     naive_opt = torch.optim.AdamW(naive.parameters(), lr=1e-2, betas=(0.9, 0.999), weight_decay=0.0)
-    exs = run.sample_prompts()
+    exs = stages.sample_prompts(run)
     group = [e for e in exs for _ in range(cfg.rollout.group_size)]
-    rb = run.rollout([e.prompt for e in group])
+    rb = stages.rollout(run, [e.prompt for e in group])
     rewards = torch.tensor([run.task.reward(r, e) for r, e in zip(rb.responses, group)])
     rewards[0], rewards[1] = 1.0, 0.0  # make sure the first group has signal
     s = Scored(group, rb, rewards, rb.response_mask.clone())
-    old = run.old_policy(s)
-    sel = run.select(s, old)
+    old = stages.old_policy(run, s)
+    sel = stages.select(run, s, old)
     for _ in range(3):  # three updates on the same batch: the ratio leaves 1 after the first
-        run.update(s, old, sel)
+        stages.update(run, s, old, sel)
         _naive_ppo_step(naive, naive_opt, rb, old.logp, old.adv, s.mask.double(), 0.2, cfg.rollout.temperature)
     for (n, p1), p2 in zip(run.model.named_parameters(), naive.parameters()):
         torch.testing.assert_close(p1, p2, rtol=1e-4, atol=1e-5, msg=n)
@@ -261,14 +287,14 @@ def test_method_none_reproduces_vanilla_ppo(micro_model, tmp_path):
 def test_loss_decreases_on_a_fixed_batch(micro_model, tmp_path):
     cfg = cfg_for(micro_model, **{"algo.minibatches": 1, "optim.lr": 3e-3, "algo.eps_low": "null",
                                   "algo.eps_high": "null"})
-    run = Run(cfg, tmp_path)
-    exs = run.sample_prompts()
+    run = build_run(cfg, tmp_path)
+    exs = stages.sample_prompts(run)
     group = [e for e in exs for _ in range(cfg.rollout.group_size)]
-    rb = run.rollout([e.prompt for e in group])
+    rb = stages.rollout(run, [e.prompt for e in group])
     rewards = torch.arange(len(group)).remainder(2).float()
     s = Scored(group, rb, rewards, rb.response_mask.clone())
-    old = run.old_policy(s)
-    losses = [run.update(s, old).metrics["loss/pg"] for _ in range(8)]
+    old = stages.old_policy(run, s)
+    losses = [stages.update(run, s, old).metrics["loss/pg"] for _ in range(8)]
     assert losses[-1] < losses[0] - 1e-3, losses
 
 
@@ -302,18 +328,18 @@ def test_gradient_accumulation_equals_one_big_minibatch(micro_model, tmp_path, a
         cfg = cfg_for(micro_model, **{"algo.minibatches": 1, "algo.grad_accum": accum, "algo.agg": agg,
                                       "optim.lr": 1e-2, "optim.max_grad_norm": "null", "method.name": "clip_v",
                                       "method.params": "{mu: 0.5}"})
-        run = Run(cfg, tmp_path / f"a{accum}")
+        run = build_run(cfg, tmp_path / f"a{accum}")
         # Plain SGD: the update is -lr * grad (Adam's first step is sign-like and would amplify float noise).
         run.optim = torch.optim.SGD(run.model.parameters(), lr=1.0)
-        exs = run.sample_prompts()
+        exs = stages.sample_prompts(run)
         group = [e for e in exs for _ in range(cfg.rollout.group_size)]
-        rb = run.rollout([e.prompt for e in group])
+        rb = stages.rollout(run, [e.prompt for e in group])
         rewards = torch.arange(len(group)).remainder(3).eq(0).float()
         s = Scored(group, rb, rewards, rb.response_mask.clone())
-        old = run.old_policy(s)
-        sel = run.select(s, old)
+        old = stages.old_policy(run, s)
+        sel = stages.select(run, s, old)
         assert sel.keep is not None and not bool(sel.keep[s.mask].all())  # ClipV drops something
-        run.update(s, old, sel)
+        stages.update(run, s, old, sel)
         params[accum] = [p.detach().clone() for p in run.model.parameters()]
     for p1, p3 in zip(params[1], params[3]):
         torch.testing.assert_close(p1, p3, rtol=1e-5, atol=1e-7)
@@ -341,20 +367,23 @@ def test_single_update_reuses_the_old_policy_forward_exactly(micro_model, tmp_pa
     results = []
     for live in (True, False):
         torch.manual_seed(0)
-        run = Run(cfg, tmp_path / str(live))
-        assert run.single_update
-        group = [e for e in run.sample_prompts() for _ in range(cfg.rollout.group_size)]
-        rb = run.rollout([e.prompt for e in group])
+        run = build_run(cfg, tmp_path / str(live))
+        assert stages.single_update(run)
+        group = [e for e in stages.sample_prompts(run) for _ in range(cfg.rollout.group_size)]
+        rb = stages.rollout(run, [e.prompt for e in group])
         rewards = torch.tensor([float(i % 3 == 0) for i in range(len(rb.responses))])
         s = Scored(group, rb, rewards, rb.response_mask.clone())
-        old = run.old_policy(s, live=live)
-        assert (old.live is not None) == live
-        run.update(s, old, run.select(s, old))
+        fwd = stages.live_forward(run, s) if live else None
+        assert fwd is None or fwd.logp.grad_fn is not None
+        old = stages.old_policy(run, s, fwd)
+        # the frozen record holds no autograd graph, live or not
+        assert all(t.grad_fn is None and not t.requires_grad for t in (old.logp, old.adv, *vars(old.stats).values()))
+        stages.update(run, s, old, stages.select(run, s, old), live=fwd)
         results.append((old.logp, old.stats.s_centered, [p.detach().clone() for p in run.model.parameters()]))
     (lp1, sc1, p1), (lp2, sc2, p2) = results
     torch.testing.assert_close(lp1, lp2, atol=1e-6, rtol=1e-6)
     torch.testing.assert_close(sc1, sc2, atol=1e-6, rtol=1e-6)
-    start_params = list(Run(cfg, tmp_path / "x").model.parameters())
+    start_params = list(build_run(cfg, tmp_path / "x").model.parameters())
     moved = sum(float((a - b).abs().sum()) for a, b in zip(p1, start_params))
     assert moved > 1e-3  # the update did change the policy
     for a, b in zip(p1, p2):
@@ -362,10 +391,10 @@ def test_single_update_reuses_the_old_policy_forward_exactly(micro_model, tmp_pa
 
 
 def test_single_update_config_is_detected(micro_model, tmp_path):
-    two = Run(cfg_for(micro_model, **{"algo.minibatches": 2}), tmp_path / "a")
-    accum = Run(cfg_for(micro_model, **{"algo.minibatches": 1, "algo.grad_accum": 2}), tmp_path / "b")
-    ppo = Run(cfg_for(micro_model, **{"algo.minibatches": 1, "algo.algorithm": "ppo"}), tmp_path / "c")
-    assert not (two.single_update or accum.single_update or ppo.single_update)
+    two = build_run(cfg_for(micro_model, **{"algo.minibatches": 2}), tmp_path / "a")
+    accum = build_run(cfg_for(micro_model, **{"algo.minibatches": 1, "algo.grad_accum": 2}), tmp_path / "b")
+    ppo = build_run(cfg_for(micro_model, **{"algo.minibatches": 1, "algo.algorithm": "ppo"}), tmp_path / "c")
+    assert not any(stages.single_update(r) for r in (two, accum, ppo))
 
 
 @pytest.mark.parametrize("sets", [{"model.autocast_bf16": "true"}, {"model.dtype": "bfloat16"}],
@@ -380,8 +409,8 @@ def test_bf16_training_runs_with_finite_float32_statistics(micro_model, tmp_path
     for r in rows:
         for k in ("entropy/mean", "dynamics/s_centered_std", "probe/dH_actual", "optim/grad_norm"):
             assert r[k] is not None and math.isfinite(r[k]), (k, r[k])
-    run = Run(cfg, tmp_path / "probe")
-    rb = run.rollout([e.prompt for e in run.sample_prompts()])
-    with run.autocast():
-        out = run.forward(rb)
+    run = build_run(cfg, tmp_path / "probe")
+    rb = stages.rollout(run, [e.prompt for e in stages.sample_prompts(run)])
+    with stages.autocast(run):
+        out = stages.forward(run, rb)
     assert out.stats.entropy.dtype == torch.float32 and torch.isfinite(out.stats.entropy).all()

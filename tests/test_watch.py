@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from entropy_rft.cli import eval as eval_cmd
+from entropy_rft.analysis import evaluate as eval_lib
 from entropy_rft.cli.main import main
 from entropy_rft.config.loading import load_config
 from entropy_rft.launch.run import start
@@ -117,14 +117,14 @@ def test_eval_keeps_finished_models_when_interrupted(micro_model, data, tmp_path
     out = tmp_path / "eval"
     args = ["eval", "--model", str(micro_model), "--model", str(second), "--dataset", "math", "--samples", "4",
             "--batch-size", "8", "--out", str(out), *_task_args(src)]
-    real = eval_cmd.load_model
+    real = eval_lib.load_model
 
     def load_model(spec, device, dtype):
         if spec["path"] == str(second):
             raise KeyboardInterrupt  # Ctrl-C while the second model loads
         return real(spec, device, dtype)
 
-    monkeypatch.setattr(eval_cmd, "load_model", load_model)
+    monkeypatch.setattr(eval_lib, "load_model", load_model)
     assert main(args) == 130
     rep = json.loads((out / "eval.json").read_text())
     assert rep["complete"] is False
@@ -136,7 +136,7 @@ def test_eval_keeps_finished_models_when_interrupted(micro_model, data, tmp_path
              if s.startswith(f"{micro_model} on math: ") and s.endswith(" s")]
     assert [s.split(": ")[1].split()[0] for s in lines] == ["0/6", "2/6", "4/6", "6/6"]
 
-    monkeypatch.setattr(eval_cmd, "load_model", real)
+    monkeypatch.setattr(eval_lib, "load_model", real)
     assert main(args) == 0
     rep2 = json.loads((out / "eval.json").read_text())
     assert rep2["complete"] is True and [r["model"] for r in rep2["results"]] == [str(micro_model), str(second)]

@@ -11,8 +11,9 @@ so only sign and correlation can be compared) and the measured change:
 - Paper A (Wang et al. 2026, Thm 3.3): ΔH ≈ mean over tokens of −A·S_c (``dynamics/pred_dH``).
 - Measured: ``probe/dH_actual``, the batch-mean entropy of the same tokens after the step minus before it.
 
-For each prediction: Pearson r over steps, the share of steps whose sign matches the measured change, and the
-share of steps on which the prediction says entropy falls (for the covariances: the covariance is positive).
+For each prediction: Pearson r over steps and the share of steps whose sign matches the measured change (both over
+the steps where the prediction and the measurement are finite and non-zero, ``core.correlation``), and the share
+of steps on which the prediction says entropy falls (for the covariances: the covariance is positive).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
+from entropy_rft.core.correlation import agreement
 
 MEASURED = "probe/dH_actual"
 
@@ -37,26 +38,6 @@ def _finite(v: Any) -> bool:
     return isinstance(v, (int, float)) and math.isfinite(v)
 
 
-def pearson(x: Sequence[float], y: Sequence[float]) -> float | None:
-    """Pearson correlation; None with fewer than 3 pairs or a constant series."""
-    a = np.asarray(x, dtype=np.float64)
-    b = np.asarray(y, dtype=np.float64)
-    if a.size < 3:
-        return None
-    a = a - a.mean()
-    b = b - b.mean()
-    den = math.sqrt(float(a @ a) * float(b @ b))
-    return float(a @ b) / den if den > 0 else None
-
-
-def sign_agreement(pred: Sequence[float], actual: Sequence[float]) -> float | None:
-    """Share of pairs with sign(pred) = sign(actual), over the pairs where both are non-zero."""
-    pairs = [(p, a) for p, a in zip(pred, actual) if p != 0 and a != 0]
-    if not pairs:
-        return None
-    return sum((p > 0) == (a > 0) for p, a in pairs) / len(pairs)
-
-
 def run_agreement(rows: Sequence[dict]) -> dict[str, float | int | None]:
     """Per prediction: ``dH_agree/<name>_r``, ``dH_agree/<name>_sign`` and ``dH_agree/<name>_fall``, the share of
     steps on which it predicts a fall (for the covariances, the share of steps with a positive covariance);
@@ -69,8 +50,9 @@ def run_agreement(rows: Sequence[dict]) -> dict[str, float | int | None]:
         pred = [p for p, _ in pairs]
         act = [a for _, a in pairs]
         n_max = max(n_max, len(pairs))
-        out[f"dH_agree/{name}_r"] = pearson(pred, act)
-        out[f"dH_agree/{name}_sign"] = sign_agreement(pred, act)
+        ag = agreement(pred, act)
+        out[f"dH_agree/{name}_r"] = ag.corr
+        out[f"dH_agree/{name}_sign"] = ag.sign
         falls = [sign * r[key] < 0 for r in rows if int(r.get("step", 0)) >= 1 and _finite(r.get(key))]
         out[f"dH_agree/{name}_fall"] = sum(falls) / len(falls) if falls else None
     out["dH_agree/steps"] = n_max

@@ -332,3 +332,23 @@ def controller_markdown(summaries: Sequence[dict]) -> str:
         lines.append(f"| {spec} | {method} | {kind} | {len(ss)} | {reached}/{len(ss)} | {_cell(band, pct=True)} | "
                      f"{_cell(dev, pct=True)} |")
     return "\n".join(lines) + "\n"
+
+
+def compare_markdown(summaries: list[dict], numbers: dict[str, Any], table: str) -> tuple[str, str]:
+    """The equal-entropy comparison of a sweep's runs (``erft compare --entropy-targets``) added to
+    summary.json's ``numbers`` and to summary.md; returns summary.md's text and the table to print. ``table``: the
+    table of every figure per variant (``summary.markdown_table``)."""
+    k = summaries_k(summaries)
+    rows = comparison_rows(summaries)
+    said, dyn = verdict(rows, k), dynamics_verdict(summaries)
+    numbers["comparison"] = {"rows": rows, "verdict": said, "dynamics": dyn}
+    main = comparison_markdown(rows, k)
+    ctrl = controller_markdown(summaries)
+    if any(s.get("controller/kind") == "own" for s in summaries):  # a method's own law next to the autopilot
+        numbers["comparison"]["controllers"] = ctrl
+        main += ("\n## Which controller holds entropy (own law vs autopilot, mean ± std over seeds)\n\n" + ctrl)
+    md = ("## Methods at equal entropy (mean ± std over seeds)\n\n" + main + "\n" + said + "\n\n"
+          "## The law and the batch predictions of the entropy change\n\n" + dynamics_markdown(rows, LAW_COLUMNS)
+          + "\n" + dynamics_markdown(rows, AGREEMENT_COLUMNS) + "\n"
+          + dyn + "\n\n## Every figure per variant\n\n" + table)
+    return md, main + "\n" + said

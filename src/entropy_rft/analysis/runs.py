@@ -20,7 +20,7 @@ from entropy_rft.analysis.summary import (
 from entropy_rft.common.errors import UserError
 from entropy_rft.control.lens import QUADRANTS
 from entropy_rft.policy.evaluation import pass_at_k_from_hist
-from entropy_rft.rundir.files import read_jsonl, read_status, read_step_log
+from entropy_rft.rundir.files import has_metrics, read_jsonl, read_status, read_step_log
 
 
 @dataclass
@@ -43,11 +43,6 @@ class RunData:
     model: str = "default"
 
 
-def is_run_dir(p: Path) -> bool:
-    """A folder holding a metrics.jsonl (one that is not a file is refused when the run is read)."""
-    return p.is_dir() and os.path.lexists(p / "metrics.jsonl")
-
-
 def expand_run_dirs(paths: Sequence[str | Path]) -> list[Path]:
     """Run directories as given; a folder that is not one contributes its run-directory children (sorted)."""
     if not paths:
@@ -57,10 +52,10 @@ def expand_run_dirs(paths: Sequence[str | Path]) -> list[Path]:
         p = Path(raw)
         if not p.exists():
             raise UserError(f"{p}: no such directory; give a run directory or an erft compare --out folder")
-        if is_run_dir(p):
+        if has_metrics(p):
             out.append(p)
             continue
-        kids = sorted(c for c in p.iterdir() if is_run_dir(c)) if p.is_dir() else []
+        kids = sorted(c for c in p.iterdir() if has_metrics(c)) if p.is_dir() else []
         if not kids:
             raise UserError(f"{p}: not a run directory (no metrics.jsonl) and holds none; give the --out "
                             "folder of erft train or erft compare")
@@ -216,20 +211,6 @@ def mean_series(runs: Sequence[RunData], key: str, rows: str = "train_rows") -> 
 def logged(runs: Sequence[RunData], key: str) -> bool:
     """True when some run's training rows hold ``key`` as a finite number."""
     return any(series(r.train_rows, key)[0] for r in runs)
-
-
-def agreement(pred: np.ndarray, actual: np.ndarray) -> dict[str, float | None]:
-    """Pearson r and sign agreement over tokens where both predicted and actual ΔH are non-zero."""
-    pred = np.asarray(pred, dtype=np.float64)
-    actual = np.asarray(actual, dtype=np.float64)
-    both = (pred != 0) & (actual != 0)
-    p, a = pred[both], actual[both]
-    n = int(both.sum())
-    corr = None
-    if n >= 2 and p.std() > 0 and a.std() > 0:
-        corr = float(np.corrcoef(p, a)[0, 1])
-    sign = float(np.mean(np.sign(p) == np.sign(a))) if n else None
-    return {"n": n, "corr": corr, "sign_agreement": sign}
 
 
 def lens_means(runs: Sequence[RunData], prefix: str = "lens") -> dict[str, dict[str, float | None]]:

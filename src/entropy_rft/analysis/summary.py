@@ -10,9 +10,10 @@ from typing import Any
 import numpy as np
 
 from entropy_rft.analysis.agreement import run_agreement
+from entropy_rft.analysis.equal_entropy import compare_markdown
 from entropy_rft.analysis.law import run_law
 from entropy_rft.control.autopilot import tracking
-from entropy_rft.rundir.files import read_step_log
+from entropy_rft.rundir.files import read_jsonl, read_step_log
 
 
 def _last(rows: list[dict], key: str) -> Any:
@@ -276,3 +277,34 @@ def markdown_table(agg: dict[str, dict[str, Any]], columns: Sequence[str] = DEFA
                 cells.append(f"{v['mean']:.3f}")
         lines.append(f"| {method} | {a['n']} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def knob_last(run_dir: str | Path) -> float | None:
+    """The last ``control/knob`` a run logged (the strength the autopilot ended at), None when it logged none."""
+    vals = [r["control/knob"] for r in read_jsonl(Path(run_dir) / "metrics.jsonl")
+            if isinstance(r.get("control/knob"), (int, float))]
+    return vals[-1] if vals else None
+
+
+def compare_summary(runs: Sequence[tuple[str, Path]], *, knob: bool, equal_entropy: bool
+                    ) -> tuple[dict[str, Any], str, str]:
+    """What ``erft compare`` writes for its runs (``(label, run_dir)``, in table order): summary.json's numbers,
+    summary.md's text and the shorter table it prints. ``knob``: add each run's last knob value (the sweep has
+    autopilot variants); ``equal_entropy``: add the comparison at equal entropy (``equal_entropy.compare_markdown``)."""
+    summaries = []
+    for label, run_dir in runs:
+        summ = run_summary(run_dir)
+        summ["method"] = label
+        summ["control/knob_last"] = knob_last(run_dir)
+        summaries.append(summ)
+    agg = aggregate(summaries)
+    columns, short = DEFAULT_COLUMNS, SHORT_COLUMNS
+    if knob:
+        columns, short = (*DEFAULT_COLUMNS, "control/knob_last"), (*SHORT_COLUMNS, "control/knob_last")
+    table = markdown_table(agg, columns)
+    numbers: dict[str, Any] = {"runs": summaries, "methods": agg}
+    if equal_entropy:
+        table, short_table = compare_markdown(summaries, numbers, table)
+    else:
+        short_table = markdown_table(agg, short)  # the full table is in summary.md
+    return numbers, table, short_table

@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 from entropy_rft.common.errors import UserError
+from entropy_rft.core.correlation import agreement
 from entropy_rft.core.dynamics import token_stats
 from entropy_rft.core.theory import exact_entropy_change, predicted_entropy_change, single_logit_entropy_change
 
@@ -130,12 +131,6 @@ def model_logits(name: str, text: str, positions: int, device: str = "cpu") -> T
 # ------------------------------------------------------------------------------------------ measuring
 
 
-def _pearson(a: Tensor, b: Tensor) -> float | None:
-    a, b = a - a.mean(), b - b.mean()
-    den = float(a.norm() * b.norm())
-    return float((a * b).sum()) / den if den > 0 else None
-
-
 def _finite(x: float | None) -> float | None:
     return x if x is not None and math.isfinite(x) else None
 
@@ -189,15 +184,14 @@ def measure(blocks: Sequence[Tensor], cfg: ProbeConfig) -> dict[str, Any]:
         pr = [torch.cat(x) for x in pred[kind]]
         abs_err = [float((ai - pi).abs().mean()) for ai, pi in zip(a, pr)]
         rel_err = [float((ai - pi).abs().sum() / pi.abs().sum().clamp_min(1e-300)) for ai, pi in zip(a, pr)]
-        nz = [pi != 0 for pi in pr]
-        sign_ok = [float((torch.sign(ai[m]) == torch.sign(pi[m])).double().mean()) for ai, pi, m in zip(a, pr, nz)]
+        ag = [agreement(pi, ai) for ai, pi in zip(a, pr)]
         out[kind] = {
             "rel_err": [_finite(x) for x in rel_err],
             "abs_err": [_finite(x) for x in abs_err],
             "err_ratio": [_finite(abs_err[j] / abs_err[j + 1]) if abs_err[j + 1] > 0 else None
                           for j in range(len(eps_list) - 1)],
-            "sign_agreement": [_finite(x) for x in sign_ok],
-            "pearson": [_finite(_pearson(ai, pi)) for ai, pi in zip(a, pr)],
+            "sign_agreement": [_finite(g.sign) for g in ag],
+            "pearson": [_finite(g.corr) for g in ag],
             "mean_actual": _finite(float(a[0].mean())),
             "mean_predicted": _finite(float(pr[0].mean())),
         }

@@ -22,6 +22,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from entropy_rft.cli.flags import add_sampling_flags, parse_task_params
 from entropy_rft.common.errors import UserError
 
 NAME = "export-verl"
@@ -33,9 +34,10 @@ FILES = ("train.parquet", "val.parquet")
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--task", required=True, metavar="NAME",
                    help="the task: a name from 'erft tasks', rg:<dataset> or package.module:Class")
-    p.add_argument("--task-param", action="append", default=[], metavar="KEY=VALUE",
-                   help="a task parameter (repeatable; values read as YAML, e.g. --task-param size=2000)")
-    p.add_argument("--seed", type=int, default=0, help="the split seed (Task.split(seed))")
+    add_sampling_flags(p, "--task-param", "--seed",
+                       task_param={"help": "a task parameter (repeatable; values read as YAML, e.g. --task-param "
+                                           "size=2000)"},
+                       seed={"help": "the split seed (Task.split(seed))"})
     p.add_argument("--out", required=True, metavar="DIR",
                    help="the folder for train.parquet and val.parquet (new, empty, or holding only these two)")
 
@@ -114,7 +116,6 @@ def reward_path() -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from entropy_rft.cli.eval import parse_task_params
     from entropy_rft.training import preflight
 
     params = parse_task_params(args.task_param)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from entropy_rft.cli.flags import add_sampling_flags
 from entropy_rft.common.errors import UserError
 
 NAME = "probe"
@@ -23,11 +24,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--eps", type=float, default=0.05,
                         help="update size eps (single logit) and |alpha| (GRPO); halved --halvings times")
     parser.add_argument("--halvings", type=int, default=2, help="how many times eps is halved (>= 1)")
-    parser.add_argument("--temperature", type=float, default=1.0, help="sampling temperature of p")
+    add_sampling_flags(parser, "--temperature", temperature={"default": 1.0, "help": "sampling temperature of p"})
     parser.add_argument("--vocab-sizes", default=None, metavar="V1,V2,...",
                         help="synthetic only: comma list of vocabulary sizes (default 50,1000,32000,151936)")
-    parser.add_argument("--seed", type=int, default=0, help="seed for synthetic logits and sampled tokens")
-    parser.add_argument("--device", default="cpu", help="device for a real model's forward pass")
+    add_sampling_flags(parser, "--seed", "--device", seed={"help": "seed for synthetic logits and sampled tokens"},
+                       device={"help": "device for a real model's forward pass"})
     parser.add_argument("--json", metavar="FILE", default=None, help="also write the figures as JSON")
 
 

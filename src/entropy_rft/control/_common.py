@@ -5,6 +5,8 @@ The generic tensor checks live in :mod:`entropy_rft.core.tensor_checks` and the 
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor
 
@@ -27,6 +29,16 @@ def check_mu(value: float | None, name: str) -> None:
         return
     if not is_number(value) or not value >= 0 or value == float("inf"):
         raise ValueError(f"{name} must be None or a finite number >= 0, got {value!r}")
+
+
+def check_number(value: Any, name: str, *, low: float | None = None, strict: bool = False) -> None:
+    """A finite number (not a bool), optionally >= ``low`` (> ``low`` when ``strict``)."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
+    if ok and low is not None:
+        ok = value > low if strict else value >= low
+    if not ok or value in (float("inf"), float("-inf")):
+        bound = "" if low is None else f" {'>' if strict else '>='} {low}"
+        raise ValueError(f"{name} must be a finite number{bound}, got {value!r}")
 
 
 def check_fraction(value: float, name: str) -> None:

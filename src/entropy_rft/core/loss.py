@@ -32,6 +32,7 @@ __all__ = [
     "policy_loss",
     "ppo_clipped_mask",
     "token_logprobs",
+    "value_loss",
 ]
 
 
@@ -137,6 +138,12 @@ def kl_estimate(logp: Tensor, ref_logp: Tensor, estimator: str = "k3") -> Tensor
     if estimator == "k2":
         return 0.5 * x * x
     return torch.exp(x) - x - 1
+
+
+def value_loss(values: Tensor, returns: Tensor, mask: Tensor) -> Tensor:
+    """PPO's critic loss: the squared error (V − R)² averaged over the valid tokens (0 with none)."""
+    m = mask.float()
+    return (((values - returns) ** 2) * m).sum() / m.sum().clamp(min=1)
 
 
 def _check_eps(value: float | None, name: str) -> None:

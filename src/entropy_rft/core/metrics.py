@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
 from entropy_rft.core import theory
@@ -22,6 +23,13 @@ def masked_std(x: Tensor, mask: Tensor) -> float | None:
     if m is None:
         return None
     return float((((x.double() - m) ** 2) * mask).sum() / mask.sum()) ** 0.5
+
+
+def approx_kl(logp: Tensor, old_logp: Tensor, mask: Tensor) -> float | None:
+    """k3 estimate of KL(π_old‖π) from samples of π_old, over ``mask`` (Schulman 2020): with
+    log r = log π − log π_old in float64, the mean of r − 1 − log r (≥ 0 per token)."""
+    log_r = (logp - old_logp).double()
+    return masked_mean(torch.expm1(log_r) - log_r, mask)
 
 
 def stats_metrics(st: TokenStats, adv: Tensor, mask: Tensor) -> dict[str, float | None]:

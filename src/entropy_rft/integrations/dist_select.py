@@ -291,7 +291,7 @@ def dist_rollout_masks(method: Method, stats: TokenStats, advantages: Tensor, ma
                                            method.advantage_sign))
     if kind in (b.ClipV, b.ClipVPaper):
         if method.max_frac is not None:  # the warning counts the global batch's tokens
-            b._warn_tiny_cap(method, int(global_sum(as_mask(mask).sum().reshape(1))[0]))
+            b.warn_tiny_cap(method, int(global_sum(as_mask(mask).sum().reshape(1))[0]))
         low, high = (method.mu, None) if kind is b.ClipV else (method.mu_low, method.mu_high)
         return Masks(keep=dist_clip_v_mask(stats.s_centered, advantages, mask, low, high, method.advantage_sign,
                                            method.max_frac))

@@ -34,6 +34,10 @@ batch over all ranks (exact). Clip-Cov/KL-Cov select inside verl's loss hook, wh
 per micro-batch, but over all data-parallel ranks (all-gather; verl gives every rank the same number of
 micro-batches); per rank when the world is not the data-parallel group (sequence/tensor parallel).
 Layer 3 is unit-tested piece by piece on CPU; a full Ray run was not possible in our CI (no GPU, no vLLM).
+
+The verl-free pieces live beside this module and stay importable from it: ``integrations.verl_conventions``
+(verl's actor config as ``policy_loss`` arguments, ``global_scale``) and ``integrations.verl_stats`` (layer 3's
+``stats_model_output`` and ``rollout_keep``).
 """
 
 from __future__ import annotations
@@ -47,18 +51,17 @@ import torch
 from torch import Tensor
 
 from entropy_rft import control
-from entropy_rft.control import Masks, Method, MinibatchSelection, microbatch_loss_scale, select_minibatch
+from entropy_rft.control import Masks, Method, MinibatchSelection, select_minibatch
 from entropy_rft.control.selection import combine_selection
-from entropy_rft.core import dynamics
-from entropy_rft.core.loss import AGG_MODES, policy_loss, ppo_clipped_mask
+from entropy_rft.core.loss import policy_loss, ppo_clipped_mask
 from entropy_rft.integrations._compat import require_version
 from entropy_rft.integrations.dist import all_gather_rows, rank_and_world
-from entropy_rft.integrations.dist_select import dist_minibatch_masks, dist_rollout_masks
+from entropy_rft.integrations.dist_select import dist_minibatch_masks
+from entropy_rft.integrations.verl_conventions import config_value, global_scale, loss_kwargs_from_config
+from entropy_rft.integrations.verl_stats import PREFIX, STATS_FIELDS, rollout_keep, stats_model_output
 
 # verl versions this integration was tested with (the loss signature and engine internals change often).
 VERL_MIN, VERL_MAX_EXCLUSIVE = (0, 9, 0), (0, 10, 0)
-PREFIX = "erft_"
-STATS_FIELDS = ("entropy", "s_star", "s_expected", "s_centered")  # returned as erft_<field> by the old pass
 
 __all__ = [
     "ErftActorRolloutRefWorker",
@@ -149,60 +152,6 @@ class _use_extras:
 # ----------------------------------------------------------------------------- the policy losses
 
 
-def _cfg(config: Any, key: str, default: Any = None) -> Any:
-    if config is None:
-        return default
-    getter = getattr(config, "get", None)
-    return getter(key, default) if getter is not None else getattr(config, key, default)
-
-
-def loss_kwargs_from_config(config: Any, method: Method, agg: str) -> dict[str, Any]:
-    """``policy_loss`` keyword arguments from verl's actor config: the ratio clip (``clip_ratio`` with
-    ``clip_ratio_low``/``clip_ratio_high``), the dual clip ``clip_ratio_c`` (verl applies it always, default
-    3.0) and the aggregation; the method's own overrides (clip-higher, KL-Cov, entropy bonus) win, and a
-    method without ratio clip (KL-Cov) has no dual clip either."""
-    if agg not in AGG_MODES:
-        raise ValueError(f"entropy-rft losses support loss_agg_mode in {list(AGG_MODES)}, got {agg!r}")
-    eps = _cfg(config, "clip_ratio", 0.2)
-    lo, hi = _cfg(config, "clip_ratio_low"), _cfg(config, "clip_ratio_high")
-    kw: dict[str, Any] = {"eps_low": float(eps if lo is None else lo), "eps_high": float(eps if hi is None else hi),
-                          "dual_clip": float(_cfg(config, "clip_ratio_c", 3.0)), "agg": agg}
-    kw.update(method.loss_kwargs())
-    if kw["eps_low"] is None and kw["eps_high"] is None:
-        kw["dual_clip"] = None  # no ratio clip at all (KL-Cov: plain -A·r, as verl's kl_cov)
-    return kw
-
-
-def global_scale(counted: Tensor, agg: str, info: dict[str, Any] | None) -> float:
-    """Factor that turns ``policy_loss``'s aggregate over this micro-batch's counted tokens into verl's
-    contribution to the global mini-batch loss (``core_algos.agg_loss`` with ``config.global_batch_info``).
-
-    verl gathers no masks: its global counts give this micro-batch's rows of the mini-batch-level weights
-    (token-mean: 1/batch_num_tokens per token; seq-mean-token-mean: 1/(global_batch_size · the row's tokens);
-    seq-mean-token-sum-norm: 1/(global_batch_size · (loss_scale_factor or T))), and the factor is
-    ``control.microbatch_loss_scale`` of those times dp_size (verl averages over data-parallel ranks).
-    Without global information (single micro-batch, one rank) verl aggregates locally: factor 1 (and
-    T / loss_scale_factor for the sum-norm mode).
-    """
-    info = info or {}
-    width = counted.shape[-1]
-    lsf = info.get("loss_scale_factor")
-    norm = float(lsf if lsf is not None else width)  # verl's constant of the sum-norm mode
-    total = info.get("batch_num_tokens" if agg == "token-mean" else "global_batch_size")
-    if total is None:
-        return width / norm if agg == "seq-mean-token-sum-norm" else 1.0
-    if not total:
-        return 0.0
-    c = counted.to(torch.float64)
-    if agg == "token-mean":
-        weights = c / float(total)
-    elif agg == "seq-mean-token-mean":
-        weights = c / c.sum(-1, keepdim=True).clamp(min=1.0) / float(total)
-    else:
-        weights = c / (float(total) * norm)
-    return microbatch_loss_scale(weights, counted, agg) * int(info.get("dp_size") or 1)
-
-
 def _minibatch_selection(method: Method, logp: Tensor, old: Tensor, adv: Tensor, mask: Tensor, keep: Tensor | None,
                          kw: dict[str, Any], generator: torch.Generator | None,
                          info: dict[str, Any]) -> MinibatchSelection:
@@ -262,7 +211,7 @@ def make_policy_loss(method_name: str):
             raise RuntimeError(f"loss_mode {method_name!r} needs the current entropy: set "
                                "actor_rollout_ref.actor.calculate_entropy=True and use trainer_mode=erft_sync")
         kw = loss_kwargs_from_config(config, method, loss_agg_mode)
-        info = dict(_cfg(config, "global_batch_info", {}) or {})
+        info = dict(config_value(config, "global_batch_info", {}) or {})
         gen = None  # the selection rule is control.select_minibatch; only Clip-Cov draws from the generator
         if method.stage == "minibatch":
             gen = _GENERATOR.setdefault(method_name, torch.Generator().manual_seed(2))
@@ -335,69 +284,11 @@ def erft_ppo_loss(config: Any, model_output: dict, data: Any, dp_group: Any = No
 
 
 def _method_of(config: Any) -> str:
-    mode = _cfg(_cfg(config, "policy_loss", {}), "loss_mode", "vanilla")
+    mode = config_value(config_value(config, "policy_loss", {}), "loss_mode", "vanilla")
     return _REGISTERED.get(mode, "none")
 
 
 # ----------------------------------------------------------------------------- layer 3: stats and masks
-
-
-def stats_model_output(output: Any, output_args: dict[str, Any], micro_batch: Any,
-                       gather: Any = None) -> dict[str, Tensor]:
-    """Old-policy TokenStats from the logits of verl's FSDP language-model forward (remove-padding path,
-    no fused kernels): ``dynamics.token_stats`` on ``output.logits`` (packed, [1, nnz, V]) with verl's
-    per-token temperature applied inside the pass (``temperature_rmpad``), labels ``input_ids_rmpad_rolled``;
-    returned as nested tensors like verl's ``log_probs`` (``erft_entropy``, ``erft_s_star``,
-    ``erft_s_expected``, ``erft_s_centered``).
-    ``gather(t, pad_size)`` undoes sequence-parallel packing (the engine's ``_gather_and_unpad_packed``).
-    """
-    if "input_ids_rmpad_rolled" not in output_args:
-        raise NotImplementedError("erft TokenStats need actor_rollout_ref.model.use_remove_padding=True")
-    logits = output.logits.squeeze(0).detach()
-    if not torch.is_floating_point(logits):
-        raise NotImplementedError("erft TokenStats need the logits (use_fused_kernels=False)")
-    if hasattr(logits, "full_tensor"):  # tensor-parallel DTensor, sharded on the vocabulary
-        logits = logits.full_tensor()
-    ids = output_args["input_ids_rmpad_rolled"].reshape(-1)
-    # verl's per-token temperature goes into the statistics pass itself (no ``logits / T`` copy of the logits;
-    # on CUDA the Triton kernel divides in float32 as it reads)
-    temp = 1.0 if output_args.get("temperature_is_one", False) else output_args["temperature_rmpad"].reshape(-1)
-    st = dynamics.token_stats(logits, ids, temp if isinstance(temp, float) else temp.float())
-    cu = micro_batch["input_ids"].offsets()
-    out = {}
-    for f in STATS_FIELDS:
-        v = getattr(st, f)
-        if gather is not None:
-            v = gather(v, output_args.get("pad_size", 0))
-        out[PREFIX + f] = torch.nested.nested_tensor_from_jagged(v, cu)
-    return out
-
-
-def rollout_keep(method: Method, stats: dict[str, Tensor], advantages: Tensor, mask: Tensor) -> Tensor:
-    """Rollout-stage keep mask of this rank's rows, chosen on the batch of *all* ranks. ClipB and ClipV
-    exchange only sums and their cap's top-k candidates (``integrations.dist_select``); for any other method
-    the per-token statistics ([B, T] response layout, keys ``entropy``/``s_star``/``s_expected``/
-    ``s_centered``), the advantages and the response mask are all-gathered (``integrations.dist``) and
-    ``method.rollout_masks`` runs on the concatenation. Methods without a rollout stage keep every valid
-    token."""
-    mask = mask.bool()
-    if method.stage != "rollout":
-        return mask
-    if rank_and_world()[1] > 1:  # ClipB, ClipV: sums and the cap's top-k candidates only (dist_select)
-        st = dynamics.TokenStats(entropy=stats["entropy"].float(), logp=torch.zeros_like(stats["entropy"].float()),
-                                 **{f: stats[f].float() for f in ("s_star", "s_expected", "s_centered")})
-        local = dist_rollout_masks(method, st, advantages.float(), mask)
-        if local is not None:
-            return mask if local.keep is None else local.keep & mask
-    g_mask, rows = all_gather_rows(mask, False)
-    g_adv, _ = all_gather_rows(advantages.float(), 0.0)
-    g = {f: all_gather_rows(stats[f].float(), 0.0)[0] for f in STATS_FIELDS}
-    logp = torch.zeros_like(g["entropy"])  # not used by any rollout-stage rule
-    st = dynamics.TokenStats(entropy=g["entropy"], logp=logp, s_star=g["s_star"],
-                             s_expected=g["s_expected"], s_centered=g["s_centered"])
-    keep = method.rollout_masks(st, g_adv, g_mask).keep
-    keep = g_mask if keep is None else keep & g_mask
-    return keep[rows, : mask.shape[-1]]
 
 
 def check_stats_engine(base: type) -> None:

@@ -1,7 +1,17 @@
-"""Start, resume or skip a training run in a run directory (shared by ``erft train`` and ``erft compare``)."""
+"""Start, resume or skip a training run in a run directory (shared by ``erft train`` and ``erft compare``).
+
+For the native engine this module is also the run directory's side of a run (``train_native``): where a
+resume starts, the logs cut back to it, ``config.yaml``, run.json's status (running, then finished, stopped or
+failed) and SIGTERM/SIGINT (a checkpoint, then the status "stopped"), around ``training.trainer.train``'s loop.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import signal
+import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -30,9 +40,91 @@ def _train(cfg: Config, out: Path, *, resume: bool, method: Method | None = None
         from entropy_rft.integrations.trl import train_trl
 
         return train_trl(cfg, out, resume=resume, method=method)
+    return train_native(cfg, out, resume=resume, method=method)
+
+
+def device_name(device) -> str:
+    """The device in words for run.json: the GPU's name on CUDA (``cuda:0 NVIDIA H100 80GB HBM3``), else its type."""
+    import torch
+
+    if device.type == "cuda":
+        return f"cuda:{device.index or 0} {torch.cuda.get_device_name(device)}"
+    return str(device)
+
+
+class StopSignals:
+    """While installed (``with``), the first SIGTERM/SIGINT is recorded (``signum``) for the loop to stop after
+    its step; a second one stops at once (KeyboardInterrupt). Outside the main thread nothing is installed."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._old: dict = {}
+
+    def __call__(self) -> bool:
+        return self.signum is not None
+
+    def _handler(self, signum, _frame) -> None:
+        if self.signum is not None:  # second signal: stop now
+            raise KeyboardInterrupt
+        self.signum = signum
+
+    def __enter__(self) -> StopSignals:
+        for s in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(ValueError):  # not the main thread
+                self._old[s] = signal.signal(s, self._handler)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for s, h in self._old.items():
+            signal.signal(s, h)
+
+
+def train_native(cfg: Config, out: str | Path, *, resume: bool = False,
+                 on_step: Callable[[Any, dict], None] | None = None, method: Method | None = None) -> dict[str, Any]:
+    """Train ``cfg`` into run directory ``out`` with the native engine (fresh, or resumed from its newest intact
+    checkpoint). Returns the last metrics row. SIGTERM/SIGINT save a checkpoint, record the status "stopped" and
+    raise SystemExit(143/130). The caller holds the run directory's lock (``start``, ``resume``). ``method``: the
+    method the request's check built (``config.validation.validate_method``), so the run does not build it again."""
+    from entropy_rft.rundir.logger import Logger
+    from entropy_rft.training.state import CHECKPOINT_PARTS, build_run, load_checkpoint_state
     from entropy_rft.training.trainer import train
 
-    return train(cfg, out, resume=resume, method=method)
+    out = Path(out)
+    _, state = checkpoints.resume_point(out, CHECKPOINT_PARTS, 0 if cfg.eval.every else 1) if resume else (None, None)
+    if resume and state is None:
+        checkpoints.refuse_lost_checkpoints(out, cfg.train.checkpoint_every)
+    start = int(state["trainer"]["step"]) if state else 0
+    # loads the model and checks the prompts: a refusal writes nothing
+    run = build_run(cfg, out, start_step=start, method=method)
+    if resume:
+        rundir.truncate_logs(out, start if state else -1)
+    else:
+        rundir.atomic_write_text(out / "config.yaml", yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
+    import torch
+
+    where = dict(python=sys.version.split()[0], torch=torch.__version__, device=device_name(run.device))
+    t_start = time.monotonic()
+    rundir.write_status(out, "running", start_step=start, max_steps=cfg.train.max_steps, **where)
+    if state is not None:
+        load_checkpoint_state(run, state)
+    # a resume purges the trackers' events after the checkpoint (all of them when it starts again from step 0)
+    logger = Logger(out, cfg, purge_step=(start + 1 if state else 0) if resume else None)
+    status = "failed"
+    with StopSignals() as stop:
+        try:
+            last, finished = train(run, logger, stop=stop, on_step=on_step)
+            if not finished:
+                status = "stopped"
+                print(f"stopped at step {run.step}, checkpoint saved; continue with `erft train --resume {out}`",
+                      file=sys.stderr, flush=True)
+                raise SystemExit(128 + stop.signum)
+            status = "finished"
+        finally:
+            logger.close(quiet=status != "finished")
+            with contextlib.suppress(OSError):  # a read-only or full disk must not hide the first error
+                rundir.write_status(out, status, step=run.step, start_step=start, max_steps=cfg.train.max_steps,
+                                    **where, wall_s=round(time.monotonic() - t_start, 1))  # this session's
+    return last
 
 
 def _preflight(cfg: Config, out: str | Path | None, method: Method | None = None) -> Method:

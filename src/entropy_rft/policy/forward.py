@@ -7,11 +7,16 @@ Two paths give the same numbers (and for Llama-family decoders the hidden states
   works in token chunks and never materialises the [tokens, V] logits;
 - materialised: the model's logits, then ``dynamics.token_stats`` and a log-softmax gather. Used for
   models whose logits are not a plain ``hidden @ W.T`` (soft-capping, logit scales).
+
+Which path a model takes is decided once per model instance (:func:`forward_plan`, from its structure); each
+call then reads only what can change between calls: the caller's ``fused``/``fast`` flags, the model's mode
+(training with dropout, gradient checkpointing) and whether the batch's response masks are prefixes.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -47,10 +52,36 @@ def supports_fused(model) -> bool:
     return head is not None and isinstance(head, torch.nn.Linear)
 
 
+@dataclass(frozen=True)
+class ForwardPlan:
+    """How :func:`policy_forward` runs one model, decided from its structure (config and module types).
+
+    ``fused``: :func:`supports_fused` (its logits are ``hidden @ W.T`` of a plain linear head);
+    ``fast_reason``: :func:`entropy_rft.policy.fast_llama.unsupported_reason` without a length, None when the
+    raw-weights Llama forward can run it (a walk over every layer's modules, the costly part)."""
+
+    fused: bool
+    fast_reason: str | None
+
+
+_PLANS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def forward_plan(model) -> ForwardPlan:
+    """The :class:`ForwardPlan` of ``model``, made at its first forward and kept for the model's lifetime (held
+    weakly: it goes with the model). A model's structure is fixed once it trains; its mode is not, and
+    :func:`fast_path_ok` reads that on every call."""
+    plan = _PLANS.get(model)
+    if plan is None:
+        plan = _PLANS[model] = ForwardPlan(supports_fused(model), unsupported_reason(model))
+    return plan
+
+
 def fast_path_ok(model) -> bool:
     """Whether the raw-weights Llama forward (:func:`entropy_rft.policy.fast_llama.decoder_hidden`) computes what the
-    model's own modules would: a supported architecture, no gradient checkpointing, no active dropout."""
-    if unsupported_reason(model) is not None:
+    model's own modules would: a supported architecture (:func:`forward_plan`), no gradient checkpointing, no
+    active dropout."""
+    if forward_plan(model).fast_reason is not None:
         return False
     for attr in ("is_activation_checkpointing", "is_gradient_checkpointing"):  # transformers 5 renamed it
         if hasattr(type(model), attr):
@@ -98,7 +129,7 @@ def policy_forward(model, batch: RolloutBatch, temperature: float, *, with_entro
     :func:`fast_path_ok`; the result equals the HF modules' to float rounding. There, for responses masked up
     to EOS, each distinct prompt runs once and padding is never computed (:func:`response_hidden`); outputs at
     positions outside ``response_mask`` are then 0 (every consumer masks them)."""
-    if fused and supports_fused(model):
+    if fused and forward_plan(model).fused:
         fast = fast and fast_path_ok(model)
         if fast and is_prefix_mask(batch.response_mask):
             return _packed_forward(model, batch, temperature, with_entropy)

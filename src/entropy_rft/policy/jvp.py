@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 from torch.func import functional_call, jvp
 
-from entropy_rft.policy.forward import supports_fused
+from entropy_rft.policy.forward import forward_plan
 from entropy_rft.policy.rollout import RolloutBatch, position_ids
 
 CHUNK = 4096  # token rows per logits chunk: the [tokens, V] logits are never all materialised at once
@@ -68,7 +68,7 @@ def entropy_function(model, batch: RolloutBatch, temperature: float) -> Callable
     ids, am = batch.input_ids, batch.attention_mask.long()
     pos = position_ids(am)
     p, r = batch.prompt_ids.shape[1], batch.response_ids.shape[1]
-    if supports_fused(model):
+    if forward_plan(model).fused:
         dec = model.get_decoder()
         prefix = _module_name(model, dec) + "."
         head = model.get_output_embeddings()

@@ -1,2 +1,3 @@
-"""Layer 12: the HTML report: its page, figures and HTML parts.
+"""Layer 12: the HTML report: its page, figures (the probes' in probe_plots), HTML parts, and the pass-rate
+histograms of erft eval and erft filter.
 """

@@ -38,7 +38,7 @@ from entropy_rft.analysis.summary import (
     run_summary,
 )
 from entropy_rft.common.errors import UserError
-from entropy_rft.report import plots
+from entropy_rft.report import plots, probe_plots
 from entropy_rft.report.equal_entropy_page import equal_entropy_section
 from entropy_rft.report.html_parts import CSS, figure_html, not_shown_html, table_html
 from entropy_rft.rundir.files import atomic_write_json, atomic_write_text
@@ -55,16 +55,16 @@ FIGURES = [
      "set each step (right, log scale)."),
     ("accuracy", "Accuracy and reward over steps", plots.fig_accuracy_reward,
      "Mean training reward per step, and validation pass@1 / pass@K at evaluation steps."),
-    ("probe", "Predicted vs actual entropy change", plots.fig_probe_scatter,
+    ("probe", "Predicted vs actual entropy change", probe_plots.fig_probe_scatter,
      "Each point is a recorded token: the tabular first-order prediction −w·A·S_c (Theorem 3.3, without the "
      "learning-rate factor, so only sign and correlation matter) against the actual change of that token's "
      "entropy after the step. Legend: Pearson r and sign agreement over tokens where both are non-zero."),
-    ("probe_levels", "Probe levels over training", plots.fig_probe_levels,
+    ("probe_levels", "Probe levels over training", probe_plots.fig_probe_levels,
      "How well each level predicts the actual per-token entropy change after a step. Tabular: −A·S_c "
      "(Theorem 3.3), every step (10-step rolling mean), raw and |prediction|-weighted sign agreement. JVP: the "
      "network's exact first-order change ∇θH·Δθ along the step's actual parameter update, by forward-mode AD "
      "every probe.jvp_every steps. The dash-dotted line is chance (0.5)."),
-    ("counterfactual", "What the method did to entropy (counterfactual)", plots.fig_counterfactual,
+    ("counterfactual", "What the method did to entropy (counterfactual)", probe_plots.fig_counterfactual,
      "Every probe.counterfactual_every steps, the vanilla update was also taken from the very same parameters, "
      "optimizer state, RNGs and batch (then undone). Left: the method's own effect, batch-mean ΔH after the "
      "method's update minus after the vanilla one (positive: the method kept entropy up). Right: both ΔH."),

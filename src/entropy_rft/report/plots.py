@@ -23,14 +23,12 @@ import numpy as np  # noqa: E402
 
 from entropy_rft.analysis.runs import (  # noqa: E402
     QUADRANT_LABELS,
-    agreement,
     by_label,
     lens_means,
     logged,
     mean_series,
     methods_in_order,
     pass_curve,
-    rolling,
     series,
 )
 from entropy_rft.control.lens import QUADRANTS  # noqa: E402
@@ -82,7 +80,7 @@ def _plot_series(ax, runs: Sequence[RunData], key: str, color: str, label: str |
 LEGEND_WRAP = 44  # characters per legend line: a long label wraps instead of widening the figure
 
 
-def _wrapped(labels: Sequence[str]) -> list[str]:
+def wrapped(labels: Sequence[str]) -> list[str]:
     return [textwrap.fill(str(lab), LEGEND_WRAP, break_on_hyphens=False) for lab in labels]
 
 
@@ -93,7 +91,7 @@ def legend_right(ax, handles: Sequence | None = None, fontsize: float = 8) -> No
     else:
         labels = [h.get_label() for h in handles]
     if handles:
-        ax.legend(handles, _wrapped(labels), loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0,
+        ax.legend(handles, wrapped(labels), loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0,
                   fontsize=fontsize, frameon=False)
 
 
@@ -104,11 +102,11 @@ def legend_below(fig, axes: Sequence, fontsize: float = 8) -> None:
         for h, lab in zip(*ax.get_legend_handles_labels()):
             entries.setdefault(lab, h)
     if entries:
-        fig.legend(list(entries.values()), _wrapped(list(entries)), loc="upper center", bbox_to_anchor=(0.5, 0.0),
+        fig.legend(list(entries.values()), wrapped(list(entries)), loc="upper center", bbox_to_anchor=(0.5, 0.0),
                    ncol=min(3, len(entries)), fontsize=fontsize, frameon=False)
 
 
-def _two_panels(runs: Sequence[RunData], figsize: tuple[float, float] = (12, 4.2)):
+def two_panels(runs: Sequence[RunData], figsize: tuple[float, float] = (12, 4.2)):
     """The method colours, and a figure of two panels side by side: (colors, fig, ax1, ax2)."""
     colors = method_colors(runs)
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=figsize)
@@ -120,7 +118,7 @@ def _bar_x(x: np.ndarray, i: int, n: int, width: float) -> np.ndarray:
     return x + (i - (n - 1) / 2) * width
 
 
-def _legend_once(ax, handles_seen: set, label: str) -> str | None:
+def legend_once(ax, handles_seen: set, label: str) -> str | None:
     if label in handles_seen:
         return None
     handles_seen.add(label)
@@ -186,43 +184,12 @@ def fig_accuracy_reward(runs: Sequence[RunData]) -> bytes | None:
     return figure_png(fig)
 
 
-# ----------------------------------------------------------------------------- probe and S_c
+# ----------------------------------------------------------------------------- S_c
 
 
-def _records(r: RunData, *keys: str) -> list[np.ndarray]:
+def record_arrays(r: RunData, *keys: str) -> list[np.ndarray]:
     rows = [t for t in r.records if all(isinstance(t.get(k), (int, float)) for k in keys)]
     return [np.array([t[k] for t in rows], dtype=np.float64) for k in keys]
-
-
-def fig_probe_scatter(runs: Sequence[RunData]) -> bytes | None:
-    """Per-token predicted ΔH (−w·A·S_c, no lr factor) against the actual ΔH after the step's updates."""
-    colors = method_colors(runs)
-    data: dict[str, tuple[list, list]] = {}
-    for r in runs:
-        p, a = _records(r, "pred_dH", "actual_dH")
-        keep = (p != 0) & (a != 0)
-        d = data.setdefault(r.label, ([], []))
-        d[0].extend(p[keep])
-        d[1].extend(a[keep])
-    if not any(len(v[0]) for v in data.values()):
-        return None
-    fig, ax = plt.subplots(figsize=(7.5, 5))
-    for label, (p, a) in data.items():
-        if not p:
-            continue
-        ag = agreement(np.array(p), np.array(a))
-        r_txt = "–" if ag["corr"] is None else f"{ag['corr']:.2f}"
-        ax.scatter(p, a, s=9, alpha=0.5, color=colors[label],
-                   label=f"{label}: r={r_txt}, sign agree={ag['sign_agreement']:.2f} (n={ag['n']})")
-    ax.axhline(0, color="k", lw=0.6)
-    ax.axvline(0, color="k", lw=0.6)
-    ax.set_xlabel("predicted ΔH per token: −w·A·S_c (Theorem 3.3, up to lr)")
-    ax.set_ylabel("actual ΔH per token (after the step)")
-    ax.set_title("Tabular first-order prediction vs actual entropy change (token records)")
-    ax.ticklabel_format(style="sci", scilimits=(-3, 3))
-    ax.grid(alpha=0.3)
-    legend_right(ax)
-    return figure_png(fig)
 
 
 def fig_sc_hist(runs: Sequence[RunData]) -> bytes | None:
@@ -230,7 +197,7 @@ def fig_sc_hist(runs: Sequence[RunData]) -> bytes | None:
     colors = method_colors(runs)
     vals: dict[str, list[float]] = {}
     for r in runs:
-        (s,) = _records(r, "s_centered")
+        (s,) = record_arrays(r, "s_centered")
         vals.setdefault(r.label, []).extend(s.tolist())
     allv = [v for vs in vals.values() for v in vs]
     if not allv:
@@ -276,7 +243,7 @@ def fig_lens(runs: Sequence[RunData]) -> bytes | None:
             vals = [v[key] for v in ppo.values() if v[key] is not None]
             ppo_pool[key] = float(np.mean(vals)) if vals else None
         groups = {**groups, "PPO ratio clip": ppo_pool}
-    colors, fig, ax1, ax2 = _two_panels(runs)
+    colors, fig, ax1, ax2 = two_panels(runs)
     colors["PPO ratio clip"] = "#555555"
     names = list(groups)
     x = np.arange(len(QUADRANTS))
@@ -295,7 +262,7 @@ def fig_lens(runs: Sequence[RunData]) -> bytes | None:
         ax.set_xticks(x, [QUADRANT_LABELS[q] for q in QUADRANTS], fontsize=8)
         ax.grid(alpha=0.3, axis="y")
         handles, labels = ax.get_legend_handles_labels()  # each panel's own numbers, below that panel
-        ax.legend(handles, _wrapped(labels), loc="upper center", bbox_to_anchor=(0.5, -0.1), fontsize=7,
+        ax.legend(handles, wrapped(labels), loc="upper center", bbox_to_anchor=(0.5, -0.1), fontsize=7,
                   frameon=False)
     ax2.axhline(0, color="k", lw=0.6)
     ax1.set_ylabel("% of valid tokens dropped (mean per step)")
@@ -416,78 +383,7 @@ def fig_law(fits: Sequence[dict], runs: Sequence[RunData]) -> bytes | None:
     return figure_png(fig)
 
 
-# ----------------------------------------------------------------------------- deeper probes and the autopilot
-
-
-def fig_probe_levels(runs: Sequence[RunData]) -> bytes | None:
-    """Probe levels over training: per-token sign agreement and Pearson r of the tabular prediction −A·S_c
-    (rolling mean of 10 steps) and of the network's JVP ∇θH·Δθ (every probe.jvp_every steps)."""
-    if not logged(runs, "probe/jvp_sign_agreement"):
-        return None
-    colors, fig, ax1, ax2 = _two_panels(runs)
-    seen: set = set()
-    for r in runs:
-        col = colors[r.label]
-        for ax, key, jkey in ((ax1, "probe/sign_agreement", "probe/jvp_sign_agreement"),
-                              (ax2, "probe/corr", "probe/jvp_corr")):
-            xs, ys = series(r.train_rows, key)
-            if xs:
-                ax.plot(xs, rolling(ys, 10), color=col, lw=1.0, alpha=0.7)
-            if ax is ax1:
-                wx, wy = series(r.train_rows, "probe/sign_agreement_weighted")
-                if wx:
-                    ax.plot(wx, rolling(wy, 10), color=col, lw=1.0, ls=":", alpha=0.8)
-            jx, jy = series(r.train_rows, jkey)
-            if jx:
-                ax.plot(jx, jy, color=col, ls="--", marker="o", ms=4, lw=0.9,
-                        label=_legend_once(ax, seen, r.label) if ax is ax1 else None)
-    ax1.axhline(0.5, color="k", lw=0.6, ls="-.")
-    ax1.set_title("Per-token sign agreement with the actual ΔH")
-    ax1.set_ylabel("fraction of tokens")
-    ax2.axhline(0.0, color="k", lw=0.6)
-    ax2.set_title("Per-token Pearson r with the actual ΔH")
-    ax2.set_ylabel("r")
-    style = [plt.Line2D([], [], color="k", lw=1.0, label="tabular −A·S_c (10-step mean)"),
-             plt.Line2D([], [], color="k", lw=1.0, ls=":", label="tabular, |pred|-weighted"),
-             plt.Line2D([], [], color="k", ls="--", marker="o", ms=4, label="JVP ∇θH·Δθ")]
-    for ax in (ax1, ax2):
-        ax.set_xlabel("step")
-        ax.grid(alpha=0.3)
-    for ax in (ax1, ax2):
-        if ax.get_legend() is not None:
-            ax.get_legend().remove()
-    fig.legend(style + [plt.Line2D([], [], color=colors[lab], lw=2, label=lab) for lab in methods_in_order(runs)],
-               _wrapped([h.get_label() for h in style] + methods_in_order(runs)), loc="upper center",
-               bbox_to_anchor=(0.5, 0.0), ncol=3, fontsize=7.5, frameon=False)
-    return figure_png(fig)
-
-
-def fig_counterfactual(runs: Sequence[RunData]) -> bytes | None:
-    """Left: the method's own effect on batch entropy per probed step, ΔH(method update) − ΔH(vanilla update)
-    from the same state and batch. Right: the two batch-mean ΔH themselves (method solid, vanilla dashed)."""
-    if not logged(runs, "probe/dH_method_effect"):
-        return None
-    colors, fig, ax1, ax2 = _two_panels(runs)
-    seen: set = set()
-    for r in runs:
-        col = colors[r.label]
-        xs, ys = series(r.train_rows, "probe/dH_method_effect")
-        ax1.plot(xs, ys, color=col, marker="o", ms=3, lw=1.0, label=_legend_once(ax1, seen, r.label))
-        mx, my = series(r.train_rows, "probe/dH_method")
-        vx, vy = series(r.train_rows, "probe/dH_vanilla")
-        ax2.plot(mx, my, color=col, marker="o", ms=3, lw=1.0)
-        ax2.plot(vx, vy, color=col, marker="x", ms=3, lw=0.8, ls="--", alpha=0.8)
-    for ax in (ax1, ax2):
-        ax.axhline(0, color="k", lw=0.6)
-        ax.set_xlabel("step")
-        ax.grid(alpha=0.3)
-        ax.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
-    ax1.set_title("The method's own effect: ΔH(method) − ΔH(vanilla)")
-    ax1.set_ylabel("batch-mean ΔH difference (nats)")
-    legend_below(fig, (ax1,))
-    ax2.set_title("Batch-mean ΔH: method (o), vanilla (x, dashed)")
-    ax2.set_ylabel("batch-mean ΔH (nats)")
-    return figure_png(fig)
+# ----------------------------------------------------------------------------- the autopilot
 
 
 def fig_autopilot(runs: Sequence[RunData], band: float = 0.15) -> bytes | None:
@@ -496,7 +392,7 @@ def fig_autopilot(runs: Sequence[RunData], band: float = 0.15) -> bytes | None:
     steered = [r for r in runs if series(r.train_rows, "control/entropy_target")[0]]
     if not steered:
         return None
-    colors, fig, ax1, ax2 = _two_panels(runs)
+    colors, fig, ax1, ax2 = two_panels(runs)
     seen: set = set()
     for r in steered:
         col = colors[r.label]
@@ -506,7 +402,7 @@ def fig_autopilot(runs: Sequence[RunData], band: float = 0.15) -> bytes | None:
         ex, ey = series(r.train_rows, "entropy/mean")
         ax1.plot(ex, ey, color=col, lw=0.7, alpha=0.45)
         sx, sy = series(r.train_rows, "control/entropy_smoothed")
-        ax1.plot(sx, sy, color=col, lw=1.6, label=_legend_once(ax1, seen, r.label))
+        ax1.plot(sx, sy, color=col, lw=1.6, label=legend_once(ax1, seen, r.label))
         kx, ky = series(r.train_rows, "control/knob")
         ax2.plot(kx, ky, color=col, lw=1.4)
     ax1.set_title(f"Entropy (thin: batch, thick: smoothed) vs target ±{100 * band:.0f}%")

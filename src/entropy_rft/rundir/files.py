@@ -363,10 +363,20 @@ RUN_TEMP_PREFIXES = (".final_", ".config.yaml.", ".run.json.", ".metrics.jsonl."
 
 
 def is_run_dir(out: str | Path) -> bool:
-    """True when ``out`` holds a ``run.json`` written by erft (our schema, or the fields of older versions)."""
+    """True when ``out`` holds a ``run.json`` written by erft (our schema, or the fields of older versions): a
+    folder erft made and may overwrite or resume (:func:`has_metrics` asks only for readable rows)."""
     info = read_status(out)
     return bool(info) and (info.get("schema") == SCHEMA or {"status", "max_steps"} <= info.keys()
                                        or {"status", "step"} <= info.keys())
+
+
+def has_metrics(path: str | Path) -> bool:
+    """True when ``path`` is a folder holding a ``metrics.jsonl``: a run whose rows can be read (``erft report``,
+    ``fit-law``), whoever wrote it. Weaker than :func:`is_run_dir`, which asks for erft's ``run.json`` marker
+    before anything in the folder may be replaced; a ``metrics.jsonl`` that is not a file is refused when the
+    run is read."""
+    path = Path(path)
+    return path.is_dir() and os.path.lexists(path / "metrics.jsonl")
 
 
 def write_status(out: str | Path, status: str, **fields: Any) -> None:

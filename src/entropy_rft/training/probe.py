@@ -27,21 +27,10 @@ Two deeper levels, every ``probe.jvp_every`` / ``probe.counterfactual_every`` st
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor
 
+from entropy_rft.core.correlation import agreement
 from entropy_rft.core.theory import first_order_entropy_change
-
-
-def pearson(x: Tensor, y: Tensor) -> float | None:
-    """Pearson correlation of two 1-D tensors; None when either is constant or empty."""
-    if x.numel() < 2:
-        return None
-    x, y = x.double() - x.double().mean(), y.double() - y.double().mean()
-    den = float(x.norm() * y.norm())
-    if den == 0.0:
-        return None
-    return float((x * y).sum()) / den
 
 
 def tabular_prediction(s_centered: Tensor, advantages: Tensor, weights: Tensor) -> Tensor:
@@ -66,19 +55,16 @@ def probe_metrics(pred: Tensor, actual: Tensor, mask: Tensor) -> dict[str, float
 
 def agreement_metrics(pred: Tensor, actual: Tensor, mask: Tensor, prefix: str) -> dict[str, float | None]:
     """``{prefix}corr``, ``{prefix}sign_agreement`` (raw and |pred|-weighted) and ``{prefix}rel_err`` of a
-    per-token prediction of ΔH against the actual ΔH, over valid tokens where both are non-zero (corr, signs)
-    or all valid tokens (rel_err = ‖pred − actual‖ / ‖actual‖)."""
+    per-token prediction of ΔH against the actual ΔH: corr and signs over the valid tokens where both are finite
+    and non-zero (``core.correlation.agreement``), rel_err = ‖pred − actual‖ / ‖actual‖ over all valid tokens."""
     valid = mask.bool()
     p, a = pred[valid].double(), actual[valid].double()
-    both = (p != 0) & (a != 0)
-    agree = (torch.sign(p) == torch.sign(a)) & both
-    n_both = int(both.sum())
-    wsum = float(p[both].abs().sum())
+    ag = agreement(p, a)
     norm_a = float(a.norm())
     return {
-        f"{prefix}corr": pearson(p[both], a[both]) if n_both >= 2 else None,
-        f"{prefix}sign_agreement": float(agree.sum()) / n_both if n_both else None,
-        f"{prefix}sign_agreement_weighted": float(p[agree].abs().sum()) / wsum if wsum > 0 else None,
+        f"{prefix}corr": ag.corr,
+        f"{prefix}sign_agreement": ag.sign,
+        f"{prefix}sign_agreement_weighted": ag.sign_weighted,
         f"{prefix}rel_err": float((p - a).norm()) / norm_a if norm_a > 0 else None,
     }
 

@@ -15,7 +15,6 @@ from torch import Tensor
 
 from entropy_rft.control import Method
 from entropy_rft.core.dynamics import TokenStats
-from entropy_rft.policy.forward import PolicyOut
 from entropy_rft.policy.rollout import RolloutBatch
 from entropy_rft.tasks.base import Example
 
@@ -32,14 +31,14 @@ class Scored:
 
 @dataclass(frozen=True)
 class OldPolicy:
-    """Stages 4-5: the old policy's log-probs and TokenStats, the advantages, the reference log-probs."""
+    """Stages 4-5: the old policy's log-probs and TokenStats, the advantages, the reference log-probs; every
+    tensor detached (a single update's graph of this forward travels beside the record: ``stages.live_forward``)."""
 
     logp: Tensor  # [B, R], detached
     stats: TokenStats  # [B, R] float32
     adv: Tensor  # [B, R] per-token advantages (0 on padding)
     returns: Tensor | None = None  # [B, R] PPO value targets
     ref_logp: Tensor | None = None  # [B, R] frozen reference policy (ref-KL)
-    live: PolicyOut | None = None  # this forward with its graph, for a single update to differentiate
 
 
 @dataclass(frozen=True)

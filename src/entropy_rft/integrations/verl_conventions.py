@@ -1,0 +1,69 @@
+"""verl's loss conventions in entropy-rft's terms (verl-free, used by :mod:`entropy_rft.integrations.verl`):
+verl's actor config read into ``policy_loss`` keyword arguments (ratio clip, dual clip, aggregation), and verl's
+global-batch normalisation (``config.global_batch_info``) as one factor on ``policy_loss``'s micro-batch aggregate.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from entropy_rft.control import Method, microbatch_loss_scale
+from entropy_rft.core.loss import AGG_MODES
+
+
+def config_value(config: Any, key: str, default: Any = None) -> Any:
+    """``config[key]`` of a verl config (OmegaConf/dict ``get``, or an attribute), ``default`` when absent."""
+    if config is None:
+        return default
+    getter = getattr(config, "get", None)
+    return getter(key, default) if getter is not None else getattr(config, key, default)
+
+
+def loss_kwargs_from_config(config: Any, method: Method, agg: str) -> dict[str, Any]:
+    """``policy_loss`` keyword arguments from verl's actor config: the ratio clip (``clip_ratio`` with
+    ``clip_ratio_low``/``clip_ratio_high``), the dual clip ``clip_ratio_c`` (verl applies it always, default
+    3.0) and the aggregation; the method's own overrides (clip-higher, KL-Cov, entropy bonus) win, and a
+    method without ratio clip (KL-Cov) has no dual clip either."""
+    if agg not in AGG_MODES:
+        raise ValueError(f"entropy-rft losses support loss_agg_mode in {list(AGG_MODES)}, got {agg!r}")
+    eps = config_value(config, "clip_ratio", 0.2)
+    lo, hi = config_value(config, "clip_ratio_low"), config_value(config, "clip_ratio_high")
+    kw: dict[str, Any] = {"eps_low": float(eps if lo is None else lo), "eps_high": float(eps if hi is None else hi),
+                          "dual_clip": float(config_value(config, "clip_ratio_c", 3.0)), "agg": agg}
+    kw.update(method.loss_kwargs())
+    if kw["eps_low"] is None and kw["eps_high"] is None:
+        kw["dual_clip"] = None  # no ratio clip at all (KL-Cov: plain -A·r, as verl's kl_cov)
+    return kw
+
+
+def global_scale(counted: Tensor, agg: str, info: dict[str, Any] | None) -> float:
+    """Factor that turns ``policy_loss``'s aggregate over this micro-batch's counted tokens into verl's
+    contribution to the global mini-batch loss (``core_algos.agg_loss`` with ``config.global_batch_info``).
+
+    verl gathers no masks: its global counts give this micro-batch's rows of the mini-batch-level weights
+    (token-mean: 1/batch_num_tokens per token; seq-mean-token-mean: 1/(global_batch_size · the row's tokens);
+    seq-mean-token-sum-norm: 1/(global_batch_size · (loss_scale_factor or T))), and the factor is
+    ``control.microbatch_loss_scale`` of those times dp_size (verl averages over data-parallel ranks).
+    Without global information (single micro-batch, one rank) verl aggregates locally: factor 1 (and
+    T / loss_scale_factor for the sum-norm mode).
+    """
+    info = info or {}
+    width = counted.shape[-1]
+    lsf = info.get("loss_scale_factor")
+    norm = float(lsf if lsf is not None else width)  # verl's constant of the sum-norm mode
+    total = info.get("batch_num_tokens" if agg == "token-mean" else "global_batch_size")
+    if total is None:
+        return width / norm if agg == "seq-mean-token-sum-norm" else 1.0
+    if not total:
+        return 0.0
+    c = counted.to(torch.float64)
+    if agg == "token-mean":
+        weights = c / float(total)
+    elif agg == "seq-mean-token-mean":
+        weights = c / c.sum(-1, keepdim=True).clamp(min=1.0) / float(total)
+    else:
+        weights = c / (float(total) * norm)
+    return microbatch_loss_scale(weights, counted, agg) * int(info.get("dp_size") or 1)

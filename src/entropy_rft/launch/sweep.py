@@ -1,0 +1,165 @@
+"""A sweep (``erft compare``): the configs of every variant and seed, the checks of the output folder before
+anything is trained, and the runs trained one at a time or ``jobs`` at a time, each in its own process.
+
+A plan is ``(variant, seed, cfg)``; its run directory is ``OUT/<variant.dirname>-s<seed>``. ``--jobs N`` trains N
+runs at a time, each in a fresh process, its output in ``OUT/logs/``; on one GPU (``model.device=cuda``) the N
+processes share it, each with its share of the CPU cores (:func:`worker_threads`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from entropy_rft.common.errors import UserError
+from entropy_rft.launch.variants import Variant
+
+Plan = tuple[Variant, int, Any]  # (variant, seed, Config)
+
+
+def run_dir_of(out: Path, v: Variant, seed: int) -> Path:
+    """The run directory of one variant and seed in the sweep folder ``out``."""
+    return out / f"{v.dirname}-s{seed}"
+
+
+def make_plans(variants: list[Variant], seeds: range, config: str | None, sets: list[str],
+          base_extra: dict[str, Any]) -> list[Plan]:
+    """Every run's validated config, seed-major: an interrupted sweep holds whole seeds of every variant, not
+    every seed of a few. ``base_extra``: the overrides every run shares (model, max_steps)."""
+    from entropy_rft.config.loading import load_config
+
+    out = []
+    for seed in seeds:
+        for v in variants:
+            extra = {**base_extra, "method": v.method_extra(),
+                     "train": {**base_extra.get("train", {}), "seed": seed}}
+            out.append((v, seed, load_config(config, sets, extra=extra, check_method=False)))
+    return out
+
+
+def worker_threads(jobs: int, cores: int, requested: int, device: str) -> int:
+    """CPU threads for each of ``jobs`` runs sharing one accelerator (0: leave it to ``entropy_rft.common.threads``).
+
+    On CPU, and when ``train.threads`` is set, the run's own rule holds (``--jobs``' help asks for jobs x threads
+    <= cores). On an accelerator that rule leaves torch's default, one thread per core, in every process: N runs
+    on one GPU would start N x cores OpenMP threads that spin against each other (benchmarks/threads.py). Each
+    run gets its share of the cores instead."""
+    if requested > 0 or str(device).startswith("cpu"):
+        return 0
+    return max(1, cores // jobs)
+
+
+def _train_logged(cfg: Any, run_dir: Path, log: Path, overwrite: bool, threads: int = 0) -> None:
+    """One run in a worker process, its stdout and stderr appended to ``log``; ``threads`` > 0: torch's
+    thread count in this process (:func:`worker_threads`)."""
+    import os
+    import sys
+
+    from entropy_rft.launch import run as launch
+
+    if threads > 0:
+        import torch
+
+        torch.set_num_threads(threads)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "a", buffering=1) as f:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(f.fileno(), 1)
+        os.dup2(f.fileno(), 2)
+        launch.start_or_resume(cfg, run_dir, overwrite=overwrite)
+
+
+def run_parallel(plans: list, out: Path, jobs: int, overwrite: bool) -> None:
+    """Train the plans ``jobs`` at a time in fresh processes; a failed run is named, the others go on."""
+    import multiprocessing as mp
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+
+    from entropy_rft.common.threads import available_cores
+    from entropy_rft.launch.run import is_finished
+
+    todo = []
+    for i, (v, seed, cfg) in enumerate(plans, 1):
+        if not overwrite and is_finished(run_dir_of(out, v, seed), cfg.train.max_steps):
+            print(f"[{i}/{len(plans)}] {v.label} seed {seed}: already finished, kept", flush=True)
+        else:
+            todo.append((i, (v, seed, cfg)))
+    failed: list[str] = []
+    ctx = mp.get_context("spawn")  # a fresh interpreter per run: no torch state shared with this one
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, max_tasks_per_child=1) as pool:
+        running: dict = {}
+        while todo or running:
+            while todo and len(running) < jobs:
+                i, (v, seed, cfg) = todo.pop(0)
+                name = f"{v.dirname}-s{seed}"
+                log = out / "logs" / f"{name}.log"
+                print(f"[{i}/{len(plans)}] {v.label} seed {seed}: started (log: {log})", flush=True)
+                threads = worker_threads(jobs, available_cores(), cfg.train.threads, cfg.model.device)
+                running[pool.submit(_train_logged, cfg, out / name, log, overwrite, threads)] = (i, v, seed, log)
+            done, _ = wait(running, return_when=FIRST_COMPLETED)
+            for fut in done:
+                i, v, seed, log = running.pop(fut)
+                err = fut.exception()
+                if err is None:
+                    print(f"[{i}/{len(plans)}] {v.label} seed {seed}: done", flush=True)
+                else:
+                    failed.append(f"{v.label} seed {seed} ({type(err).__name__}: {err}; see {log})")
+                    print(f"[{i}/{len(plans)}] {v.label} seed {seed}: FAILED: {err}", flush=True)
+    if failed:
+        raise UserError(f"{len(failed)} run(s) failed: {'; '.join(failed)}; fix and rerun the same command "
+                        "(finished runs are kept)")
+
+
+OWN_FILES = ("summary.md", "summary.json", "logs", "report")  # what erft compare (and report --out) writes on top
+
+
+def check_out_folder(out: Path, plans: list) -> None:
+    """``--out`` is new, empty, or an earlier ``erft compare --out``: it holds nothing but run directories made by
+    erft, this request's run folders and the summaries. A training run directory or someone's folder is refused
+    (never written into)."""
+    from entropy_rft.rundir.files import LOCK, is_run_dir
+
+    if not out.is_dir():
+        return
+    if is_run_dir(out):
+        raise UserError(f"--out {out} is a training run directory, not a folder of compared runs; choose another "
+                        "--out")
+    planned = {f"{v.dirname}-s{seed}" for v, seed, _ in plans}
+    foreign = sorted(p.name for p in out.iterdir() if p.name not in planned and p.name not in OWN_FILES
+                     and p.name != LOCK and not (p.is_dir() and is_run_dir(p)))
+    if foreign:
+        shown = ", ".join(foreign[:5]) + (", ..." if len(foreign) > 5 else "")
+        raise UserError(f"--out {out} holds files erft compare did not write ({shown}); choose a new folder or an "
+                        "earlier erft compare --out")
+
+
+def check_recorded_configs(out: Path, plans: list) -> None:
+    """A run this request would keep or resume was trained with the same settings (all but ``train.max_steps``,
+    which a rerun may raise); otherwise one table would mix two settings."""
+    from entropy_rft.config.schema import changed_fields
+    from entropy_rft.rundir.checkpoints import load_run_config
+
+    for v, seed, cfg in plans:
+        run_dir = run_dir_of(out, v, seed)
+        if not (run_dir / "config.yaml").is_file():
+            continue
+        changed = changed_fields(load_run_config(run_dir), cfg, ignore=("train.max_steps",))
+        if changed:
+            shown = "; ".join(f"{k}: {a!r} there, {b!r} now" for k, a, b in changed[:3])
+            more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
+            raise UserError(f"{run_dir} was trained with other settings ({shown}{more}); one table would mix "
+                            "them: choose another --out, or pass --overwrite to train every run again")
+
+
+def train_all(plans: list[Plan], out: Path, jobs: int, overwrite: bool) -> None:
+    """Train (or resume, or keep when finished) every plan: in this process one after the other, or ``jobs``
+    at a time in fresh processes."""
+    from entropy_rft.launch import run as launch
+
+    out.mkdir(parents=True, exist_ok=True)
+    if jobs == 1:
+        for i, (v, seed, cfg) in enumerate(plans, 1):
+            print(f"[{i}/{len(plans)}] {v.label} seed {seed}")
+            launch.start_or_resume(cfg, run_dir_of(out, v, seed), overwrite=overwrite)
+    else:
+        run_parallel(plans, out, jobs, overwrite)

@@ -1,0 +1,309 @@
+"""The stages of a native step (DESIGN.md's data path), one plain function each.
+
+A stage takes the run's state (``state.Run``: the model, the optimizer, the RNGs it advances) and the frozen
+records before it, and returns a new frozen record (``records``); none writes into an earlier record.
+``trainer.train_step`` calls them in order:
+
+    sample_prompts -> rollout -> score (Scored) -> old_policy (OldPolicy) -> select (Selection)
+    -> update (Update) -> probe (Probed); jvp_probe and vanilla_counterfactual every k steps; evaluate
+
+The maths lives in ``core`` (advantages, ``policy_loss``, the value loss, the dynamics) and ``control`` (the
+methods, the one minibatch selection rule); this module only wires it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from typing import Any
+
+import numpy as np
+import torch
+
+from entropy_rft import control
+from entropy_rft.core import advantages as adv_lib
+from entropy_rft.core.loss import agg_weights, policy_loss, value_loss
+from entropy_rft.core.metrics import approx_kl, masked_mean
+from entropy_rft.policy import evaluation
+from entropy_rft.policy.forward import PolicyOut, policy_forward
+from entropy_rft.policy.jvp import entropy_jvp
+from entropy_rft.policy.rollout import RolloutBatch, sample
+from entropy_rft.tasks.base import Example
+from entropy_rft.training.probe import agreement_metrics, probe_metrics, tabular_prediction
+from entropy_rft.training.records import OldPolicy, Probed, Rule, Scored, Selection, Update
+from entropy_rft.training.state import Run, check_prompts, checkpoint_state, load_checkpoint_state
+
+# ----------------------------------------------------------------------------- config-derived pieces
+
+
+def loss_rule(run: Run, method: control.Method | None = None) -> Rule:
+    """``method`` (default: the run's) and ``policy_loss``'s settings as they stand now (knobs such as
+    coef / eps_high, which the autopilot moves, enter the loss kwargs)."""
+    method = method or run.method
+    a = run.cfg.algo
+    kw = dict(eps_low=a.eps_low, eps_high=a.eps_high, dual_clip=a.dual_clip, agg=a.agg,
+              ref_kl_coef=a.ref_kl_coef, ref_kl_estimator=a.ref_kl_estimator)
+    kw.update(method.loss_kwargs())
+    return Rule(method, kw)
+
+
+def autocast(run: Run):
+    if run.cfg.model.autocast_bf16:
+        return torch.autocast(device_type=run.device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def forward(run: Run, batch: RolloutBatch, *, with_entropy: bool = False) -> PolicyOut:
+    with autocast(run):
+        return policy_forward(run.model, batch, run.cfg.rollout.temperature, with_entropy=with_entropy,
+                              fused=run.cfg.model.fused_logp)
+
+
+def single_update(run: Run) -> bool:
+    """One optimizer update per rollout batch (one minibatch, one epoch, no accumulation, no critic)."""
+    a = run.cfg.algo
+    return a.minibatches == 1 and a.ppo_epochs == 1 and a.grad_accum == 1 and run.value_head is None
+
+
+def _rows(m: torch.Tensor | None, idx: torch.Tensor) -> torch.Tensor | None:
+    return None if m is None else m[idx]
+
+
+# ----------------------------------------------------------------------------- stages 1-6
+
+
+def sample_prompts(run: Run) -> list[Example]:
+    """Stage 1: ``rollout.prompts_per_step`` training examples (the data generator), each checked against the
+    context."""
+    n = run.cfg.rollout.prompts_per_step
+    idx = torch.randint(len(run.train_set), (n,), generator=run.gens["data"]).tolist()
+    examples = [run.train_set[i] for i in idx]
+    check_prompts([ex.prompt for ex in examples], run.tok, run.model, run.cfg.rollout.max_new_tokens,
+                  run.fitting_prompts)
+    return examples
+
+
+def rollout(run: Run, prompts: list[str]) -> RolloutBatch:
+    """Stage 2: one sampled response per prompt (the sample generator)."""
+    r = run.cfg.rollout
+    with autocast(run):
+        return sample(run.model, run.tok, prompts, max_new_tokens=r.max_new_tokens, temperature=r.temperature,
+                      top_p=r.top_p, backend=r.backend, generator=run.gens["sample"],
+                      cuda_graphs=r.cuda_graphs, check_every=r.check_every)
+
+
+def score(run: Run, group: list[Example], rb: RolloutBatch) -> Scored:
+    """Stage 3: the task's rewards; with ``algo.drop_uniform_groups`` a group whose rewards are all equal
+    does not train (GRPO and Dr.GRPO)."""
+    cfg = run.cfg
+    rewards = torch.tensor(run.task.rewards(rb.responses, group), dtype=torch.float32, device=run.device)
+    mask = rb.response_mask.clone()
+    if cfg.algo.drop_uniform_groups and cfg.algo.algorithm != "ppo":
+        mask &= ~adv_lib.uniform_groups(rewards, cfg.rollout.group_size)[:, None]
+    return Scored(group, rb, rewards, mask)
+
+
+def live_forward(run: Run, s: Scored) -> PolicyOut:
+    """The old-policy forward with its graph kept (only with :func:`single_update`): the old policy *is* the
+    policy the single update differentiates, so ``old_policy`` reads its numbers and ``update`` reuses its
+    graph instead of recomputing the same numbers (PPO's ratio is then exactly 1, as after a recompute). It
+    is passed to both; no record holds it."""
+    with torch.enable_grad():
+        return forward(run, s.rollout, with_entropy=run.method.needs_entropy_grad())
+
+
+@torch.no_grad()
+def old_policy(run: Run, s: Scored, live: PolicyOut | None = None) -> OldPolicy:
+    """Stages 4-5: old-policy log-probs and TokenStats for the whole batch (``live``'s when given), reference
+    log-probs, values, and the advantages. Every tensor of the record is detached."""
+    out = live if live is not None else forward(run, s.rollout)
+    values = run.value_head(out.hidden) if run.value_head is not None else None
+    ref_logp = None
+    if run.ref is not None:
+        with autocast(run):
+            ref_logp = policy_forward(run.ref, s.rollout, run.cfg.rollout.temperature,
+                                      fused=run.cfg.model.fused_logp).logp.detach()
+    a = run.cfg.algo
+    adv, returns = adv_lib.token_advantages(s.rewards, s.mask, values, algorithm=a.algorithm,
+                                            group_size=run.cfg.rollout.group_size, adv_eps=a.adv_eps,
+                                            gamma=a.gamma, lam=a.lam)
+    return OldPolicy(out.logp.detach(), out.stats, adv, returns, ref_logp)
+
+
+def select(run: Run, s: Scored, old: OldPolicy) -> Selection:
+    """Stage 6: the autopilot (entropy target) sets the method's knob from this batch's measured entropy
+    (all response tokens), or, with no autopilot, a controller method runs its own law (``Method.observe``,
+    on the tokens that train); then the method's rollout-level masks, from the old-policy statistics."""
+    if run.autopilot is not None:
+        control_m = run.autopilot.update(run.step, masked_mean(old.stats.entropy, s.rollout.response_mask))
+    else:
+        control_m = run.method.observe(old.stats, s.mask, run.cfg.algo.agg)
+    masks = run.method.rollout_masks(old.stats, old.adv, s.mask)
+    return Selection(masks.keep, control_m, masks.adv_shift, masks.weight_select)
+
+
+# ----------------------------------------------------------------------------- stages 7-8
+
+
+def minibatches(run: Run, n: int) -> list[torch.Tensor]:
+    perm = torch.randperm(n, generator=run.gens["data"])
+    return [c for c in perm.chunk(run.cfg.algo.minibatches) if c.numel()]
+
+
+def update(run: Run, s: Scored, old: OldPolicy, sel: Selection | None = None, rule: Rule | None = None,
+           live: PolicyOut | None = None) -> Update:
+    """Stages 7-8: PPO epochs × minibatches of optimizer updates with ``rule`` (default: the run's method
+    as it stands). Returns the averaged loss metrics and the tokens a minibatch-level method zeroed.
+    ``live``: the old-policy forward with its graph (``live_forward``), used by the first update."""
+    rule = rule or loss_rule(run)
+    keep = None if sel is None else sel.keep
+    extra = Selection(None, {}) if sel is None else sel  # adv_shift, weight_select of the method
+    logs = []
+    zeroed = torch.zeros_like(s.mask)  # tokens zeroed by a minibatch-level method (first epoch)
+    for epoch in range(run.cfg.algo.ppo_epochs):
+        for idx in minibatches(run, s.mask.shape[0]):
+            logs.append(update_minibatch(run, s, old, keep, rule, idx, zeroed if epoch == 0 else None, live,
+                                         extra))
+            live = None  # used once
+    out: dict[str, Any] = {}
+    for k in logs[0]:
+        vals = [d[k] for d in logs if d.get(k) is not None]
+        out[k] = float(np.mean(vals)) if vals else None
+    return Update(out, zeroed)
+
+
+def update_minibatch(run: Run, s: Scored, old: OldPolicy, keep: torch.Tensor | None, rule: Rule,
+                     idx: torch.Tensor, zeroed: torch.Tensor | None, live: PolicyOut | None,
+                     extra: Selection | None = None) -> dict:
+    """One optimizer update on the rows ``idx`` (``algo.grad_accum`` micro-batches)."""
+    cfg, a = run.cfg, run.cfg.algo
+    need_ent = rule.method.needs_entropy_grad()
+    micro = [c for c in idx.chunk(a.grad_accum) if c.numel()]
+    mb_mask = s.mask[idx]
+    first = None
+    if len(micro) == 1:  # one forward with grad; the selection uses its detached log-probs
+        first = live.rows(idx) if live is not None else forward(run, s.rollout.select(idx), with_entropy=need_ent)
+        cur = first.logp.detach()
+    elif rule.minibatch_masks:  # accumulation: select over the whole minibatch first
+        with torch.no_grad():
+            cur = forward(run, s.rollout.select(idx)).logp
+    # The one selection rule (control.select_minibatch): Clip-Cov / KL-Cov over the whole minibatch.
+    mb_masks, counted, _ = control.select_minibatch(
+        cur if rule.minibatch_masks else None, old.logp[idx], old.adv[idx], mb_mask,
+        None if keep is None else keep[idx], rule.method, rule.loss_kwargs.get("eps_low"),
+        rule.loss_kwargs.get("eps_high"), run.gens["method"])
+    if zeroed is not None and mb_masks.zeroed is not None:
+        zeroed[idx] |= mb_masks.zeroed & mb_mask
+    mb_weights = agg_weights(counted, a.agg)  # minibatch-level weights, for control.microbatch_loss_scale
+
+    run.optim.zero_grad(set_to_none=True)
+    metrics: list[dict] = []
+    value_loss_total = 0.0
+    pos = {int(j): i for i, j in enumerate(idx.tolist())}
+    for mi in micro:
+        local = torch.tensor([pos[int(j)] for j in mi.tolist()])
+        out = first if first is not None else forward(run, s.rollout.select(mi), with_entropy=need_ent)
+        loss, met = policy_loss(
+            out.logp, old.logp[mi], old.adv[mi], s.mask[mi],
+            keep=_rows(mb_masks.keep, local), zeroed=_rows(mb_masks.zeroed, local),
+            kl_cov_select=_rows(mb_masks.kl_cov_select, local),
+            ref_logp=None if old.ref_logp is None else old.ref_logp[mi],
+            adv_shift=None if extra is None else _rows(extra.adv_shift, mi),
+            weight_select=None if extra is None else _rows(extra.weight_select, mi),
+            entropy=out.entropy, **rule.loss_kwargs)
+        if len(micro) > 1:  # re-weight so the accumulated gradient equals the whole minibatch's loss
+            loss = loss * control.microbatch_loss_scale(mb_weights[local], counted[local], a.agg)
+        if run.value_head is not None:
+            vloss = value_loss(run.value_head(out.hidden), old.returns[mi], s.mask[mi])
+            loss = loss + a.value_coef * vloss * (len(mi) / len(idx))
+            value_loss_total += float(vloss.detach()) * len(mi) / len(idx)
+        loss.backward()
+        metrics.append(met)
+    gn = None
+    if cfg.optim.max_grad_norm is not None:
+        gn = float(torch.nn.utils.clip_grad_norm_(run.model.parameters(), cfg.optim.max_grad_norm))
+    run.optim.step()
+    run.sched.step()
+    if run.value_optim is not None:
+        run.value_optim.step()
+        run.value_optim.zero_grad(set_to_none=True)
+    out_m = {k: float(np.mean([m[k] for m in metrics if m.get(k) is not None]))
+             if any(m.get(k) is not None for m in metrics) else None for k in metrics[0]}
+    out_m["optim/grad_norm"] = gn
+    out_m["optim/lr"] = run.sched.get_last_lr()[0]
+    if run.value_head is not None:
+        out_m["loss/value"] = value_loss_total
+    return out_m
+
+
+# ----------------------------------------------------------------------------- stage 9: the probes
+
+
+@torch.no_grad()
+def probe(run: Run, s: Scored, old: OldPolicy, trained: torch.Tensor) -> Probed:
+    """Stage 9: entropy after the updates, on the same tokens, against the tabular prediction for the
+    tokens that ``trained``."""
+    after = forward(run, s.rollout)
+    mask = s.mask
+    w = agg_weights(trained, run.cfg.algo.agg)
+    pred = tabular_prediction(old.stats.s_centered, old.adv, w)
+    actual = after.stats.entropy - old.stats.entropy
+    m = probe_metrics(pred, actual, mask) if run.cfg.probe.enabled else {}
+    m["policy/approx_kl"] = approx_kl(after.logp, old.logp, mask)
+    return Probed(pred, actual, after.logp, torch.exp((after.logp - old.logp).double()), m)
+
+
+def params_snapshot(run: Run) -> dict[str, torch.Tensor]:
+    """The pre-update parameters, for the JVP probe."""
+    return {n: p.detach().clone() for n, p in run.model.named_parameters()}
+
+
+@torch.no_grad()
+def jvp_probe(run: Run, s: Scored, probed: Probed, before: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """The network's first-order ΔH per token (∇θH·Δθ by forward-mode AD at the pre-update parameters,
+    along the step's actual update) against the actual ΔH that ``probe`` measured on the same tokens."""
+    delta = {n: p.detach() - before[n] for n, p in run.model.named_parameters()}
+    _, pred = entropy_jvp(run.model, s.rollout, run.cfg.rollout.temperature, before, delta)
+    m = agreement_metrics(pred, probed.actual, s.mask, "probe/jvp_")
+    m["probe/dH_jvp"] = masked_mean(pred, s.mask)
+    return m
+
+
+def vanilla_counterfactual(run: Run, s: Scored, old: OldPolicy) -> float | None:
+    """From this exact state (parameters, optimizer, scheduler, RNGs, knob), take the vanilla update on
+    the same records, measure the batch-mean entropy change, then restore the state: training is
+    unaffected. The vanilla rule is a value passed to ``update``; nothing of the run is swapped."""
+    saved = copy.deepcopy(checkpoint_state(run))
+    rule = loss_rule(run, run.vanilla)
+    try:
+        update(run, s, old, None, rule)
+        with torch.no_grad():
+            after = forward(run, s.rollout)
+        return masked_mean(after.stats.entropy - old.stats.entropy, s.mask)
+    finally:
+        load_checkpoint_state(run, saved)
+
+
+# ----------------------------------------------------------------------------- evaluation
+
+
+@torch.no_grad()
+def evaluate(run: Run, note=None) -> dict[str, Any]:
+    """Avg@K, Pass@K, Maj@K, distinct correct answers, pass-rate histogram and entropy on validation;
+    ``note(text)`` shows its progress (the progress bar's).
+
+    Sampling uses its own generator seeded from (seed, step), so evaluation never moves the training RNG.
+    """
+    e = run.cfg.eval
+    gen = torch.Generator(device=run.device).manual_seed(run.cfg.train.seed * 1_000_003 + run.step)
+    note = note or (lambda text: None)
+    with autocast(run):
+        out = evaluation.evaluate_policy(
+            run.model, run.tok, run.task, run.val_set[: e.prompts], n_samples=e.samples,
+            temperature=e.temperature, max_new_tokens=run.cfg.rollout.max_new_tokens, generator=gen,
+            batch_size=e.batch_size, cuda_graphs=run.cfg.rollout.cuda_graphs,
+            check_every=run.cfg.rollout.check_every,
+            on_progress=lambda done, total: note(f"step {run.step} evaluation: {done}/{total} prompts"))
+    for k in ("eval/samples", "eval/seconds"):
+        out.pop(k)
+    return out
