@@ -17,7 +17,7 @@ from entropy_rft.common.errors import UserError
 from entropy_rft.config.fields import range_rule
 from entropy_rft.config.loading import load_config
 from entropy_rft.config.schema import Config
-from entropy_rft.control.builtins import ClipV
+from entropy_rft.control.paper_methods import ClipV
 from micro import make_micro_policy, micro_overrides
 
 
