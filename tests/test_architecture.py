@@ -2,6 +2,7 @@
 
 - Every package under ``entropy_rft`` is one layer of docs/architecture.md's table, in the table's order.
 - No import points to a higher layer, and no modules import each other in a cycle (within a package too).
+- No module is over 500 lines.
 - Nothing inside the package imports the top-level facade (``from entropy_rft import token_stats``): that
   short path is for users; inside, every import names the module that defines the name.
 """
@@ -14,6 +15,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src" / "entropy_rft"
+MAX_LINES = 500
 
 
 def layer_order(text: str | None = None) -> list[str]:
@@ -125,6 +127,12 @@ def test_no_import_cycle():
     _, edges = graph()
     cycle = find_cycle({m: t for m, t in edges.items() if m})
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_no_module_over_500_lines():
+    long = {str(p.relative_to(SRC.parent)): n for p in module_names().values()
+            if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert not long, f"modules over {MAX_LINES} lines: {long}"
 
 
 def test_the_checks_can_fail(tmp_path):

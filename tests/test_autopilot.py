@@ -338,12 +338,11 @@ def test_report_shows_autopilot_probe_levels_and_counterfactual(tmp_path):
 
 
 def test_train_flag_entropy_target(micro_model, tmp_path, capsys):
-    from entropy_rft.cli.train import target_value
-    from entropy_rft.launch import variants
+    from entropy_rft.launch.variants import target_value
 
-    for tv in (target_value, variants.target_value):  # erft train's flag and erft compare's @target
-        assert tv("0.43") == 0.43 and tv(" 0.6x ") == "0.6x"
-        assert tv("linear:0.6:0.3") == "linear:0.6:0.3"
+    # one parser for erft train's --entropy-target and erft compare's @target
+    assert target_value("0.43") == 0.43 and target_value(" 0.6x ") == "0.6x"
+    assert target_value("linear:0.6:0.3") == "linear:0.6:0.3"
     out = tmp_path / "run"
     sets = [a for s in micro_overrides(micro_model, **{"eval.every": 0, "train.max_steps": 2}) for a in ("--set", s)]
     assert main(["train", "--out", str(out), "--method", "clip_b", "--entropy-target", "linear:1.0x:0.8x",

@@ -41,6 +41,8 @@ def cli_extra(args: argparse.Namespace) -> dict:
     if args.method is not None:
         extra.setdefault("method", {})["name"] = args.method
     if getattr(args, "entropy_target", None) is not None:
+        from entropy_rft.launch.variants import target_value
+
         extra.setdefault("method", {})["entropy_target"] = target_value(args.entropy_target)
     if args.model is not None:
         extra.setdefault("model", {})["name"] = args.model
@@ -53,14 +55,6 @@ def cli_extra(args: argparse.Namespace) -> dict:
     if args.seed is not None:
         extra.setdefault("train", {})["seed"] = args.seed
     return extra
-
-
-def target_value(raw: str) -> float | str:
-    """A number stays a number; anything else (0.6x, linear:0.6:0.3) is a schedule string for the config."""
-    try:
-        return float(raw)
-    except ValueError:
-        return raw.strip()
 
 
 def task_params_help(args: argparse.Namespace) -> str:
