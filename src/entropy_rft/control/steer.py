@@ -84,9 +84,8 @@ class Steer(Method):
     stage: ClassVar[str] = "rollout"
     knob: ClassVar[str | None] = "token_weight_min"
     knob_raises_entropy: ClassVar[int] = -1
-    quadrants: ClassVar[dict[str, str]] = {
-        "pos_spos": "reweights (λ, down where |Ω| is large)", "pos_sneg": "reweights (λ, down where |Ω| is large)",
-        "neg_spos": "reweights (λ, down where |Ω| is large)", "neg_sneg": "reweights (λ, down where |Ω| is large)"}
+    quadrants: ClassVar[dict[str, str]] = {q: "reweights by λ(|Ω|), down where |Ω| is large"
+                                           for q in ("pos_spos", "pos_sneg", "neg_spos", "neg_sneg")}
     engines: ClassVar[tuple[str, ...]] = ("native",)
 
     token_weight_min: float = param(0.8, "λ_min, the weight of the largest |Ω|; in (0, 1] with mapping exp, "
