@@ -27,7 +27,7 @@ EXPECTED_DIRECTION = {
     "clip_cov": ("ratio", +1), "kl_cov": ("ratio", +1), "entropy_bonus": ("coef", +1),
     "high_entropy": ("top_q", -1), "clip_higher": ("eps_high", +1),
     "entropy_adv": ("alpha", +1), "adaptive_entropy": ("coef", +1), "ce_gppo": ("beta_high", +1),
-    "clip_low": ("eps_low", -1), "entropic": ("pos_weight", -1),
+    "clip_low": ("eps_low", -1), "entropic": ("pos_weight", -1), "steer": ("token_weight_min", -1),
 }
 
 

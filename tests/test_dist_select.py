@@ -120,7 +120,8 @@ def check_selections(rank: int) -> list[bool]:
             ("clip_v", {"mu": 0.2, "max_frac": 0.04, "advantage_sign": "any"}, False),
             ("clip_v_paper", {"mu_low": 0.3, "mu_high": 0.3, "max_frac": 0.04}, False),
             ("clip_v_paper", {"mu_low": 0.3, "mu_high": None}, True),
-            ("grad_mask", {}, True), ("entropy_adv", {}, True), ("entropic", {}, True),
+            ("grad_mask", {}, True), ("entropy_adv", {}, True), ("entropic", {}, True), ("steer", {}, True),
+            ("steer", {"mapping": "linear"}, True),
             ("high_entropy", {"top_q": 0.3}, True)):
         st = synthetic(7)[0] if spread else flat
         m = control.build_method(name, **params)

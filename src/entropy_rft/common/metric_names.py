@@ -49,7 +49,8 @@ METRICS: dict[str, Metric] = {
     "loss/kl_ref": Metric("reference-KL penalty term, coefficient included (null without a reference)", "loss"),
     "loss/entropy_bonus": Metric("entropy-bonus term, −coef·H aggregated (null without a bonus)", "loss"),
     "loss/value": Metric("value-head loss (PPO with a critic)", "loss"),
-    "loss/adv_shift_mean": Metric("mean advantage-shaping term ψ over counted tokens (entropy_adv)", "adv"),
+    "loss/adv_shift_mean": Metric("mean advantage shift over counted tokens: ψ (entropy_adv) or (λ − 1)·A "
+                                   "(steer)", "adv"),
     "loss/weight_adjust": Metric("EntroPIC's term alpha·agg(−r·|A|) over its high-probability tokens", "loss"),
     "loss/counted_frac": Metric("per loss call: share of its valid tokens that count in the loss (not dropped "
                                 "by a keep-mask; zeroed tokens still count), averaged over minibatches",

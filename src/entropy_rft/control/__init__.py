@@ -23,6 +23,7 @@ from entropy_rft.control.builtins import (
     HighEntropy,
     KLCov,
     NoControl,
+    Steer,
 )
 from entropy_rft.control.lens import QUADRANTS, gradient_coefficients, lens_attribution, quadrant_effects, weight_lens
 from entropy_rft.control.masks import (
@@ -84,4 +85,5 @@ __all__ = [
     "CEGPPO",
     "ClipLow",
     "EntropicControl",
+    "Steer",
 ]

@@ -1,7 +1,8 @@
 """The built-in entropy-control methods, registered in a fixed order by importing their three families:
 the baseline and the papers' methods (:mod:`~entropy_rft.control.paper_methods`), the classic ones
 (:mod:`~entropy_rft.control.classic_methods`) and the field's methods of issue 28
-(:mod:`~entropy_rft.control.field_methods`). Every name stays importable from here.
+(:mod:`~entropy_rft.control.field_methods`, then STEER in :mod:`~entropy_rft.control.steer`). Every name stays
+importable from here.
 """
 
 from entropy_rft.control.paper_methods import (
@@ -43,13 +44,14 @@ from entropy_rft.control.field_methods import (  # isort: skip  (registration or
     entropic_step,
     entropy_advantage_shift,
 )
+from entropy_rft.control.steer import STEER, Steer, steer_entropy_change, steer_weights  # isort: skip
 
 __all__ = [
     "PAPER_A", "PAPER_B", "DAPO", "EIGHTY_TWENTY", "ENTROPY_BONUS", "CHENG", "SKYWORK", "CE_GPPO", "CLIP_LOW",
-    "ENTROPIC",
+    "ENTROPIC", "STEER",
     "NoControl", "ClipB", "ClipBPaper", "ClipV", "ClipVPaper", "ClipCov", "KLCov",
     "ClipHigher", "EntropyBonus", "HighEntropy", "GradMask",
-    "EntropyAdvantage", "AdaptiveEntropy", "CEGPPO", "ClipLow", "EntropicControl",
+    "EntropyAdvantage", "AdaptiveEntropy", "CEGPPO", "ClipLow", "EntropicControl", "Steer",
     "tiny_cap_message", "warn_tiny_cap", "entropy_advantage_shift", "adaptive_entropy_measure",
-    "adaptive_entropy_step", "entropic_step",
+    "adaptive_entropy_step", "entropic_step", "steer_entropy_change", "steer_weights",
 ]
