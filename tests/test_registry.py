@@ -15,6 +15,7 @@ from entropy_rft.core.loss import policy_loss, ppo_clipped_mask
 BUILTINS = {
     "none", "clip_b", "clip_b_paper", "clip_v", "clip_v_paper", "clip_cov", "kl_cov", "clip_higher",
     "entropy_bonus", "high_entropy", "grad_mask",
+    "entropy_adv", "adaptive_entropy", "ce_gppo", "clip_low", "entropic", "steer",  # issue 28: the field's methods
 }
 
 
