@@ -161,6 +161,12 @@ def test_comparison_rows_statistics_overhead_and_status():
     assert rows[3]["status"] == "not held"  # reached on both seeds, then in the band less than half the time
     md = equal_entropy.comparison_markdown(rows, 8)
     assert "| 0.5x | none (reference) | 2 |" in md and "not reached" in md and "1.30×" in md
+    # a method's own law (issue 28): the in-band cell is its own controller's figure, the one its status uses
+    own = [dict(_summ("entropic", "0.5x", 0.2, 0.4, 1.0, reach=None, in_band=None, seed=i), method_name=
+                "entropic (own law)", **{"controller/kind": "own", "controller/reach_step": 5,
+                                          "controller/in_band": band}) for i, band in enumerate((0.6, 0.8))]
+    (row,) = [r for r in equal_entropy.comparison_rows(own) if r["method"] == "entropic (own law)"]
+    assert row["autopilot/in_band"]["mean"] == pytest.approx(0.7) and row["status"] == "held"
     assert "pass@8" in md.splitlines()[0]
 
 

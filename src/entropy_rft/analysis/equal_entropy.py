@@ -115,6 +115,8 @@ def comparison_rows(summaries: Sequence[dict]) -> list[dict[str, Any]]:
                     ratio = t["mean"] / none_time["mean"] if t and none_time and none_time["mean"] > 0 else None
                     row[key] = None if ratio is None else {"mean": ratio, "std": t["std"] / none_time["mean"],
                                                            "n": t["n"], "se": None}
+                elif key == "autopilot/in_band":  # an own-law row: its own controller's figure, as its status
+                    row[key] = _stats([_tracked(s, "in_band") for s in ss])
                 else:
                     row[key] = _stats([s.get(_key(key, k)) for s in ss])
             for key, _ in DYNAMICS_COLUMNS:
