@@ -623,3 +623,20 @@ def test_own_law_variants_get_their_own_row_at_their_setpoint(micro_model, tmp_p
     assert set(rows) == {("0.9x", "entropic (own law)"), ("0.9x", "entropic"), ("preset", "entropic")}
     assert rows[("0.9x", "entropic (own law)")]["status"] in ("held", "not held", "not reached") or \
         rows[("0.9x", "entropic (own law)")]["status"].startswith("held on")
+
+    # the report groups the runs as their summaries do: the own law at its setpoint, not among the presets
+    from entropy_rft.analysis.runs import assign_labels, load_run
+    from entropy_rft.report.equal_entropy_page import fig_controllers, series_by_setpoint
+    from entropy_rft.report.page import build_report
+
+    runs = [load_run(tmp_path / label) for label in ("entropic:target=0.9x", "entropic@0.9x", "entropic")]
+    assign_labels(runs)
+    groups = series_by_setpoint(runs, sums)
+    assert {sp: sorted(g) for sp, g in groups.items()} == {"0.9x": ["entropic", "entropic (own law)"],
+                                                          "preset": ["entropic"]}
+    assert fig_controllers(runs, sums)[:4] == b"\x89PNG"
+    assert fig_controllers(runs[1:], sums[1:]) is None  # no own law at a setpoint: no figure
+    build_report([tmp_path / label for label in ("entropic:target=0.9x", "entropic@0.9x", "entropic")],
+                 tmp_path / "report")
+    page = (tmp_path / "report" / "report.html").read_text()
+    assert "Which controller holds entropy" in page and "<th>worst excursion</th>" in page

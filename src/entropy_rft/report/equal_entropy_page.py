@@ -1,5 +1,10 @@
-"""The report's page for the equal-entropy comparison (``equal_entropy``): the pass@1/pass@K Pareto plot and the
-entropy curves per setpoint (each PNG bytes, or None when the runs hold nothing to draw), and the section's HTML.
+"""The report's page for the equal-entropy comparison (``equal_entropy``): the pass@1/pass@K Pareto plot, the
+entropy curves per setpoint and, where methods ran under their own control laws, each own law against the
+autopilot (each PNG bytes, or None when the runs hold nothing to draw), and the section's HTML.
+
+Runs are grouped as their summaries group them (``analysis.summary.run_summary``: ``setpoint`` and
+``method_name``), so a method's own law at a setpoint (``entropic:target=0.5x``) sits in that setpoint's panel as
+``entropic (own law)``, next to the autopilot's ``entropic``.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from entropy_rft.analysis.equal_entropy import (
     PRESET,
     comparison_markdown,
     comparison_rows,
+    controller_markdown,
     dynamics_markdown,
     dynamics_verdict,
     setpoint_order,
@@ -34,9 +40,33 @@ MARKERS = "osD^vP*Xh<>p"
 SMOOTH = 10  # steps in the rolling mean of the entropy curves (a batch's entropy is noisy)
 
 
-def run_setpoint(r: RunData) -> str:
-    target = (r.cfg.get("method") or {}).get("entropy_target")
-    return PRESET if target is None else str(target)
+OWN = " (own law)"  # run_summary's method_name suffix for a method's own law at a setpoint
+
+
+def series_by_setpoint(runs: Sequence[RunData], summaries: Sequence[dict]
+                       ) -> dict[str, dict[str, list[RunData]]]:
+    """The runs with training rows by setpoint, then by method name, as their summaries name them (``runs`` and
+    ``summaries`` in the same order)."""
+    groups: dict[str, dict[str, list[RunData]]] = {}
+    for r, s in zip(runs, summaries, strict=True):
+        if r.train_rows:
+            name = str(s.get("method_name") or r.method)
+            groups.setdefault(str(s.get("setpoint") or PRESET), {}).setdefault(name, []).append(r)
+    return groups
+
+
+def _target_series(rs: Sequence[RunData]) -> tuple[list[int], list[float]]:
+    """The target the runs' controller steered to, mean over the runs: the autopilot's or a method's own."""
+    for key in ("control/entropy_target", "control/own_target"):
+        xs, ys = mean_series(rs, key)
+        if xs:
+            return xs, ys
+    return [], []
+
+
+def _band(ax, xs: Sequence[int], ys: Sequence[float]) -> None:
+    ax.plot(xs, ys, color="k", ls=":", lw=1.2)
+    ax.fill_between(xs, np.asarray(ys) * 0.85, np.asarray(ys) * 1.15, color="k", alpha=0.06)
 
 
 def _method_styles(methods: Sequence[str]) -> dict[str, tuple[str, str]]:
@@ -71,13 +101,10 @@ def fig_pareto(rows: Sequence[dict[str, Any]], k: int | None) -> bytes | None:
     return figure_png(fig)
 
 
-def fig_entropy_by_setpoint(runs: Sequence[RunData]) -> bytes | None:
+def fig_entropy_by_setpoint(runs: Sequence[RunData], summaries: Sequence[dict]) -> bytes | None:
     """Training-batch entropy over steps, one panel per setpoint, one line per method (mean over seeds); the
     setpoint's target (mean over its runs) dashed. The preset panel shows the methods at their own settings."""
-    groups: dict[str, dict[str, list[RunData]]] = {}
-    for r in runs:
-        if r.train_rows:
-            groups.setdefault(run_setpoint(r), {}).setdefault(r.method, []).append(r)
+    groups = series_by_setpoint(runs, summaries)
     targeted = [sp for sp in groups if sp != PRESET]
     if not targeted:
         return None
@@ -95,20 +122,60 @@ def fig_entropy_by_setpoint(runs: Sequence[RunData]) -> bytes | None:
             ys = rolling(ys, SMOOTH)
             color, _ = styles[method]
             (h,) = ax.plot(xs, ys, color=color, lw=1.6 if method == "none" else 1.1,
-                           ls="--" if method == "none" else "-")
+                           ls="--" if method == "none" else ("-." if method.endswith(OWN) else "-"))
             handles.setdefault(method, h)
-        tg = [mean_series(rs, "control/entropy_target") for m, rs in block.items() if m != "none"]
+        tg = [_target_series(rs) for m, rs in sorted(block.items()) if m != "none"]
         tg = [t for t in tg if t[0]]
-        if tg:
-            xs, ys = tg[0]
-            ax.plot(xs, ys, color="k", ls=":", lw=1.2)
-            ax.fill_between(xs, np.asarray(ys) * 0.85, np.asarray(ys) * 1.15, color="k", alpha=0.06)
+        if tg and sp != PRESET:
+            _band(ax, *tg[0])
         ax.set_title("presets" if sp == PRESET else f"setpoint {sp} (±15% shaded)", fontsize=10)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("entropy (nats)")
     axes[0][-1].legend([handles[m] for m in sorted(handles)], sorted(handles), fontsize=8, loc="center left",
                        bbox_to_anchor=(1.02, 0.5), frameon=False)
+    return figure_png(fig)
+
+
+def fig_controllers(runs: Sequence[RunData], summaries: Sequence[dict]) -> bytes | None:
+    """A method's own control law against the autopilot driving its knob: one row per method that ran under
+    its own law at a setpoint, one panel per setpoint, the training-batch entropy of each (mean over seeds,
+    rolling mean) with the target dotted and its ±15% band shaded; each legend gives the mean share of steps in
+    the band after the target was first reached (``controller/in_band``, as the controller table)."""
+    groups = series_by_setpoint(runs, summaries)
+    band = {}
+    for s in summaries:
+        band.setdefault((str(s.get("setpoint") or PRESET), str(s.get("method_name"))), []).append(
+            s.get("controller/in_band"))
+    owned = sorted({m[:-len(OWN)] for sp, g in groups.items() if sp != PRESET for m in g if m.endswith(OWN)})
+    if not owned:
+        return None
+    sps = setpoint_order([sp for sp in groups if sp != PRESET])
+    fig, axes = plt.subplots(len(owned), len(sps), figsize=(3.6 * len(sps) + 0.6, 3.0 * len(owned) + 0.4),
+                             sharey=True, squeeze=False)
+    for row, method in zip(axes, owned):
+        for ax, sp in zip(row, sps):
+            block = groups.get(sp, {})
+            target = None
+            for name, color, ls, who in ((method + OWN, "tab:red", "-", "own law"),
+                                         (method, "tab:blue", "-", "autopilot")):
+                rs = block.get(name)
+                if not rs:
+                    continue
+                xs, ys = mean_series(rs, "entropy/mean")
+                vals = [v for v in band.get((sp, name), []) if isinstance(v, (int, float))]
+                share = f", in ±15%: {100 * float(np.mean(vals)):.0f}%" if vals else ""
+                ax.plot(xs, rolling(ys, SMOOTH), color=color, ls=ls, lw=1.3, label=f"{who} ({len(rs)} seeds{share})")
+                target = target or (_target_series(rs) if _target_series(rs)[0] else None)
+            if target:
+                _band(ax, *target)
+            ax.set_title(f"{method} at {sp}", fontsize=10)
+            ax.grid(alpha=0.3)
+            if ax.get_legend_handles_labels()[0]:
+                ax.legend(fontsize=7, loc="upper right", frameon=False)
+        row[0].set_ylabel("entropy (nats)")
+    for ax in axes[-1]:
+        ax.set_xlabel("step")
     return figure_png(fig)
 
 
@@ -121,6 +188,12 @@ ENTROPY_CAPTION = (
     f"Training-batch entropy per step, mean over seeds and a {SMOOTH}-step rolling mean: one panel per setpoint, "
     "one line per method, GRPO (none) "
     "dashed; the setpoint (dotted, a fraction of each run's first-batch entropy) with its ±15% band shaded.")
+CONTROLLER_CAPTION = (
+    "A method that is itself a controller (the TRL/Skywork-OR1 adaptive entropy coefficient, EntroPIC) under its "
+    "own published law (red) and under the autopilot driving the same knob (blue), at the same setpoints: the "
+    f"training-batch entropy, mean over seeds and a {SMOOTH}-step rolling mean, the target dotted and ±15% "
+    "shaded. The table: after each run first reached the target, the share of steps with the batch entropy "
+    "within ±15% and the worst relative excursion, mean ± std over seeds.")
 DYNAMICS_CAPTION = (
     "Per run, then mean ± std over seeds. The law R = −a·exp(H) + b fitted on all evaluations (R², ceiling b − a) "
     "and fitted on the evaluations of the first 10/20/40% of steps only, then asked for the final pass@1 from the "
@@ -136,15 +209,21 @@ def equal_entropy_section(runs: Sequence[RunData], summaries: Sequence[dict]) ->
     rows = comparison_rows(summaries)
     numbers: dict[str, Any] = {"rows": rows, "verdict": None, "dynamics": dynamics_verdict(summaries)}
     out = ""
-    if any(run_setpoint(r) != PRESET for r in runs):
+    if any(str(s.get("setpoint") or PRESET) != PRESET for s in summaries):
         numbers["verdict"] = verdict(rows, k)
         out += ("<h2>Methods at equal entropy</h2>"
                 f'<p class="summary" id="equal-entropy">{html.escape(numbers["verdict"])}</p>')
         for png, title, caption in ((fig_pareto(rows, k), "pass@1 against pass@K", PARETO_CAPTION),
-                                    (fig_entropy_by_setpoint(runs), "Entropy per setpoint", ENTROPY_CAPTION)):
+                                    (fig_entropy_by_setpoint(runs, summaries), "Entropy per setpoint",
+                                     ENTROPY_CAPTION)):
             if png is not None:
                 out += figure_html(png, title, html.escape(caption))
         out += table_html(comparison_markdown(rows, k))
+        ctrl = fig_controllers(runs, summaries)
+        if ctrl is not None:
+            out += "<h2>Which controller holds entropy: own law against the autopilot</h2>"
+            out += figure_html(ctrl, "Own law against the autopilot", html.escape(CONTROLLER_CAPTION))
+            out += table_html(controller_markdown(summaries))
     if any(s.get("dH_agree/steps") for s in summaries):
         out += ("<h2>The law's forecast and the batch predictions of the entropy change</h2>"
                 f'<p class="summary" id="dynamics">{html.escape(numbers["dynamics"])}</p>'
