@@ -41,6 +41,10 @@ equal-entropy: $(STAMP)
 	.venv/bin/erft compare --methods all,$(CONTROLLERS) --entropy-targets preset,0.5x,0.65x,0.8x --seeds 3 --max-steps 300 \
 		--jobs 2 --set eval.every=10 --set eval.prompts=128 --set probe.jvp_every=0 --out runs/equal_entropy
 	.venv/bin/erft report runs/equal_entropy --out runs/equal_entropy/report
+	# the autopilot on adaptive_entropy's coefficient with its own law's ceiling (TRL's entropy_coef_max 1.0)
+	.venv/bin/erft compare --methods adaptive_entropy --entropy-targets 0.5x,0.65x,0.8x --seeds 3 --max-steps 300 \
+		--jobs 2 --set eval.every=10 --set eval.prompts=128 --set probe.jvp_every=0 --set autopilot.knob_max=1.0 \
+		--out runs/equal_entropy_coef_range
 
 # Issue 27's comparison on one GPU (not part of CI; a GPU lease): GRPO, ClipB, ClipV, Clip-Cov and KL-Cov from
 # SmolLM2-135M-Instruct, 3 seeds each, configs/smollm2-gpu.yaml. Runs already committed under results/smollm2-gpu/
