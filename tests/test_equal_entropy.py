@@ -195,6 +195,9 @@ def test_the_verdict_ranks_only_the_methods_that_held_the_setpoint():
     assert "At setpoint 0.5x, among the methods that held it: best pass@1 clip_v (0.170)" in text
     assert "best pass@8 clip_v (0.460), clearly ahead of the rest" in text  # 0.46 - 0.40 > 2 * sqrt(0.01^2 + 0)
     assert "Setpoint missed, so not ranked: kl_cov (not reached, 0.32 nats held)." in text
+    alone = equal_entropy.verdict(equal_entropy.comparison_rows(summ[:4]), 8)  # none and clip_v only
+    assert "At the presets: best pass@1 none (0.200), the only method ranked" in alone
+    assert "best pass@8 clip_v (0.460), the only method ranked" in alone and "clearly ahead" not in alone
     nobody = [r for r in summ if r["method_name"] == "kl_cov"]
     assert "At setpoint 0.5x, among the methods that held it: no method held it." in equal_entropy.verdict(
         equal_entropy.comparison_rows(nobody), 8)

@@ -249,8 +249,10 @@ def verdict(rows: Sequence[dict], k: int | None) -> str:
             txt = f"best {name} {best} ({val:.3f})"
             if near:
                 txt += f", within noise of it: {', '.join(near)}"
-            else:
+            elif len(among) > 1:
                 txt += ", clearly ahead of the rest"
+            else:
+                txt += ", the only method ranked"
             bits.append(txt)
         missed = [f"{r['method']} ({r['status']}{_held_text(r)})" for r in block if r not in among]
         where = "At the presets" if sp == PRESET else f"At setpoint {sp}, among the methods that held it"
