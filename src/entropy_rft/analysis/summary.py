@@ -37,6 +37,9 @@ def _k(rows: list[dict]) -> int | None:
     return None
 
 
+OWN_LAW = " (own law)"  # the method_name suffix of a method's own control law at a setpoint
+
+
 def read_run_config(run_dir: str | Path) -> dict[str, Any]:
     """A run directory's ``config.yaml`` as a dict for reading (``{}`` when it has none); a damaged one is
     refused in one line with the ``cp`` that restores it (``checkpoints.read_config_dict``)."""
@@ -114,7 +117,7 @@ def run_summary(run_dir: str | Path, *, rows: list[dict] | None = None,
     if out["controller/kind"] == "own" and target is None and own_variant and out["controller/target_spec"]:
         # a method's own law at a setpoint: its own row in that setpoint's block, next to the autopilot's
         out["setpoint"] = out["controller/target_spec"]
-        out["method_name"] = f"{out['method']} (own law)"
+        out["method_name"] = out["method"] + OWN_LAW
     out.update(run_agreement(train_rows))
     out.update(run_law(rows))
     return out

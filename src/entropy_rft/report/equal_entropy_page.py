@@ -30,6 +30,7 @@ from entropy_rft.analysis.equal_entropy import (
     verdict,
 )
 from entropy_rft.analysis.runs import mean_series, rolling
+from entropy_rft.analysis.summary import OWN_LAW as OWN
 from entropy_rft.report.html_parts import figure_html, table_html
 from entropy_rft.report.plots import figure_png
 
@@ -38,9 +39,6 @@ if TYPE_CHECKING:
 
 MARKERS = "osD^vP*Xh<>p"
 SMOOTH = 10  # steps in the rolling mean of the entropy curves (a batch's entropy is noisy)
-
-
-OWN = " (own law)"  # run_summary's method_name suffix for a method's own law at a setpoint
 
 
 def series_by_setpoint(runs: Sequence[RunData], summaries: Sequence[dict]
@@ -156,19 +154,19 @@ def fig_controllers(runs: Sequence[RunData], summaries: Sequence[dict]) -> bytes
     for row, method in zip(axes, owned):
         for ax, sp in zip(row, sps):
             block = groups.get(sp, {})
-            target = None
-            for name, color, ls, who in ((method + OWN, "tab:red", "-", "own law"),
-                                         (method, "tab:blue", "-", "autopilot")):
+            targets = []
+            for name, color, who in ((method + OWN, "tab:red", "own law"), (method, "tab:blue", "autopilot")):
                 rs = block.get(name)
                 if not rs:
                     continue
                 xs, ys = mean_series(rs, "entropy/mean")
                 vals = [v for v in band.get((sp, name), []) if isinstance(v, (int, float))]
                 share = f", in ±15%: {100 * float(np.mean(vals)):.0f}%" if vals else ""
-                ax.plot(xs, rolling(ys, SMOOTH), color=color, ls=ls, lw=1.3, label=f"{who} ({len(rs)} seeds{share})")
-                target = target or (_target_series(rs) if _target_series(rs)[0] else None)
-            if target:
-                _band(ax, *target)
+                ax.plot(xs, rolling(ys, SMOOTH), color=color, lw=1.3, label=f"{who} ({len(rs)} seeds{share})")
+                targets.append(_target_series(rs))
+            targets = [t for t in targets if t[0]]
+            if targets:
+                _band(ax, *targets[0])
             ax.set_title(f"{method} at {sp}", fontsize=10)
             ax.grid(alpha=0.3)
             if ax.get_legend_handles_labels()[0]:
