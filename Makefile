@@ -55,7 +55,7 @@ GPU_PY       ?= $(if $(wildcard .venv/bin/python),.venv/bin/python,python3)
 GPU_JOBS     ?= 5
 GPU_DEADLINE ?= 540
 run-gpu:
-	$(GPU_PY) benchmarks/run_gpu.py --jobs $(GPU_JOBS) --deadline-s $(GPU_DEADLINE)
+	$(GPU_PY) benchmarks/gpu/realm.py --jobs $(GPU_JOBS) --deadline-s $(GPU_DEADLINE)
 
 # The report test renders report.html in headless Chromium from Debian's package (no browser downloads).
 browser:
@@ -84,7 +84,7 @@ lint: $(STAMP)
 	.venv/bin/ruff check src tests benchmarks tests_verl
 
 bench: $(STAMP)
-	.venv/bin/python benchmarks/token_stats.py
+	.venv/bin/python benchmarks/cpu/token_stats.py
 
 clean:
 	rm -rf .venv .venv-verl runs

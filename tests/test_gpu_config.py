@@ -1,5 +1,5 @@
 """`make run-gpu` on CPU at tiny sizes (issue 27, item 6): configs/smollm2-gpu.yaml on SmolLM2 at 2 prompts x
-2 samples x 8 tokens, two steps, one of its five methods, through benchmarks/run_gpu.py: the shipped files only,
+2 samples x 8 tokens, two steps, one of its five methods, through benchmarks/gpu/realm.py: the shipped files only,
 and a second call (a new lease: no run folder) trains nothing again. Also `erft compare --jobs`' CPU threads."""
 
 from __future__ import annotations

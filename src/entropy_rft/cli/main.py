@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     # Idle OpenMP threads sleep instead of spinning, so two busy processes on shared cores do not collapse
-    # (benchmarks/threads.py); read once when torch loads, so it is set before any command imports torch.
+    # (benchmarks/cpu/threads.py); read once when torch loads, so it is set before any command imports torch.
     prefer_passive_wait()
     parser = build_parser()
     args = _parse(parser, argv)

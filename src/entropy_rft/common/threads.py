@@ -6,7 +6,7 @@ region, spinning while a sibling is descheduled: on this project's 2-core machin
 process, steps of the built-in default policy took 11-49 s at 2 threads against 2.4-4.5 s at 1 (issue 15).
 Small models gain nothing from a second thread even on an idle machine (their ops are too small to split),
 so the automatic choice is 1 thread below ``SMALL_MODEL_PARAMS``; larger models get the cores, at most
-``MAX_AUTO_THREADS``. ``benchmarks/threads.py`` measures the rule.
+``MAX_AUTO_THREADS``. ``benchmarks/cpu/threads.py`` measures the rule.
 
 ``OMP_WAIT_POLICY=PASSIVE`` (idle OpenMP threads sleep instead of spinning) is read by libgomp (torch's
 OpenMP runtime on Linux) once, when it loads, i.e. at ``import torch``: setting it in a process that already

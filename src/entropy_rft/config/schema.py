@@ -198,6 +198,10 @@ class TrainConfig:
     checkpoint_every: int = _f(50, "Checkpoint every N steps (and always at the last step and on SIGTERM/SIGINT).",
                                ge=1)
     keep_checkpoints: int = _f(2, "Checkpoints to keep.", ge=1)
+    checkpoints: bool = _f(True, "Write checkpoints (every train.checkpoint_every steps, at the last step and on "
+                           "SIGTERM/SIGINT) and the final policy (final/). false: neither, for a run that is never "
+                           "resumed or reused (a GPU lease ships only the metrics: benchmarks/lease); a stopped run "
+                           "then starts again from step 0 when resumed.")
     samples_every: int = _f(25, "Write (prompt, response, reward, gold answer) samples every N steps.", ge=0)
     report_to: list | str = _f(["tensorboard"], "Trackers that receive every metrics row (metrics.jsonl is always "
                                "written), with its key names on erft's step axis: tensorboard (<out>/tb), wandb "

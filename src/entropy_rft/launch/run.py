@@ -92,7 +92,7 @@ def train_native(cfg: Config, out: str | Path, *, resume: bool = False,
     out = Path(out)
     _, state = checkpoints.resume_point(out, CHECKPOINT_PARTS, 0 if cfg.eval.every else 1) if resume else (None, None)
     if resume and state is None:
-        checkpoints.refuse_lost_checkpoints(out, cfg.train.checkpoint_every)
+        checkpoints.refuse_lost_checkpoints(out, cfg.train.checkpoint_every if cfg.train.checkpoints else None)
     start = int(state["trainer"]["step"]) if state else 0
     # loads the model and checks the prompts: a refusal writes nothing
     run = build_run(cfg, out, start_step=start, method=method)
@@ -115,8 +115,9 @@ def train_native(cfg: Config, out: str | Path, *, resume: bool = False,
             last, finished = train(run, logger, stop=stop, on_step=on_step)
             if not finished:
                 status = "stopped"
-                print(f"stopped at step {run.step}, checkpoint saved; continue with `erft train --resume {out}`",
-                      file=sys.stderr, flush=True)
+                saved = ("checkpoint saved; continue with" if cfg.train.checkpoints else
+                         "no checkpoint (train.checkpoints is false): a resume starts again from step 0 with")
+                print(f"stopped at step {run.step}, {saved} `erft train --resume {out}`", file=sys.stderr, flush=True)
                 raise SystemExit(128 + stop.signum)
             status = "finished"
         finally:

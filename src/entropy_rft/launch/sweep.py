@@ -42,7 +42,7 @@ def worker_threads(jobs: int, cores: int, requested: int, device: str) -> int:
 
     On CPU, and when ``train.threads`` is set, the run's own rule holds (``--jobs``' help asks for jobs x threads
     <= cores). On an accelerator that rule leaves torch's default, one thread per core, in every process: N runs
-    on one GPU would start N x cores OpenMP threads that spin against each other (benchmarks/threads.py). Each
+    on one GPU would start N x cores OpenMP threads that spin against each other (benchmarks/cpu/threads.py). Each
     run gets its share of the cores instead."""
     if requested > 0 or str(device).startswith("cpu"):
         return 0

@@ -243,24 +243,27 @@ def resume_point(out: str | Path, required: tuple[str, ...],
     return ckpt, state
 
 
-def refuse_lost_checkpoints(out: str | Path, checkpoint_every: int) -> None:
+def refuse_lost_checkpoints(out: str | Path, checkpoint_every: int | None) -> None:
     """A resume that finds no checkpoint starts again from step 0 and writes the logs again, identically (a
     run stopped before its first checkpoint, even between the metrics row of that checkpoint's step and the
     checkpoint's rename: what was durably written is the logs up to that step, and step 0 reproduces them).
     Refused in one line when a checkpoint must have existed (the run finished, or logged a step after the
-    first checkpoint's), so that no row is thrown away for a deleted ``checkpoints/`` folder."""
+    first checkpoint's), so that no row is thrown away for a deleted ``checkpoints/`` folder. ``checkpoint_every``
+    None: the run writes no checkpoints (``train.checkpoints`` false), so only a finished run is refused."""
     from entropy_rft.rundir.files import read_status, read_step_log
 
     out = Path(out)
     last = max((r["step"] for r in read_step_log(out / "metrics.jsonl")), default=0)
     finished = read_status(out).get("status") == "finished"
-    if finished or last > checkpoint_every:
+    if finished or (checkpoint_every is not None and last > checkpoint_every):
         what = "finished" if finished else f"logged step {last} (a checkpoint is written every {checkpoint_every})"
         raise UserError(f"{out}: no checkpoint in {out / CHECKPOINTS}, but the run {what}; put its checkpoints "
                         "back, or start it again with --overwrite")
     if last >= 1:
-        warn(f"{out}: no checkpoint yet (the run stopped before its first one was written); starting again from "
-             f"step 0, and steps 1..{last} are written again as they were")
+        why = ("the run stopped before its first one was written" if checkpoint_every is not None else
+               "train.checkpoints is false")
+        warn(f"{out}: no checkpoint yet ({why}); starting again from step 0, and steps 1..{last} are written again as "
+             "they were")
 
 
 # ----------------------------------------------------------------------------- the TRL engine's checkpoints

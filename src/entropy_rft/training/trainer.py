@@ -33,7 +33,8 @@ from entropy_rft.training.step_log import batch_metrics, lens_metrics, log_step,
 def train(run: Run, logger: Logger, *, stop: Callable[[], bool] = lambda: False,
           on_step: Callable[[Run, dict], None] | None = None) -> tuple[dict[str, Any], bool]:
     """Take the steps after ``run.step`` up to ``train.max_steps``, logging each and checkpointing every
-    ``train.checkpoint_every`` steps and at the last; then save the final policy (``final/``).
+    ``train.checkpoint_every`` steps and at the last; then save the final policy (``final/``); neither when
+    ``train.checkpoints`` is false (the logs are still synced at those steps).
 
     After each step ``stop()`` may ask to stop: the step's checkpoint is saved and the loop returns. Returns
     the last metrics row and whether the run finished (False: stopped).
@@ -61,10 +62,12 @@ def train(run: Run, logger: Logger, *, stop: Callable[[], bool] = lambda: False,
             stopping = stop()
             if step % cfg.train.checkpoint_every == 0 or step == cfg.train.max_steps or stopping:
                 logger.sync()
-                save_checkpoint(run)
+                if cfg.train.checkpoints:
+                    save_checkpoint(run)
             if stopping:
                 return last, False
-    export_final(run)
+    if cfg.train.checkpoints:
+        export_final(run)
     return last, True
 
 

@@ -13,7 +13,7 @@ run is a warm-up and is not timed. Peak memory is the process's peak RSS (``VmHW
 activations) read at the end of the last step, before anything is saved. Targets (issue 15, item 5): native
 >= 1.5x TRL's steps/s, native peak RSS <= TRL's.
 
-Usage: ``.venv/bin/python benchmarks/smollm2_speed.py [--steps 2] [--rounds 1] [--threads 1]``
+Usage: ``.venv/bin/python benchmarks/cpu/smollm2_speed.py [--steps 2] [--rounds 1] [--threads 1]``
 (about 10-15 min at the defaults on a shared 2-core machine).
 """
 
@@ -28,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PROMPTS, GROUP, NEW_TOKENS, LR = 8, 8, 64, 1e-6
 
 

@@ -11,7 +11,8 @@
    policy (overhead-bound) and on the built-in default policy with Countdown (the feasibility study's
    settings; built on first use).
 
-Usage: ``.venv/bin/python benchmarks/trl_overhead.py [--steps 6] [--rounds 2] [--skip-default]``. Prints a ratio table.
+Usage: ``.venv/bin/python benchmarks/cpu/trl_overhead.py [--steps 6] [--rounds 2] [--skip-default]``.
+Prints a ratio table.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 
 import torch  # noqa: E402

