@@ -5,7 +5,7 @@ PIP     := $(PY) -m pip --disable-pip-version-check
 STAMP   := .venv/.erft-installed
 JOBS    ?= auto
 
-.PHONY: run run-real run-gpu equal-entropy test test-verl lint bench setup clean browser
+.PHONY: run run-real run-gpu equal-entropy test test-verl lease-rehearsal lint bench setup clean browser
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || python3 -m venv .venv
@@ -56,6 +56,12 @@ GPU_JOBS     ?= 5
 GPU_DEADLINE ?= 540
 run-gpu:
 	$(GPU_PY) benchmarks/gpu/realm.py --jobs $(GPU_JOBS) --deadline-s $(GPU_DEADLINE)
+
+# The GPU lease kit on the CPU (docs/lease.md): every plan end to end under the device's conditions (a virtualenv of
+# the image's packages only, the carry installed as there, no index, tiny sizes), a call killed half-way, $OUT
+# against the tool's limits. A step of .ci/run of its own, as make test-verl is.
+lease-rehearsal: $(STAMP)
+	.venv/bin/python benchmarks/lease/kit.py rehearse
 
 # The report test renders report.html in headless Chromium from Debian's package (no browser downloads).
 browser:

@@ -25,7 +25,7 @@ TINY = ["model.device=cpu", "rollout.prompts_per_step=2", "rollout.group_size=2"
 
 
 def _driver():
-    spec = importlib.util.spec_from_file_location("run_gpu", ROOT / "benchmarks" / "run_gpu.py")
+    spec = importlib.util.spec_from_file_location("realm", ROOT / "benchmarks" / "gpu" / "realm.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod

@@ -30,6 +30,9 @@ STUBS = {"pycosat": '"""Stand-in for pycosat on a GPU lease (benchmarks/lease/ca
                     'tasks that need a SAT solver cannot run in a lease")\n\n\n'
                     'solve = itersolve = _refuse\n'}
 STUB_VERSION = "0+lease.stub"
+# Carried but not a dependency of entropy-rft (so not in .venv): the version, and it needs only what the image has
+# (liger-kernel 0.8.5's Requires-Dist: torch, triton).
+NOT_INSTALLED = {"liger-kernel": "0.8.5"}
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
@@ -61,6 +64,9 @@ def closure(tops: tuple[str, ...], image: set[str], python_version: str) -> dict
     while stack:
         name = stack.pop()
         if name in seen or name in image:
+            continue
+        if name in NOT_INSTALLED:
+            seen[name] = NOT_INSTALLED[name]
             continue
         try:
             dist = md.distribution(name)

@@ -55,17 +55,20 @@ def collect_kernels(folders: list[Path], root: Path) -> list[Path]:
     from kernels import render_markdown
 
     merged: dict = {}
+    parts_read: list[dict] = []
     for f in folders:
         for part, _ in KERNEL_PARTS:
             res = _read_json(f / f"kernels-{part}.json")
             if res is None:
                 continue
+            parts_read.append(res)
             base = {k: v for k, v in res.items() if k not in ("stats", "head", "verl", "trl")}
             merged = {**base, **merged}
             if part in res:
                 merged[part] = res[part]
     if not merged:
         return []
+    merged["wall_s"] = sum(r.get("wall_s", 0) for r in parts_read)
     stem = f"{_slug(merged.get('device', 'device'))}-{merged.get('date', time.strftime('%Y-%m-%d'))}"
     if merged.get("quick"):
         stem += "-quick"

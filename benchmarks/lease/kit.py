@@ -80,8 +80,13 @@ def main(argv: list[str] | None = None) -> int:
         from status import next_plan, plan_done
 
         if a.cmd == "list":
+            from status import kernel_leases
+
             for plan in PLANS.values():
                 print(f"{plan.name:8s} {'ran' if plan_done(plan) else 'to run':6s}  {plan.purpose}")
+            for rec, failed in kernel_leases().items():
+                said = f"failed: {', '.join(failed)}" if failed else "every section ok"
+                print(f"  {rec.relative_to(ROOT)}: {said}")
             return 0
         plan = next_plan()
         print(describe(plan) if plan else "every plan has run: nothing needs a GPU lease")

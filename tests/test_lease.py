@@ -1,0 +1,216 @@
+"""The GPU lease kit (issue 32): plans that fit a 15-minute lease, carries under the size limit, what comes back
+within the device tool's limits, the page that documents each call, and ``train.checkpoints: false``. The kit's
+end-to-end run under the device's conditions is ``make lease-rehearsal`` (a step of .ci/run)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from entropy_rft.launch.run import start
+from micro import make_micro_policy, micro_overrides
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks" / "lease"))
+
+import carry  # noqa: E402
+import collect  # noqa: E402
+import plans  # noqa: E402
+import rehearse  # noqa: E402
+import status  # noqa: E402
+
+MIB = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def micro_model(tmp_path_factory) -> Path:
+    return make_micro_policy(tmp_path_factory.mktemp("micro") / "policy")
+
+
+def test_plans_fit_a_lease():
+    """kernels is one call, each realm wave two; every call returns at most 8 files and its sections' budgets fit
+    the call's deadline, which the device tool's timeout_s (<= 600 s) covers."""
+    assert list(plans.PLANS) == ["kernels", "realm-1", "realm-2", "realm-3"]
+    assert len(plans.PLANS["kernels"].calls) == 1
+    assert plans.CALL_DEADLINE_S <= 510 < plans.CALL_TIMEOUT_S <= 600
+    for name, plan in plans.PLANS.items():
+        assert len(plan.calls) == (1 if name == "kernels" else 2)
+        for call in plan.calls:
+            returned = {"lease.json", "log.txt", *(f for s in call.sections for f in s.files)}
+            assert len(returned) <= plans.OUT_MAX_FILES, (name, returned)
+            fixed = sum(s.budget_s for s in call.sections)
+            install = 20 if any("wheels" in c for c in call.carry) else 0
+            training = 120 if any(s.budget_s == 0 for s in call.sections) else 0  # at least 2 minutes of it
+            assert fixed + install + training <= plans.CALL_DEADLINE_S, (name, fixed, install, training)
+    seeds = [p.seed for p in plans.PLANS.values() if p.realm]
+    assert seeds == [0, 1, 2]
+
+
+def test_what_comes_back_is_checked_against_the_tools_limits(tmp_path):
+    ok = tmp_path / "ok"
+    (ok / "a" / "b").mkdir(parents=True)
+    (ok / "a" / "b" / "f.json").write_text("{}")
+    for i in range(7):
+        (ok / f"x{i}.txt").write_text("x")
+    assert rehearse.check_out(ok) == []
+    (ok / "ninth.txt").write_text("x")
+    assert any("9 files, over 8" in p for p in rehearse.check_out(ok))
+    deep = tmp_path / "deep" / "a" / "b" / "c"
+    deep.mkdir(parents=True)
+    (deep / "f").write_text("x")
+    assert any("more than 2 folders down" in p for p in rehearse.check_out(tmp_path / "deep"))
+    big = tmp_path / "big"
+    big.mkdir()
+    with (big / "runs.tar.gz").open("wb") as f:
+        f.truncate(16 * MIB + 1)
+    assert any("over 16 MiB" in p for p in rehearse.check_out(big))
+    odd = tmp_path / "odd"
+    odd.mkdir()
+    (odd / "a b.txt").write_text("x")
+    assert any("a name with characters" in p for p in rehearse.check_out(odd))
+
+
+def test_the_gguf_travels_in_two_parts_that_join_to_its_bytes(tmp_path):
+    src = tmp_path / "model.gguf"
+    data = os.urandom(100_001)
+    src.write_bytes(data)
+    carry.split_file(src, tmp_path / "gguf.1", tmp_path / "gguf.2", 60_000)
+    assert (tmp_path / "gguf.2").stat().st_size == 60_000
+    assert (tmp_path / "gguf.1").read_bytes() + (tmp_path / "gguf.2").read_bytes() == data
+
+
+def test_the_carry_is_exactly_what_the_image_lacks():
+    image = set(carry.image_packages())
+    assert {"transformers", "torch", "triton", "accelerate", "huggingface-hub"} & image == {
+        "transformers", "triton", "accelerate", "huggingface-hub"}
+    kernels = carry.closure(plans.PLANS["kernels"].wheels, image, "3.12")
+    assert {"trl", "datasets", "dill", "multiprocess", "liger-kernel"} <= set(kernels)
+    assert not {"transformers", "accelerate", "numpy", "pyarrow"} & set(kernels)
+    assert kernels["trl"] == "1.16.0" and kernels["liger-kernel"] == "0.8.5"
+    realm = carry.closure(plans.PLANS["realm-1"].wheels, image, "3.12")
+    assert {"reasoning-gym", "gguf", "pytz", "pycosat", "zss"} <= set(realm)
+
+
+def test_the_pycosat_stand_in_installs_imports_and_refuses_in_one_line(tmp_path):
+    wheel = carry.stub_wheel("pycosat", carry.STUBS["pycosat"], tmp_path)
+    site = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--target", str(site),
+                    str(wheel)], check=True, capture_output=True)
+    r = subprocess.run([sys.executable, "-c", "import pycosat; pycosat.itersolve([[1]])"], capture_output=True,
+                       text=True, env={**os.environ, "PYTHONPATH": str(site)})
+    assert r.returncode == 1
+    assert "RuntimeError: pycosat is not carried to the GPU machine" in r.stderr.strip().splitlines()[-1]
+
+
+def test_each_call_fits_the_carry_limit_with_the_working_tree(tmp_path):
+    """Packs every plan for the device's Python (wheels from PyPI, cached in .lease/cache) and the GGUF parts,
+    and checks each call's bytes with the working tree against 60 MiB."""
+    tree = carry.tree_bytes(ROOT)
+    assert tree < 10 * MIB  # the tree travels with every call
+    for plan in plans.PLANS.values():
+        sizes = carry.pack(plan, root=tmp_path, tree=tree)
+        for k, n in sizes.items():
+            assert n <= plans.CARRY_LIMIT, (plan.name, k, n)
+        if plan.realm:
+            parts = [tmp_path / c for call in plan.calls for c in call.carry if "gguf" in c]
+            assert sum(p.stat().st_size for p in parts) == carry.gguf_source().stat().st_size
+            assert sizes["call 2"] >= plans.CARRY_LIMIT - 2 * MIB  # the larger part rides alone
+        wheels = sorted(p.name for p in (tmp_path / plan.calls[0].carry[0]).glob("*.whl"))
+        assert all(w.endswith("-none-any.whl") for w in wheels), wheels  # nothing compiled for another Python
+
+
+def _finished_run(folder: Path) -> None:
+    folder.mkdir(parents=True)
+    (folder / "run.json").write_text(json.dumps({"status": "finished", "step": 60, "max_steps": 60}))
+
+
+def test_the_next_plan_is_the_first_that_has_not_run(tmp_path):
+    assert status.next_plan(tmp_path).name == "kernels"
+    rec = tmp_path / "benchmarks" / "results" / "lease-kernels-2026-12-01-1200.json"
+    rec.parent.mkdir(parents=True)
+    rec.write_text(json.dumps({"calls": [{"sections": [{"name": "env", "status": "ok"},
+                                                       {"name": "trl", "status": "timed out"}]}]}))
+    assert status.next_plan(tmp_path).name == "kernels"  # a section did not finish: run it again
+    rec.write_text(json.dumps({"calls": [{"sections": [{"name": "env", "status": "ok"}]}]}))
+    assert status.next_plan(tmp_path).name == "realm-1"
+    rec.write_text(json.dumps({"calls": [{"sections": [{"name": "trl", "status": "failed"}]}]}))
+    rec.with_name("lease-kernels-2026-12-02-1200.json").write_text(rec.read_text())
+    assert status.kernel_leases(tmp_path)[rec] == ["trl"]
+    assert status.next_plan(tmp_path).name == "realm-1"  # failed twice: mend it here, the realm plans go on
+    for m in plans.REALM_METHODS[:-1]:
+        _finished_run(tmp_path / "results" / "smollm2-gpu" / f"{m}-s0")
+    assert status.next_plan(tmp_path).name == "realm-1"
+    assert status.missing_runs(0, tmp_path) == ["kl_cov-s0"]
+    _finished_run(tmp_path / "results" / "smollm2-gpu" / "kl_cov-s0")
+    assert status.next_plan(tmp_path).name == "realm-2"
+
+
+def test_the_first_wave_checks_the_task_against_issue_34s_wants():
+    assert collect.task_verdict({"pass@1": 0.12, "pass@k": 0.5, "k": "eval/pass@8", "response_tokens": 60}) == []
+    miss = collect.task_verdict({"pass@1": 0.4, "pass@k": 0.7, "k": "eval/pass@8", "response_tokens": 30})
+    assert len(miss) == 3 and "outside 0.05-0.3" in miss[0] and "under 2.0x" in miss[1] and "under 48" in miss[2]
+    assert collect.task_verdict({}) == ["no step-0 evaluation came back"]
+
+
+def test_the_lease_page_gives_each_calls_exact_command_and_carry():
+    page = (ROOT / "docs" / "lease.md").read_text()
+    for plan in plans.PLANS.values():
+        for i, call in enumerate(plan.calls, 1):
+            assert call.command(plan.name, i) in page, (plan.name, i)
+            assert json.dumps(list(call.carry)) in page, (plan.name, i)
+    assert f"timeout_s: {plans.CALL_TIMEOUT_S}" in page
+
+
+def test_a_call_off_the_device_or_of_an_unknown_plan_is_one_line(tmp_path):
+    kit = [sys.executable, str(ROOT / "benchmarks" / "lease" / "kit.py")]
+    env = {k: v for k, v in os.environ.items() if k != "OUT"}
+    r = subprocess.run([*kit, "call", "kernels", "1"], capture_output=True, text=True, env=env)
+    assert r.returncode == 2 and r.stderr.strip().startswith("call: $OUT is not set")
+    r = subprocess.run([*kit, "show", "realm-9"], capture_output=True, text=True)
+    assert r.returncode == 1 and r.stderr.strip() == ("unknown plan 'realm-9'; the plans, in order: kernels, realm-1, "
+                                                      "realm-2, realm-3")
+    r = subprocess.run([*kit, "call", "realm-2", "1"], capture_output=True, text=True,
+                       env={**env, "OUT": str(tmp_path / "out"), "ERFT_LEASE_STATE": str(tmp_path / "state")})
+    assert r.returncode == 1 and "realm-2 needs the earlier waves' runs committed" in r.stderr
+    assert not (tmp_path / "out").exists()  # refused before anything is written
+
+
+@pytest.mark.parametrize("stop", [False, True])
+def test_no_checkpoint_and_no_final_policy_when_train_checkpoints_is_false(micro_model, tmp_path, stop,
+                                                                           monkeypatch):
+    """A lease's runs are never resumed: no checkpoints/, no final/, and every row still written. Stopped after
+    step 1 (as SIGTERM stops a run), a resume starts again from step 0 and writes the same rows."""
+    import signal
+
+    import entropy_rft.launch.run as launch
+    from entropy_rft.config.loading import load_config
+
+    cfg = load_config(None, micro_overrides(micro_model, **{"train.checkpoints": False, "train.max_steps": 2}))
+    out = tmp_path / "run"
+    if stop:
+        monkeypatch.setattr(launch.StopSignals, "signum", signal.SIGTERM, raising=False)
+        monkeypatch.setattr(launch.StopSignals, "__call__", lambda self: True)
+        monkeypatch.setattr(launch.StopSignals, "__init__", lambda self: setattr(self, "_old", {}))
+        with pytest.raises(SystemExit):
+            start(cfg, out)
+        assert [r["step"] for r in _rows(out)] == [0, 1]
+        assert json.loads((out / "run.json").read_text())["status"] == "stopped"
+        assert not (out / "checkpoints").exists()
+        monkeypatch.undo()
+        launch.resume(out)
+    else:
+        start(cfg, out)
+    assert [r["step"] for r in _rows(out)] == [0, 1, 2]
+    assert not (out / "checkpoints").exists() and not (out / "final").exists()
+    assert json.loads((out / "run.json").read_text())["status"] == "finished"
+
+
+def _rows(out: Path) -> list[dict]:
+    from entropy_rft.rundir.files import read_step_log
+
+    return read_step_log(out / "metrics.jsonl")
