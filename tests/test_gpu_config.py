@@ -78,6 +78,14 @@ def test_run_gpu_at_tiny_sizes_ships_small_files_and_resumes(smollm2_cache, tmp_
     assert {n: (results / n / "metrics.jsonl").read_bytes() for n in RUNS} == before
     assert not (runs / "none-s0" / "checkpoints").exists()
 
+    # A later wave with another setting (a lease kit wave keeps the committed runs): refused in one line, and
+    # nothing trains or changes.
+    capfd.readouterr()
+    assert drv.main([*argv, "--set", "rollout.max_new_tokens=6"]) == 2
+    err = capfd.readouterr().err.strip().splitlines()
+    assert "rollout.max_new_tokens: 8 there, 6 now" in err[-1] and "none-s0 was trained with other settings" in err[-1]
+    assert {n: (results / n / "metrics.jsonl").read_bytes() for n in RUNS} == before
+
 
 def test_parallel_runs_on_one_accelerator_share_the_cores():
     assert worker_threads(4, 16, 0, "cuda") == 4
