@@ -123,7 +123,7 @@ def test_stats_match_trl_fused_head_and_native_forward(policy_dir):
 # ----------------------------------------------------------------------------- masks and loss vs native
 
 
-@pytest.mark.parametrize("method", sorted(ACTING))
+@pytest.mark.parametrize("method", sorted(m for m in ACTING if m != "none"))  # none: TRL's own loss (below)
 def test_masks_and_loss_equal_native(policy_dir, tmp_path, method):
     trainer = make_trainer(policy_dir, method, ACTING[method], tmp_path)
     model = trainer.model
@@ -172,6 +172,36 @@ def test_masks_and_loss_equal_native(policy_dir, tmp_path, method):
         assert int(keep.sum()) < int(cmask.sum())  # the method acted, so the equality above is not vacuous
 
 
+@pytest.mark.parametrize("cfg", [{}, {"loss_type": "sapo"}, {"loss_type": "cispo"},
+                                 {"loss_type": "grpo", "importance_sampling_level": "sequence"}],
+                         ids=["dapo", "sapo", "cispo", "gspo"])
+def test_method_none_is_trls_own_loss(policy_dir, tmp_path, cfg):
+    """With ``none`` the plug-in's loss hook is TRL's ``_compute_loss``: the same loss and gradient on the same
+    micro-batch, on loss types and a level the plug-in's own surrogate does not have."""
+    from trl import GRPOTrainer
+
+    trainer = make_trainer(policy_dir, "none", {}, tmp_path, **cfg)
+    assert trainer.delegates
+    model = trainer.model
+    model.train()
+    prompt, comp, cmask, adv = fixed_batch(seed=2)
+    with torch.no_grad():
+        old = trainer._policy_stats(model, torch.cat([prompt, comp], 1),
+                                    torch.cat([torch.ones_like(prompt), cmask.long()], 1), comp.shape[1], None)[0]
+    inputs = {"prompt_ids": prompt, "prompt_mask": torch.ones_like(prompt), "completion_ids": comp,
+              "completion_mask": cmask.long(), "advantages": adv, "old_per_token_logps": old - 0.05 * adv[:, None],
+              "num_items_in_batch": cmask.sum()}
+    trainer.current_gradient_accumulation_steps = 1
+    grads = []
+    for fn in (trainer._compute_loss, lambda m, x: GRPOTrainer._compute_loss(trainer, m, x)):
+        loss = fn(model, dict(inputs))
+        loss.backward()
+        grads.append((loss.detach(), model.get_output_embeddings().weight.grad.clone()))
+        model.zero_grad()
+    assert torch.equal(grads[0][0], grads[1][0]) and torch.equal(grads[0][1], grads[1][1])
+    assert grads[0][1].abs().sum() > 0
+
+
 # ----------------------------------------------------------------------------- accumulation re-weighting
 
 
@@ -203,11 +233,23 @@ def test_loss_scales_make_accumulation_equal_whole_batch(agg):
     assert any(abs(s - 1.0) > 1e-3 for s in scales)  # re-weighting was needed
 
 
-def test_unsupported_trl_options_are_rejected(policy_dir, tmp_path):
-    with pytest.raises(ValueError, match="loss_type='sapo'"):
-        make_trainer(policy_dir, "none", {}, tmp_path, loss_type="sapo")
+def test_unsupported_trl_options_are_rejected_before_loading(policy_dir, tmp_path, monkeypatch):
+    """A method whose loss path cannot run the config is refused in one line naming the pair, before TRL reads a
+    weight (GRPOTrainer.__init__ never runs); ``none`` runs them (TRL's own loss)."""
+    from trl import GRPOTrainer
+
+    loaded = []
+    real = GRPOTrainer.__init__
+    monkeypatch.setattr(GRPOTrainer, "__init__", lambda self, *a, **k: loaded.append(1) or real(self, *a, **k))
+    with pytest.raises(ValueError, match="loss_type='sapo' with method 'clip_v'"):
+        make_trainer(policy_dir, "clip_v", {}, tmp_path, loss_type="sapo")
+    with pytest.raises(ValueError, match="importance_sampling_level='sequence' with method 'kl_cov'"):
+        make_trainer(policy_dir, "kl_cov", {}, tmp_path, importance_sampling_level="sequence")
     with pytest.raises(ValueError, match="high_entropy"):
-        make_trainer(policy_dir, "none", {}, tmp_path, top_entropy_quantile=0.2)
+        make_trainer(policy_dir, "clip_cov", {}, tmp_path, top_entropy_quantile=0.2)
+    assert loaded == []
+    make_trainer(policy_dir, "none", {}, tmp_path, loss_type="sapo", top_entropy_quantile=0.2)
+    assert loaded == [1]
     with pytest.raises(ValueError, match="unknown method"):
         make_trainer(policy_dir, "clip_z", {}, tmp_path)
 

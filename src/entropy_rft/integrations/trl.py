@@ -34,6 +34,14 @@ from entropy_rft.integrations import window
 from entropy_rft.integrations._compat import require_version
 from entropy_rft.integrations.stats_forward import captured_hidden, chunked_policy_out, stats_from_hidden
 from entropy_rft.integrations.trl_logging import ErftLog
+from entropy_rft.integrations.trl_support import (
+    AGG_FOR_LOSS_TYPE,
+    delegates_loss,
+    has_active_dropout,
+    model_config_of,
+    quiet_pass,
+    refusals,
+)
 from entropy_rft.models.loading import load_tokenizer
 from entropy_rft.policy.forward import supports_fused
 from entropy_rft.rundir import files as rundir
@@ -61,9 +69,6 @@ check_trl_version(trl.__version__)
 
 from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 
-# TRL loss_type -> our aggregation mode (DESIGN.md, "Semantics of policy_loss").
-AGG_FOR_LOSS_TYPE = {"dapo": "token-mean", "bnpo": "token-mean", "grpo": "seq-mean-token-mean",
-                     "dr_grpo": "seq-mean-token-sum-norm"}
 # policy_loss metrics that are per micro-batch counts; the trainer logs batch-level ones instead.
 _BATCH_LEVEL = ("loss/counted_frac", "loss/zeroed_frac", "tokens/counted")
 
@@ -101,9 +106,15 @@ class EntropyControlGRPOTrainer(GRPOTrainer):
                              f"statistics ({self.method.stage} stage); keep dynamics_metrics=True, or use a "
                              "method without selection (none, clip_higher, entropy_bonus)")
         self.dynamics_metrics = bool(dynamics_metrics)
+        grpo_args = kwargs.get("args", args[2] if len(args) > 2 else None)
+        model = kwargs.get("model", args[0] if args else None)
+        self.delegates = delegates_loss(self.method, agg, dual_clip)
+        if bad := refusals(self.method, grpo_args, model_config_of(model), self.delegates):  # before any weight
+            raise ValueError("EntropyControlGRPOTrainer does not support: " + "; ".join(bad))
         super().__init__(*args, **kwargs)
-        self._check_supported()
-        self.agg = agg or AGG_FOR_LOSS_TYPE[self.loss_type]
+        if bad := refusals(self.method, self.args, getattr(self.model, "config", None), self.delegates):
+            raise ValueError("EntropyControlGRPOTrainer does not support: " + "; ".join(bad))  # as TRL settled it
+        self.agg = agg or AGG_FOR_LOSS_TYPE.get(self.loss_type, "token-mean")
         self.loss_kwargs: dict[str, Any] = dict(
             eps_low=self.epsilon_low, eps_high=self.epsilon_high, dual_clip=dual_clip, agg=self.agg,
             ref_kl_coef=float(self.beta), ref_kl_estimator="k3",
@@ -112,6 +123,7 @@ class EntropyControlGRPOTrainer(GRPOTrainer):
         self.method_generator = torch.Generator().manual_seed(int(self.args.seed) + 2)
         self._erft_captured: tuple[Tensor, dynamics.TokenStats] | None = None
         self._erft_old_pass = False  # True inside _generate_and_score_completions: capture our TokenStats
+        self._erft_forward: Tensor | None | bool = False  # None inside a delegated _compute_loss: capture logp
         self._erft_window: window.Window | None = None
         self.step_metrics = window.StepMetrics()  # our metrics row of the current erft step
         ga, gen_every = self.args.gradient_accumulation_steps, self.args.steps_per_generation * self.num_iterations
@@ -121,34 +133,27 @@ class EntropyControlGRPOTrainer(GRPOTrainer):
                           "so Clip-Cov/KL-Cov select and the loss is normalised per micro-batch (still over all "
                           "processes)", stacklevel=2)
 
-    def _check_supported(self) -> None:
-        """Reject GRPOConfig options whose loss terms this trainer's ``policy_loss`` does not reproduce."""
-        a = self.args
-        checks = [
-            (self.loss_type not in AGG_FOR_LOSS_TYPE,
-             f"loss_type={self.loss_type!r} (supported: {sorted(AGG_FOR_LOSS_TYPE)})"),
-            (self.importance_sampling_level != "token", "importance_sampling_level='sequence'"),
-            (self.top_entropy_quantile < 1.0, "top_entropy_quantile<1 (use method='high_entropy')"),
-            (self.off_policy_mask_threshold is not None, "off_policy_mask_threshold"),
-            (a.delta is not None, "delta (use dual_clip=...)"),
-            (getattr(a, "entropy_coef", 0.0) or getattr(self, "use_adaptive_entropy", False),
-             "entropy_coef / adaptive entropy (use method='entropy_bonus')"),
-            (self.use_vllm and self.vllm_importance_sampling_correction,
-             "vllm_importance_sampling_correction=True (set it to False)"),
-            (self.aux_loss_enabled, "MoE router aux loss"),
-        ]
-        if bad := [what for failed, what in checks if failed]:
-            raise ValueError("EntropyControlGRPOTrainer does not support: " + "; ".join(bad))
-
     def _policy_stats(self, model, input_ids: Tensor, attention_mask: Tensor, logits_to_keep: int,
-                      batch_size: int | None, compute_entropy: bool = False
+                      batch_size: int | None, compute_entropy: bool = False, quiet: bool = True
                       ) -> tuple[Tensor, Tensor | None, dynamics.TokenStats]:
+        """TRL's log-probs and our TokenStats from one backbone pass (``_stats_pass``). ``quiet``: a pass of our
+        own, not TRL's old-policy pass: run in eval mode with the random streams forked
+        (``trl_support.quiet_pass``), so it neither carries dropout noise nor moves what training draws next."""
+        core = self.accelerator.unwrap_model(model)
+        core = core.get_base_model() if hasattr(core, "get_base_model") else core
+        if quiet:  # a pass of our own (not TRL's old-policy pass): out of the training's way
+            with quiet_pass(model):
+                return self._stats_pass(model, core, input_ids, attention_mask, logits_to_keep, batch_size,
+                                        compute_entropy)
+        return self._stats_pass(model, core, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy)
+
+    def _stats_pass(self, model, core, input_ids: Tensor, attention_mask: Tensor, logits_to_keep: int,
+                    batch_size: int | None, compute_entropy: bool
+                    ) -> tuple[Tensor, Tensor | None, dynamics.TokenStats]:
         """No grad: TRL's own log-probs (and entropies) — its forward, its fused head, its precision — and our
         TokenStats from the same backbone pass (``captured_hidden``: the statistics cost one more head pass,
         no second backbone forward). Models whose logits are not ``hidden @ W.T`` get the statistics from
         ``fused_policy_out``'s materialised path."""
-        core = self.accelerator.unwrap_model(model)
-        core = core.get_base_model() if hasattr(core, "get_base_model") else core
         fused = supports_fused(core)
         with torch.no_grad(), (captured_hidden(core) if fused else contextlib.nullcontext([])) as hidden:
             logp, ent, _ = super()._get_per_token_logps_and_entropies(
@@ -168,14 +173,27 @@ class EntropyControlGRPOTrainer(GRPOTrainer):
         Only the old-policy pass of a generation batch (``_generate_and_score_completions``) adds our TokenStats,
         from the same backbone pass (``_policy_stats``); the training forward never computes them."""
         if (self._erft_old_pass and model is self.model and not torch.is_grad_enabled() and not compute_aux_loss
-                and all(v is None for v in multimodal.values())):
+                and all(v is None for v in multimodal.values()) and not has_active_dropout(model)):
             logp, ent, stats = self._policy_stats(model, input_ids, attention_mask, logits_to_keep, batch_size,
-                                                  compute_entropy)
+                                                  compute_entropy, quiet=False)
             self._erft_captured = (logp, stats)
             return logp, ent, None
-        return super()._get_per_token_logps_and_entropies(
+        out = super()._get_per_token_logps_and_entropies(
             model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size,
             compute_entropy=compute_entropy, compute_aux_loss=compute_aux_loss, **multimodal)
+        if self._erft_forward is None:  # TRL's training forward inside its own _compute_loss (method none)
+            self._erft_forward = out[0].detach()
+        return out
+
+    def _record_delegated(self, logp: Tensor, inputs: dict[str, Any]) -> None:
+        """Our ``ratio/*`` and ``clip/*`` metrics of a loss TRL computed (method ``none``), from its training
+        forward's log-probs: the token-level PPO ratio against the old policy and TRL's clip."""
+        old = inputs.get("old_per_token_logps")
+        old = logp if old is None else old
+        with torch.no_grad():
+            _, met = policy_loss(logp, old, inputs["advantages"], self._loss_mask(inputs),
+                                 **{**self.loss_kwargs, "ref_kl_coef": 0.0})
+        self._record({k: v for k, v in met.items() if k.startswith(("ratio/", "clip/"))}, mode=None)
 
     @staticmethod
     def _loss_mask(inputs: dict[str, Any]) -> Tensor:
@@ -206,10 +224,12 @@ class EntropyControlGRPOTrainer(GRPOTrainer):
         captured, old = self._erft_captured, out.get("old_per_token_logps")
         if captured is not None and old is not None and captured[0] is old:
             stats = captured[1]
-        else:  # TRL skipped its old-policy forward (on-policy step): ours, once per generation batch, for the
-            # statistics; TRL's loss keeps its own old = logp.detach() ("old_per_token_logps" stays absent)
-            old, _, stats = self._policy_stats(self.model, *self._model_inputs(out),
+        else:  # TRL skipped its old-policy forward (on-policy step), or ran it with dropout: ours, once per
+            # generation batch, in eval mode with the random streams forked (trl_support.quiet_pass); TRL's loss
+            # keeps its own old-policy log-probs (absent on-policy: logp.detach())
+            own, _, stats = self._policy_stats(self.model, *self._model_inputs(out),
                                                self.args.per_device_train_batch_size)
+            old = own if old is None else old
         self._erft_captured = None
         out["erft_old_logps"] = old  # what the selections compare against (Clip-Cov, KL-Cov)
         mask = self._loss_mask(out)
@@ -246,7 +266,7 @@ class EntropyControlGRPOTrainer(GRPOTrainer):
             elif len(micro) == 1 and cur_here is not None:
                 cur = [cur_here]
             else:
-                with torch.no_grad():
+                with torch.no_grad(), quiet_pass(model):
                     cur = [super(EntropyControlGRPOTrainer, self)._get_per_token_logps_and_entropies(
                         model, *self._model_inputs(m))[0] for m in micro]
         win = window.select_window(start, self.method, cur, [m["erft_old_logps"] for m in micro],
@@ -258,8 +278,19 @@ class EntropyControlGRPOTrainer(GRPOTrainer):
         return win
 
     def _compute_loss(self, model, inputs):
-        """TRL's loss hook: TRL's training forward (log-probs and entropies, as stock computes them), then
-        ``policy_loss`` with the method's masks, and TRL's own log keys (``_record_trl_metrics``)."""
+        """TRL's loss hook. Method ``none``: TRL's own ``_compute_loss``, untouched (every loss type, level and
+        option as stock), and our ratio/clip metrics from its training forward. Other methods: TRL's training
+        forward (log-probs and entropies, as stock computes them), then ``policy_loss`` with the method's masks,
+        and TRL's own log keys (``_record_trl_metrics``)."""
+        if self.delegates:
+            self._erft_forward = None
+            try:
+                loss = super()._compute_loss(model, inputs)
+            finally:
+                forward, self._erft_forward = self._erft_forward, False
+            if forward is not None and self.loss_type in AGG_FOR_LOSS_TYPE:
+                self._record_delegated(forward, inputs)
+            return loss
         mask = self._loss_mask(inputs)
         logp, entropies, _ = self._get_per_token_logps_and_entropies(model, *self._model_inputs(inputs),
                                                                      compute_entropy=True)

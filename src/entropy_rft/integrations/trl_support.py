@@ -1,0 +1,102 @@
+"""What ``EntropyControlGRPOTrainer`` can run, decided from the ``GRPOConfig`` before any weight is read, and
+how its statistics pass stays out of the training's way (dropout, random streams).
+
+Method ``none`` hands the loss to TRL's own ``_compute_loss`` untouched, so every loss type, importance-sampling
+level and option of TRL 1.16 trains exactly as stock ``GRPOTrainer``. The other methods run entropy-rft's
+``policy_loss`` with TRL's token-level clipped surrogate (loss types grpo, bnpo, dr_grpo, dapo); on the other
+loss types and on sequence-level importance sampling they are refused in one line, naming the pair.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from entropy_rft.control import Method
+
+# TRL loss_type -> our aggregation mode (DESIGN.md, "Semantics of policy_loss").
+AGG_FOR_LOSS_TYPE = {"dapo": "token-mean", "bnpo": "token-mean", "grpo": "seq-mean-token-mean",
+                     "dr_grpo": "seq-mean-token-sum-norm"}
+
+
+def delegates_loss(method: Method, agg: str | None = None, dual_clip: float | None = None) -> bool:
+    """Whether the loss is TRL's own: ``method`` has no masks, terms or clip of its own, and the caller asked for
+    none of entropy-rft's loss settings (``agg``, ``dual_clip``: ``erft train --engine trl`` passes its
+    ``algo.agg``). Then the trainer calls TRL's ``_compute_loss`` itself."""
+    return method.name == "none" and agg is None and dual_clip is None
+
+
+def model_config_of(model: Any) -> Any:
+    """The model's config without reading its weights: ``model.config`` for a module, the folder's or hub id's
+    config.json for a name (None when it cannot be read here: TRL reports that itself)."""
+    if isinstance(model, str):
+        try:
+            from transformers import AutoConfig
+
+            return AutoConfig.from_pretrained(model)
+        except (OSError, ValueError):
+            return None
+    return getattr(model, "config", None)
+
+
+def _get(args: Any, name: str, default: Any = None) -> Any:
+    return getattr(args, name, default) if args is not None else default
+
+
+def refusals(method: Method, args: Any, model_config: Any = None, delegated: bool = False) -> list[str]:
+    """The ``GRPOConfig`` options (and model features) that ``method``'s loss path does not reproduce, each as
+    "option (what to do)"; empty when the trainer can run. ``args`` None stands for GRPOConfig's defaults.
+    Read from the config alone, so the trainer refuses before TRL loads a model. ``delegated``: the loss is
+    TRL's own (``delegates_loss``), which runs everything TRL runs."""
+    if delegated:
+        return []
+    loss_type = _get(args, "loss_type", "dapo")
+    pair = f"with method {method.name!r}"
+    checks = [
+        (loss_type not in AGG_FOR_LOSS_TYPE,
+         f"loss_type={loss_type!r} {pair} (its token masks and terms are defined on the clipped token "
+         f"surrogate of {', '.join(sorted(AGG_FOR_LOSS_TYPE))}; method 'none' runs every loss type)"),
+        (_get(args, "importance_sampling_level", "token") != "token",
+         f"importance_sampling_level='sequence' {pair} (a token selection inside a sequence-level ratio has no "
+         "stated rule yet; method 'none' runs it)"),
+        ((_get(args, "top_entropy_quantile", 1.0) or 1.0) < 1.0,
+         f"top_entropy_quantile<1 {pair} (use method='high_entropy')"),
+        (_get(args, "off_policy_mask_threshold") is not None, f"off_policy_mask_threshold {pair}"),
+        (_get(args, "delta") is not None, f"delta {pair} (use dual_clip=...)"),
+        (bool(_get(args, "entropy_coef", 0.0)) or bool(_get(args, "use_adaptive_entropy", False)),
+         f"entropy_coef / adaptive entropy {pair} (use method='entropy_bonus')"),
+        (bool(_get(args, "use_vllm", False)) and bool(_get(args, "vllm_importance_sampling_correction", False)),
+         f"vllm_importance_sampling_correction=True {pair} (set it to False)"),
+        (bool(getattr(model_config, "output_router_logits", False)), f"MoE router aux loss {pair}"),
+    ]
+    return [what for failed, what in checks if failed]
+
+
+def has_active_dropout(model: torch.nn.Module) -> bool:
+    """Whether a forward of ``model`` in its current mode draws random numbers for dropout (a ``Dropout`` module
+    with p > 0 in training mode, or a config's attention dropout, which attention functions apply themselves)."""
+    if not model.training:
+        return False
+    for m in model.modules():
+        if isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.p > 0 and m.training:
+            return True
+    cfg = getattr(model, "config", None)
+    return any(float(getattr(cfg, k, 0.0) or 0.0) > 0 for k in ("attention_dropout", "attn_pdrop"))
+
+
+@contextlib.contextmanager
+def quiet_pass(model: torch.nn.Module) -> Iterator[None]:
+    """A statistics pass that the training does not see: the model in eval mode (no dropout noise in the
+    statistics) and every random stream it could touch forked, so the training draws after it what stock
+    TRL draws. The model's mode is restored afterwards."""
+    devices = [p.device for p in model.parameters() if p.device.type == "cuda"][:1]
+    was = model.training
+    with torch.random.fork_rng(devices=devices):
+        model.eval()
+        try:
+            yield
+        finally:
+            model.train(was)
