@@ -13,7 +13,8 @@ from entropy_rft.integrations.trl_script import run_script, trainer_class
 
 def main() -> None:
     which, path = sys.argv[1], sys.argv[2]
-    rows = json.loads(open(path).read())
+    with open(path) as f:
+        rows = json.loads(f.read())
     trainer = None if which == "stock" else trainer_class(which, None)
     for name, argv in rows.items():
         print(f"row {name}", flush=True)
