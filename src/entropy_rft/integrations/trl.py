@@ -462,7 +462,8 @@ def train_trl(cfg, out: str | Path, resume: bool = False, method: Method | None 
         else:
             rundir.atomic_write_text(out / "config.yaml", yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
         rundir.write_status(out, "running", engine="trl", start_step=start, max_steps=cfg.train.max_steps,
-                            python=sys.version.split()[0], torch=torch.__version__, trl=trl.__version__)
+                            processes=state.num_processes, python=sys.version.split()[0], torch=torch.__version__,
+                            trl=trl.__version__)
     state.wait_for_everyone()
     task = build_task(cfg.task.name, **cfg.task.params)
     train_set, _ = task.split(cfg.train.seed)
@@ -483,7 +484,8 @@ def train_trl(cfg, out: str | Path, resume: bool = False, method: Method | None 
     if state.is_main_process:
         trainer.save_model(str(out / "final"))
         tok.save_pretrained(str(out / "final"))
-        rundir.write_status(out, "finished", engine="trl", step=step, max_steps=cfg.train.max_steps)
+        rundir.write_status(out, "finished", engine="trl", step=step, max_steps=cfg.train.max_steps,
+                            processes=state.num_processes)
     state.wait_for_everyone()
     rows = rundir.read_jsonl(out / "metrics.jsonl") if (out / "metrics.jsonl").exists() else []
     return rows[-1] if rows else {"step": step}
