@@ -66,7 +66,7 @@ class Plan:
 
 
 ENV = Section("env", 30, ("env.json",), "the device, driver, torch, transformers, triton; the carried imports")
-KERNEL_PARTS = (("stats", 100), ("head", 110), ("verl", 40), ("trl", 210))
+KERNEL_PARTS = (("stats", 90), ("head", 100), ("verl", 40), ("trl", 230))
 KERNELS = Plan(
     "kernels", 33, "token_stats, the fused head, the verl hook and the TRL plug-in against stock, side by side",
     wheels=("trl", "datasets", "liger-kernel"),
