@@ -187,7 +187,7 @@ def section_model(lease: Lease, budget: float) -> int:
 
 
 def section_sampler(lease: Lease, budget: float) -> int:
-    size = ["--device", "cpu", "--quick"] if lease.rehearsal else ["--device", "cuda"]
+    size = ["--device", "cpu", "--quick"] if lease.rehearsal else ["--device", "cuda", "--rounds", "2"]
     return lease.run([py(), "benchmarks/gpu/sampler.py", *size, "--no-hf", "--json",
                       str(lease.out / "sampler.json")], budget)
 
