@@ -123,6 +123,10 @@ def test_stats_match_trl_fused_head_and_native_forward(policy_dir):
 # ----------------------------------------------------------------------------- masks and loss vs native
 
 
+def m_stage(method: str) -> str:
+    return control.build_method(method, **ACTING[method]).stage
+
+
 @pytest.mark.parametrize("method", sorted(m for m in ACTING if m != "none"))  # none: TRL's own loss (below)
 def test_masks_and_loss_equal_native(policy_dir, tmp_path, method):
     trainer = make_trainer(policy_dir, method, ACTING[method], tmp_path)
@@ -138,6 +142,10 @@ def test_masks_and_loss_equal_native(policy_dir, tmp_path, method):
               "completion_mask": cmask.long(), "advantages": adv, "old_per_token_logps": old_logp,
               "erft_old_logps": old_logp, "erft_keep": keep}
     trainer._buffered_inputs, trainer._step, trainer._erft_window = [inputs], 0, None
+    if trainer.delegates:  # drops and clips composed into TRL's own loss: its loss mask and normaliser
+        inputs["num_items_in_batch"] = cmask.sum()
+        trainer._compose_keep(inputs) if m_stage(method) == "rollout" else None
+        trainer.current_gradient_accumulation_steps = 1
     loss = trainer._compute_loss(model, inputs)
     loss.backward()
     grad = model.get_output_embeddings().weight.grad.clone()
@@ -202,6 +210,30 @@ def test_method_none_is_trls_own_loss(policy_dir, tmp_path, cfg):
     assert grads[0][1].abs().sum() > 0
 
 
+def test_clip_higher_is_trls_own_clip_widened(policy_dir, tmp_path):
+    """clip-higher composes as TRL's epsilon_high (0.28): its loss is TRL's with that clip, and differs from the
+    0.2 clip on a batch whose ratios lie between 1.2 and 1.28."""
+    from trl import GRPOTrainer
+
+    trainer = make_trainer(policy_dir, "clip_higher", {}, tmp_path, loss_type="bnpo")
+    model = trainer.model
+    prompt, comp, cmask, adv = fixed_batch(seed=4)
+    adv = adv.abs() + 0.1
+    with torch.no_grad():
+        logp = trainer._policy_stats(model, torch.cat([prompt, comp], 1),
+                                     torch.cat([torch.ones_like(prompt), cmask.long()], 1), comp.shape[1], None)[0]
+    inputs = {"prompt_ids": prompt, "prompt_mask": torch.ones_like(prompt), "completion_ids": comp,
+              "completion_mask": cmask.long(), "advantages": adv, "old_per_token_logps": logp - 0.22,
+              "num_items_in_batch": cmask.sum()}  # every ratio e^0.22 = 1.246
+    trainer.current_gradient_accumulation_steps = 1
+    ours = trainer._compute_loss(model, dict(inputs)).item()
+    assert trainer.epsilon_high == pytest.approx(0.28) and trainer.epsilon_low == pytest.approx(0.2)
+    want = GRPOTrainer._compute_loss(trainer, model, dict(inputs)).item()
+    trainer.epsilon_high = 0.2
+    narrow = GRPOTrainer._compute_loss(trainer, model, dict(inputs)).item()
+    assert ours == want and ours != narrow
+
+
 # ----------------------------------------------------------------------------- accumulation re-weighting
 
 
@@ -241,15 +273,16 @@ def test_unsupported_trl_options_are_rejected_before_loading(policy_dir, tmp_pat
     loaded = []
     real = GRPOTrainer.__init__
     monkeypatch.setattr(GRPOTrainer, "__init__", lambda self, *a, **k: loaded.append(1) or real(self, *a, **k))
-    with pytest.raises(ValueError, match="loss_type='sapo' with method 'clip_v'"):
-        make_trainer(policy_dir, "clip_v", {}, tmp_path, loss_type="sapo")
+    with pytest.raises(ValueError, match="loss_type='sapo' with method 'clip_cov'"):
+        make_trainer(policy_dir, "clip_cov", {}, tmp_path, loss_type="sapo")
     with pytest.raises(ValueError, match="importance_sampling_level='sequence' with method 'kl_cov'"):
         make_trainer(policy_dir, "kl_cov", {}, tmp_path, importance_sampling_level="sequence")
     with pytest.raises(ValueError, match="high_entropy"):
         make_trainer(policy_dir, "clip_cov", {}, tmp_path, top_entropy_quantile=0.2)
     assert loaded == []
     make_trainer(policy_dir, "none", {}, tmp_path, loss_type="sapo", top_entropy_quantile=0.2)
-    assert loaded == [1]
+    make_trainer(policy_dir, "clip_v", {}, tmp_path, loss_type="sapo", importance_sampling_level="sequence")
+    assert loaded == [1, 1]  # drops compose with TRL's own loss (its loss mask): every loss type and level
     with pytest.raises(ValueError, match="unknown method"):
         make_trainer(policy_dir, "clip_z", {}, tmp_path)
 

@@ -235,12 +235,22 @@ class EntropyControlGRPOTrainer(GRPOTrainer):
         mask = self._loss_mask(out)
         gb = window.global_rollout_batch(self.method, stats, out["advantages"], mask)
         out["erft_keep"] = gb.local_keep(mask)
+        if self.delegates and self.method.stage == "rollout":
+            self._compose_keep(out)
         ended = torch.isin(out["completion_ids"], torch.tensor(self.eos_token_ids, device=mask.device)) & mask
         metrics = window.global_batch_metrics(gb, ~ended.any(-1))
         reward = self._metrics["train"].get("reward")
         metrics["reward/mean"] = reward[-1] if reward else None
         self._record(metrics)
         return out
+
+    def _compose_keep(self, out: dict[str, Any]) -> None:
+        """The rollout-stage drops in TRL's own loss inputs (``trl_support.composes_with_trl``): the kept tokens
+        are the loss mask (``tool_mask``; the attention mask stays ``completion_mask``) and the normaliser of the
+        dapo/cispo/vespo losses counts them over all processes, as TRL counts its loss mask."""
+        keep = out["erft_keep"]
+        out["tool_mask"] = keep.to(out["completion_mask"].dtype)
+        out["num_items_in_batch"] = self.accelerator.gather(keep.sum()).sum()
 
     def _grad_accum(self) -> int:
         """Micro-batches in the current optimizer step (set by Trainer.train; the config value before)."""
@@ -278,11 +288,15 @@ class EntropyControlGRPOTrainer(GRPOTrainer):
         return win
 
     def _compute_loss(self, model, inputs):
-        """TRL's loss hook. Method ``none``: TRL's own ``_compute_loss``, untouched (every loss type, level and
-        option as stock), and our ratio/clip metrics from its training forward. Other methods: TRL's training
+        """TRL's loss hook. Method ``none`` and the methods that compose with TRL's loss (drops as its loss mask,
+        a clip as its epsilons: ``trl_support.composes_with_trl``): TRL's own ``_compute_loss`` (every loss type,
+        level and option as stock), and our ratio/clip metrics from its training forward. Other methods: TRL's training
         forward (log-probs and entropies, as stock computes them), then ``policy_loss`` with the method's masks,
         and TRL's own log keys (``_record_trl_metrics``)."""
         if self.delegates:
+            clip = self.method.loss_kwargs()  # clip-higher / clip-low: TRL's own clip, set for this step
+            self.epsilon_low = clip.get("eps_low", self.epsilon_low)
+            self.epsilon_high = clip.get("eps_high", self.epsilon_high)
             self._erft_forward = None
             try:
                 loss = super()._compute_loss(model, inputs)

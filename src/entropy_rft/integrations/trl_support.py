@@ -2,7 +2,8 @@
 how its statistics pass stays out of the training's way (dropout, random streams).
 
 Method ``none`` hands the loss to TRL's own ``_compute_loss`` untouched, so every loss type, importance-sampling
-level and option of TRL 1.16 trains exactly as stock ``GRPOTrainer``. The other methods run entropy-rft's
+level and option of TRL 1.16 trains exactly as stock ``GRPOTrainer``; the methods that drop tokens or set the
+clip compose into TRL's own loss inputs the same way (``composes_with_trl``). The other methods run entropy-rft's
 ``policy_loss`` with TRL's token-level clipped surrogate (loss types grpo, bnpo, dr_grpo, dapo); on the other
 loss types and on sequence-level importance sampling they are refused in one line, naming the pair.
 """
@@ -23,10 +24,31 @@ AGG_FOR_LOSS_TYPE = {"dapo": "token-mean", "bnpo": "token-mean", "grpo": "seq-me
 
 
 def delegates_loss(method: Method, agg: str | None = None, dual_clip: float | None = None) -> bool:
-    """Whether the loss is TRL's own: ``method`` has no masks, terms or clip of its own, and the caller asked for
-    none of entropy-rft's loss settings (``agg``, ``dual_clip``: ``erft train --engine trl`` passes its
-    ``algo.agg``). Then the trainer calls TRL's ``_compute_loss`` itself."""
-    return method.name == "none" and agg is None and dual_clip is None
+    """Whether the loss is TRL's own ``_compute_loss``, with the method composed into its inputs: the caller asked
+    for none of entropy-rft's loss settings (``agg``, ``dual_clip``: ``erft train --engine trl`` passes its
+    ``algo.agg``), and the method is one that composes (``composes_with_trl``)."""
+    return agg is None and dual_clip is None and composes_with_trl(method)
+
+
+def composes_with_trl(method: Method) -> bool:
+    """Whether ``method`` is expressed in TRL's own loss inputs, so it runs on every loss type and both
+    importance-sampling levels:
+
+    - ``none``: nothing to add;
+    - a rollout-stage selection that only drops tokens (ClipB, ClipV, 80/20, grad-mask): a dropped token is a
+      zero in TRL's ``tool_mask`` (the loss mask, not the attention mask), and ``num_items_in_batch`` counts the
+      kept tokens, so a dropped token leaves the loss and its normaliser on every loss type, as in the authors'
+      code; under sequence-level ratios (GSPO) it also leaves its sequence's mean log-ratio;
+    - a static method that only sets the clip (clip-higher, clip-low): TRL's ``epsilon_low``/``epsilon_high``.
+
+    Token zeroing chosen from the current policy (Clip-Cov), added terms (KL-Cov, the entropy bonus) and the
+    CE-GPPO gradient run in entropy-rft's ``policy_loss`` instead."""
+    kw = method.loss_kwargs()
+    if method.needs_entropy_grad():
+        return False
+    if method.stage == "static":
+        return set(kw) <= {"eps_low", "eps_high"} and all(v is not None for v in kw.values())
+    return method.stage == "rollout" and not kw
 
 
 def model_config_of(model: Any) -> Any:
