@@ -249,6 +249,8 @@ class EntropyControlGRPOTrainer(GRPOTrainer):
         are the loss mask (``tool_mask``; the attention mask stays ``completion_mask``) and the normaliser of the
         dapo/cispo/vespo losses counts them over all processes, as TRL counts its loss mask."""
         keep = out["erft_keep"]
+        kept, valid = self.accelerator.reduce(torch.stack([keep.sum(), self._loss_mask(out).sum()]).float(), "sum")
+        self._record(window.kept_fractions(torch.tensor([float(valid), float(kept), 0.0])), ours=False)
         out["tool_mask"] = keep.to(out["completion_mask"].dtype)
         out["num_items_in_batch"] = self.accelerator.gather(keep.sum()).sum()
 
