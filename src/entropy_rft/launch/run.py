@@ -21,6 +21,7 @@ from entropy_rft.common.errors import UserError
 from entropy_rft.config.schema import Config, config_to_dict
 from entropy_rft.rundir import checkpoints
 from entropy_rft.rundir import files as rundir
+from entropy_rft.rundir.lock import RunLock
 
 if TYPE_CHECKING:
     from entropy_rft.control.registry import Method
@@ -145,7 +146,7 @@ def start(cfg: Config, out: str | Path, *, overwrite: bool = False, method: Meth
     method = _preflight(cfg, out, method)
     rundir.check_new(out, overwrite)  # before the lock file is created in a folder that is not ours
     created = not Path(out).exists()
-    with rundir.RunLock(out):
+    with RunLock(out):
         out = rundir.prepare_new(out, overwrite)
         try:
             return _train(cfg, out, resume=False, method=method)
@@ -179,7 +180,7 @@ def resume(out: str | Path, *, max_steps: int | None = None) -> dict[str, Any]:
         return _train(checkpoints.load_run_config(out), out, resume=True)
     # a folder that is not a run is refused before the lock file is created; the method: by _preflight, once
     checkpoints.load_run_config(out, check_method=False)
-    with rundir.RunLock(out):
+    with RunLock(out):
         cfg = checkpoints.load_run_config(out, check_method=False)
         if max_steps is not None and max_steps != cfg.train.max_steps:
             if max_steps < 1:

@@ -117,7 +117,8 @@ def check_out_folder(out: Path, plans: list) -> None:
     """``--out`` is new, empty, or an earlier ``erft compare --out``: it holds nothing but run directories made by
     erft, this request's run folders and the summaries. A training run directory or someone's folder is refused
     (never written into)."""
-    from entropy_rft.rundir.files import LOCK, is_run_dir
+    from entropy_rft.rundir.files import is_run_dir
+    from entropy_rft.rundir.lock import LOCK
 
     if not out.is_dir():
         return
