@@ -130,7 +130,8 @@ def math_file(path: Path, n: int) -> Path:
     return path
 
 
-MATH_PARAMS = ("--task", "math", "--task-param", "prompt_format=plain", "--task-param", "template=Q{question}A")
+MATH_PARAMS = ("--task", "math", "--set", "task.params.prompt_format=plain",
+               "--set", "task.params.template=Q{question}A")
 
 
 def test_math_local_file_without_val_size_trains_on_a_default_split(micro_model, tmp_path, capsys):
@@ -139,7 +140,8 @@ def test_math_local_file_without_val_size_trains_on_a_default_split(micro_model,
     sets = [s for s in micro_overrides(micro_model, **{"train.max_steps": 1, "train.tensorboard": False,
                                                          "eval.prompts": 2, "eval.samples": 2})
             if not s.startswith("task.")]
-    rc, err = erft(capsys, "train", *set_args(sets), *MATH_PARAMS, "--task-param", f"source={src}", "--out", out)
+    rc, err = erft(capsys, "train", *set_args(sets), *MATH_PARAMS, "--set", f"task.params.source={src}",
+                   "--out", out)
     assert rc == 0, err
     assert any("val_size" in line for line in err), err  # the split is said
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
@@ -150,8 +152,8 @@ def test_task_with_an_empty_validation_split_is_refused_before_anything_is_writt
     src = math_file(tmp_path / "mine.jsonl", 20)
     out = tmp_path / "run"
     sets = [s for s in micro_overrides(micro_model) if not s.startswith("task.")]
-    rc, err = erft(capsys, "train", *set_args(sets), *MATH_PARAMS, "--task-param", f"source={src}",
-                   "--task-param", "val_size=0", "--out", out)
+    rc, err = erft(capsys, "train", *set_args(sets), *MATH_PARAMS, "--set", f"task.params.source={src}",
+                   "--set", "task.params.val_size=0", "--out", out)
     assert rc == 2, err
     assert len(err) == 1 and "val_size" in err[0] and "eval.every" in err[0], err
     assert not out.exists()
@@ -223,9 +225,10 @@ def limited(gb: int = 4):
                                    "eval.samples"])
 def test_batch_no_machine_holds_is_refused_naming_the_field(micro_model, tmp_path, field):
     out = tmp_path / "run"
-    p = subprocess.run([sys.executable, "-m", "entropy_rft.cli", "train", *micro_sets(micro_model), "--set",
-                        f"{field}=1000000000000", "--out", str(out)], env=cli_env(), capture_output=True, text=True,
-                       timeout=300, preexec_fn=limited())
+    sets = [f"{field}=1000000000000"] + (["eval.batch_size=1000000000000"] if field.startswith("eval.") else [])
+    p = subprocess.run([sys.executable, "-m", "entropy_rft.cli", "train", *micro_sets(micro_model), *set_args(sets),
+                        "--out", str(out)], env=cli_env(), capture_output=True, text=True, timeout=300,
+                       preexec_fn=limited())
     err = [line for line in p.stderr.splitlines() if line.strip()]
     assert p.returncode == 2, p.stderr
     assert len(err) == 1 and field in err[0] and "memory" in err[0], err
@@ -285,7 +288,8 @@ def test_metrics_file_of_nuls_is_damaged_not_empty(tmp_path, capsys):
 def test_folder_given_as_a_dataset_file_is_called_a_folder(tmp_path, capsys):
     folder = tmp_path / "data.jsonl"
     folder.mkdir()
-    rc, err = erft(capsys, "train", "--task", "math", "--task-param", f"source={folder}", "--out", tmp_path / "run")
+    rc, err = erft(capsys, "train", "--task", "math", "--set", f"task.params.source={folder}", "--out",
+                   tmp_path / "run")
     assert rc == 2, err
     assert len(err) == 1 and "folder" in err[0] and "not found" not in err[0], err
 
