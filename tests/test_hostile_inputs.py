@@ -9,6 +9,7 @@ a run that works; nothing is written outside the run and no process is left behi
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import resource
@@ -326,7 +327,8 @@ def descendants(pid: int) -> set[int]:
             parents[int(p.name)] = int(fields[1])
     out, todo = set(), [pid]
     while todo:
-        kids = [c for c, pp in parents.items() if pp == todo.pop()]
+        parent = todo.pop()
+        kids = [c for c, pp in parents.items() if pp == parent]
         out.update(kids)
         todo += kids
     return out
@@ -359,14 +361,16 @@ def test_compare_on_sigterm_stops_its_workers_and_writes_the_summary(micro_model
                              "--jobs", "2", *set_args(sets), "--out", str(out)], env=cli_env(), text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     runs = [out / "none-s0", out / "clip_b-s0"]
+    kids: set[int] = set()
     try:
         wait_for_rows(runs, proc)
         kids = descendants(proc.pid)
         proc.send_signal(signal.SIGTERM)
         stdout, stderr = proc.communicate(timeout=120)
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        for pid in [proc.pid, *kids] if proc.poll() is None else []:  # a failure here leaves nothing running
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
     assert proc.returncode == 128 + signal.SIGTERM, stderr
     assert "internal error" not in stderr and "Traceback" not in stderr, stderr
     assert "SIGTERM" in stderr and "erft compare" in stderr, stderr

@@ -54,8 +54,9 @@ def device_name(device) -> str:
 
 
 class StopSignals:
-    """While installed (``with``), the first SIGTERM/SIGINT is recorded (``signum``) for the loop to stop after
-    its step; a second one stops at once (KeyboardInterrupt). Outside the main thread nothing is installed."""
+    """While installed (``with``), the first SIGTERM/SIGINT/SIGHUP is recorded (``signum``) for the loop to stop
+    after its step; a second one stops at once (KeyboardInterrupt; run.json still says "stopped", from the last
+    checkpoint). Outside the main thread nothing is installed."""
 
     def __init__(self) -> None:
         self.signum: int | None = None
@@ -70,7 +71,7 @@ class StopSignals:
         self.signum = signum
 
     def __enter__(self) -> StopSignals:
-        for s in (signal.SIGTERM, signal.SIGINT):
+        for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             with contextlib.suppress(ValueError):  # not the main thread
                 self._old[s] = signal.signal(s, self._handler)
         return self
@@ -121,6 +122,9 @@ def train_native(cfg: Config, out: str | Path, *, resume: bool = False,
                 print(f"stopped at step {run.step}, {saved} `erft train --resume {out}`", file=sys.stderr, flush=True)
                 raise SystemExit(128 + stop.signum)
             status = "finished"
+        except KeyboardInterrupt:  # a second signal: stopped at once, mid-step; a resume starts from a checkpoint
+            status = "stopped"
+            raise
         finally:
             logger.close(quiet=status != "finished")
             with contextlib.suppress(OSError):  # a read-only or full disk must not hide the first error
