@@ -104,6 +104,11 @@ def default_datasets(runs: list[Path]) -> list[tuple[str, dict]]:
 
 
 
+def _local_file(source: Any) -> bool:
+    """Whether a task's ``source`` parameter names a file on this machine (not a hub id)."""
+    return isinstance(source, str) and bool(source.strip()) and Path(source).expanduser().is_file()
+
+
 def plan(models: list[str], runs: list[Path], checkpoints: bool, datasets: list[str], task_params: dict[str, Any],
          seed: int, limit: int | None) -> tuple[list[dict[str, Any]], list[tuple[str, Any, list]]]:
     """The policies (``--model`` names, then each run's checkpoints and ``final/``) and the datasets (name, task,
@@ -119,10 +124,14 @@ def plan(models: list[str], runs: list[Path], checkpoints: bool, datasets: list[
     named = [(d, {}) for d in datasets] or default_datasets(runs)
     tasks = []
     for name, params in named:
-        task = preflight.build_task(name, {**params, **task_params}, flag="--dataset", params_flag="--task-param")
+        params = {**params, **task_params}
+        if "val_size" not in params and _local_file(params.get("source")):  # one's own file: all of it is evaluated
+            params["val_size"] = "all"
+        task = preflight.build_task(name, params, flag="--dataset", params_flag="--task-param")
         examples = task.split(seed)[1]
         if not examples:
-            raise UserError(f"--dataset {name}: has no evaluation questions (its validation split is empty)")
+            raise UserError(f"--dataset {name}: has no evaluation questions (its validation split is empty); pass "
+                            "--task-param val_size=N (or all) to hold out questions")
         tasks.append((name, task, examples[:limit] if limit else examples))
     for m in models:  # every policy is found before the first is evaluated
         preflight.check_model(m)

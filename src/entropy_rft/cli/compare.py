@@ -92,13 +92,30 @@ def run(args: argparse.Namespace) -> int:
     from entropy_rft.analysis.summary import compare_summary
     from entropy_rft.rundir.files import atomic_write_json, atomic_write_text
 
-    sweep.train_all(plans, out, args.jobs, args.overwrite)
+    stopped_by = sweep.train_all(plans, out, args.jobs, args.overwrite)
     targets = any(v.target is not None for v in variants)
     runs = [(v.label, sweep.run_dir_of(out, v, s)) for v, s, _ in sorted(plans, key=lambda p: variants.index(p[0]))]
+    if stopped_by is not None:  # the summary of what ran; the runs that never logged a step are left out
+        from entropy_rft.rundir.files import read_step_log
+
+        runs = [(label, d) for label, d in runs if any(r["step"] >= 1 for r in read_step_log(d / "metrics.jsonl"))]
+        if not runs:
+            return _stopped(stopped_by, out, wrote=False)
     numbers, table, short_table = compare_summary(runs, knob=targets,
                                                   equal_entropy=args.entropy_targets is not None or targets)
     atomic_write_json(out / "summary.json", numbers)
     atomic_write_text(out / "summary.md", table)
     print(short_table)
     print(f"summary written to {out / 'summary.md'} and {out / 'summary.json'}")
-    return 0
+    return 0 if stopped_by is None else _stopped(stopped_by, out, wrote=True)
+
+
+def _stopped(signum: int, out: Path, *, wrote: bool) -> int:
+    """The one line of a sweep a signal stopped, and its exit status (128 + the signal's number)."""
+    import signal
+    import sys
+
+    what = f"the summary of what ran is in {out / 'summary.md'}" if wrote else "no run had logged a step"
+    print(f"erft compare: stopped by {signal.Signals(signum).name}: the running runs saved a checkpoint; {what}; "
+          "rerun the same command to continue", file=sys.stderr, flush=True)
+    return 128 + signum

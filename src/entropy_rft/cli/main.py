@@ -193,7 +193,8 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:  # noqa: BLE001 - a bug: one line, the traceback behind --debug
         if debug:
             raise
-        if isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError":  # torch.OutOfMemoryError
+        if (isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError"  # torch.OutOfMemoryError
+                or (isinstance(e, RuntimeError) and "DefaultCPUAllocator" in str(e))):  # torch's CPU allocator
             print(f"{cmd}: error: out of memory ({_one_line(e, limit=200) or type(e).__name__}); use a smaller "
                   "batch (rollout.prompts_per_step, rollout.group_size, algo.grad_accum) or model", file=sys.stderr)
             return EXIT_FAILED

@@ -8,6 +8,7 @@ Every problem (a missing or malformed file, an unknown field, a value of the wro
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import types
@@ -148,9 +149,51 @@ def _unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool
 _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)
 
 
+MAX_CONFIG_BYTES = 1 << 20  # a config is a few hundred lines; a bigger file is not one
+MAX_CONFIG_VALUES = 100_000  # values a config may expand to through its aliases (an alias bomb has billions)
+
+
+def _expanded_values(node: yaml.Node, memo: dict[int, int], open_: set[int]) -> int:
+    """How many values ``node`` stands for once every alias in it is written out, counted on the composed
+    graph (an alias is the same node again, so the count costs one visit per node); -1 when a node holds
+    itself (a recursive alias)."""
+    key = id(node)
+    if key in open_:
+        return -1
+    if key not in memo:
+        open_.add(key)
+        children = ([c for kv in node.value for c in kv] if isinstance(node, yaml.MappingNode)
+                    else list(node.value) if isinstance(node, yaml.SequenceNode) else [])
+        counts = [_expanded_values(c, memo, open_) for c in children]
+        open_.discard(key)
+        memo[key] = -1 if -1 in counts else 1 + sum(counts)
+    return memo[key]
+
+
+def _load_bounded(text: str, p: Path) -> Any:
+    """``text`` read as YAML (keys unique), refused in one line when its aliases expand to more than
+    :data:`MAX_CONFIG_VALUES` values or refer to themselves: the graph is composed, counted, then built."""
+    loader = _UniqueKeyLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        n = _expanded_values(node, {}, set())
+        if n < 0:
+            raise UserError(f"config file '{p}' has an alias (*name) inside the value it names; write the value "
+                            "out instead")
+        if n > MAX_CONFIG_VALUES:
+            raise UserError(f"config file '{p}' expands to {n:,} values through its aliases (*name), over the "
+                            f"{MAX_CONFIG_VALUES:,} a config may hold (an alias bomb?); write the values out, or "
+                            "remove the aliases")
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
 def load_yaml(path: str | Path) -> dict:
-    """A YAML config file as a dict; every problem (missing, unreadable, not UTF-8, bad YAML) is a UserError
-    naming the file."""
+    """A YAML config file as a dict; every problem (missing, unreadable, not UTF-8, bad YAML, over
+    :data:`MAX_CONFIG_BYTES`, aliases expanding past :data:`MAX_CONFIG_VALUES`) is a UserError naming the file."""
     if not str(path).strip():
         raise UserError("config file name is empty; pass an existing YAML file to --config")
     p = Path(path)
@@ -158,6 +201,11 @@ def load_yaml(path: str | Path) -> dict:
         raise UserError(f"config file '{p}' is a folder; pass a YAML file to --config")
     if not p.is_file():
         raise UserError(f"config file '{p}' not found; pass an existing YAML file to --config")
+    with contextlib.suppress(OSError):
+        size = p.stat().st_size
+        if size > MAX_CONFIG_BYTES:
+            raise UserError(f"config file '{p}' is {size / 1e6:.1f} MB, over the {MAX_CONFIG_BYTES / 1e6:.0f} MB a "
+                            "config may be; pass the YAML file of field: value lines to --config")
     try:
         raw = p.read_bytes()
     except OSError as e:
@@ -168,7 +216,7 @@ def load_yaml(path: str | Path) -> dict:
         raise UserError(f"config file '{p}' is not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start}); "
                         "re-save it as UTF-8") from None
     try:
-        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+        data = _load_bounded(text, p)
     except _DuplicateKey as e:
         raise UserError(f"config file '{p}' gives '{e.key}' twice in one section (lines {e.first} and {e.line}); "
                         "keep one") from None
@@ -179,6 +227,9 @@ def load_yaml(path: str | Path) -> dict:
         raise UserError(f"config file '{p}' is not valid YAML{where} ({first}); fix the syntax") from None
     except RecursionError:
         raise UserError(f"config file '{p}' is nested too deeply to be a config") from None
+    except MemoryError:
+        raise UserError(f"config file '{p}' needs more memory than this machine has to be read; it is not a "
+                        "config: pass the YAML file of field: value lines to --config") from None
     if data is None:
         raise UserError(f"config file '{p}' is empty; put field: value lines in it, or leave out --config for the "
                         "built-in config")
@@ -249,6 +300,16 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     """Load ``path`` (or the built-in config: the requested model's own, see :func:`default_config_path`), apply
     ``--set`` overrides, then ``extra`` (the dedicated CLI flags such as ``--method``, which win), and validate
     (``check_method``: see :func:`config_from_dict`)."""
+    try:
+        return _load_config(path, overrides, extra, check_method=check_method)
+    except MemoryError:  # whatever is left that a config can size: the config's fault, named with the file
+        where = f"config file '{path}'" if path is not None else "the built-in config with --set"
+        raise UserError(f"{where} exhausts this machine's memory while it is read; make its values smaller "
+                        "(lists and mappings under task.params, method.presets, trl)") from None
+
+
+def _load_config(path: str | Path | None, overrides: list[str] | None, extra: dict | None, *,
+                 check_method: bool) -> Config:
     requested = deep_merge(apply_overrides({}, overrides or []), extra or {})  # the command line alone
     if path is None:
         model = _section(requested, "model").get("name")

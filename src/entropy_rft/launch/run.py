@@ -21,6 +21,7 @@ from entropy_rft.common.errors import UserError
 from entropy_rft.config.schema import Config, config_to_dict
 from entropy_rft.rundir import checkpoints
 from entropy_rft.rundir import files as rundir
+from entropy_rft.rundir.lock import RunLock
 
 if TYPE_CHECKING:
     from entropy_rft.control.registry import Method
@@ -53,8 +54,9 @@ def device_name(device) -> str:
 
 
 class StopSignals:
-    """While installed (``with``), the first SIGTERM/SIGINT is recorded (``signum``) for the loop to stop after
-    its step; a second one stops at once (KeyboardInterrupt). Outside the main thread nothing is installed."""
+    """While installed (``with``), the first SIGTERM/SIGINT/SIGHUP is recorded (``signum``) for the loop to stop
+    after its step; a second one stops at once (KeyboardInterrupt; run.json still says "stopped", from the last
+    checkpoint). Outside the main thread nothing is installed."""
 
     def __init__(self) -> None:
         self.signum: int | None = None
@@ -69,7 +71,7 @@ class StopSignals:
         self.signum = signum
 
     def __enter__(self) -> StopSignals:
-        for s in (signal.SIGTERM, signal.SIGINT):
+        for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             with contextlib.suppress(ValueError):  # not the main thread
                 self._old[s] = signal.signal(s, self._handler)
         return self
@@ -120,6 +122,9 @@ def train_native(cfg: Config, out: str | Path, *, resume: bool = False,
                 print(f"stopped at step {run.step}, {saved} `erft train --resume {out}`", file=sys.stderr, flush=True)
                 raise SystemExit(128 + stop.signum)
             status = "finished"
+        except KeyboardInterrupt:  # a second signal: stopped at once, mid-step; a resume starts from a checkpoint
+            status = "stopped"
+            raise
         finally:
             logger.close(quiet=status != "finished")
             with contextlib.suppress(OSError):  # a read-only or full disk must not hide the first error
@@ -145,7 +150,7 @@ def start(cfg: Config, out: str | Path, *, overwrite: bool = False, method: Meth
     method = _preflight(cfg, out, method)
     rundir.check_new(out, overwrite)  # before the lock file is created in a folder that is not ours
     created = not Path(out).exists()
-    with rundir.RunLock(out):
+    with RunLock(out):
         out = rundir.prepare_new(out, overwrite)
         try:
             return _train(cfg, out, resume=False, method=method)
@@ -179,7 +184,7 @@ def resume(out: str | Path, *, max_steps: int | None = None) -> dict[str, Any]:
         return _train(checkpoints.load_run_config(out), out, resume=True)
     # a folder that is not a run is refused before the lock file is created; the method: by _preflight, once
     checkpoints.load_run_config(out, check_method=False)
-    with rundir.RunLock(out):
+    with RunLock(out):
         cfg = checkpoints.load_run_config(out, check_method=False)
         if max_steps is not None and max_steps != cfg.train.max_steps:
             if max_steps < 1:

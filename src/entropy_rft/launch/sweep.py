@@ -49,14 +49,92 @@ def worker_threads(jobs: int, cores: int, requested: int, device: str) -> int:
     return max(1, cores // jobs)
 
 
+STOP_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP")  # a kill, a Ctrl-C, a closed terminal: each stops a sweep cleanly
+
+
+_pending_stop: list[int] = []  # in a worker: the stop signal that came while it waited for a run
+
+
+def _worker_start() -> None:
+    """A worker's first act: its own process group, so that a Ctrl-C in the terminal reaches the parent alone
+    (which stops each worker once, :class:`Stop`); a SIGTERM or SIGHUP while it waits for a run is kept (the
+    worker must not die under the pool: that would break it and kill the other runs mid-checkpoint)."""
+    import os
+    import signal
+
+    os.setpgrp()
+    for name in ("SIGTERM", "SIGHUP"):
+        signal.signal(getattr(signal, name), lambda signum, _frame: _pending_stop.append(signum))
+
+
+def _exit_on_signal(signum: int, _frame: Any) -> None:
+    raise SystemExit(128 + signum)
+
+
+class Stop:
+    """While installed (``with``) in ``erft compare``'s parent, the first SIGTERM, SIGINT or SIGHUP is recorded
+    (``signum``) and passed on once, as SIGTERM, to each worker (``pids()``): each run saves a checkpoint at its
+    next step and records "stopped"; no new run starts. A later signal only says what is awaited."""
+
+    def __init__(self, pids: Any) -> None:
+        self.pids = pids
+        self.signum: int | None = None
+        self._old: dict = {}
+
+    def _handler(self, signum: int, _frame: Any) -> None:
+        import contextlib
+        import os
+        import signal
+        import sys
+
+        name = signal.Signals(signum).name
+        pids = list(self.pids())
+        if self.signum is None:
+            self.signum = signum
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGTERM)
+            print(f"erft compare: {name}: stopping {len(pids)} running run(s) at their next step, each with a "
+                  "checkpoint; no new run starts", file=sys.stderr, flush=True)
+        else:
+            print(f"erft compare: {name}: still waiting for {len(pids)} run(s) to save their checkpoint",
+                  file=sys.stderr, flush=True)
+
+    def __enter__(self) -> Stop:
+        import contextlib
+        import signal
+
+        for name in STOP_SIGNALS:
+            with contextlib.suppress(ValueError):  # not the main thread
+                self._old[name] = signal.signal(getattr(signal, name), self._handler)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        import signal
+
+        for name, h in self._old.items():
+            signal.signal(getattr(signal, name), h)
+
+
+def _first_line(err: BaseException) -> str:
+    """An error in a few words: its first line, at most 200 characters (torch's C++ text runs on)."""
+    text = str(err).strip().splitlines()[0] if str(err).strip() else ""
+    return f"{type(err).__name__}: {text[:200]}" if text else type(err).__name__
+
+
 def _train_logged(cfg: Any, run_dir: Path, log: Path, overwrite: bool, threads: int = 0) -> None:
     """One run in a worker process, its stdout and stderr appended to ``log``; ``threads`` > 0: torch's
     thread count in this process (:func:`worker_threads`)."""
     import os
+    import signal
     import sys
 
     from entropy_rft.launch import run as launch
 
+    if _pending_stop:  # stopped before this run started: it does not start
+        raise SystemExit(128 + _pending_stop[0])
+    for name in ("SIGTERM", "SIGHUP"):  # until the run installs its own (a checkpoint, then "stopped")
+        signal.signal(getattr(signal, name), _exit_on_signal)
     if threads > 0:
         import torch
 
@@ -70,8 +148,10 @@ def _train_logged(cfg: Any, run_dir: Path, log: Path, overwrite: bool, threads: 
         launch.start_or_resume(cfg, run_dir, overwrite=overwrite)
 
 
-def run_parallel(plans: list, out: Path, jobs: int, overwrite: bool) -> None:
-    """Train the plans ``jobs`` at a time in fresh processes; a failed run is named, the others go on."""
+def run_parallel(plans: list, out: Path, jobs: int, overwrite: bool) -> int | None:
+    """Train the plans ``jobs`` at a time in fresh processes; a failed run is named, the others go on. On
+    SIGTERM, SIGINT or SIGHUP (:class:`Stop`) the running runs stop with a checkpoint, the rest do not start, and
+    the signal's number is returned once every worker has ended (None: every run ended)."""
     import multiprocessing as mp
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
@@ -86,28 +166,40 @@ def run_parallel(plans: list, out: Path, jobs: int, overwrite: bool) -> None:
             todo.append((i, (v, seed, cfg)))
     failed: list[str] = []
     ctx = mp.get_context("spawn")  # a fresh interpreter per run: no torch state shared with this one
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, max_tasks_per_child=1) as pool:
+    pools: list = []  # the pool's live workers: a private map of the executor (None once it has shut down)
+
+    def workers() -> list[int]:
+        return [p.pid for pool in pools for p in (getattr(pool, "_processes", None) or {}).values() if p.is_alive()]
+
+    with Stop(workers) as stop, ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, max_tasks_per_child=1,
+                                                    initializer=_worker_start) as pool:
+        pools.append(pool)
         running: dict = {}
         while todo or running:
-            while todo and len(running) < jobs:
+            while todo and len(running) < jobs and stop.signum is None:
                 i, (v, seed, cfg) = todo.pop(0)
                 name = f"{v.dirname}-s{seed}"
                 log = out / "logs" / f"{name}.log"
                 print(f"[{i}/{len(plans)}] {v.label} seed {seed}: started (log: {log})", flush=True)
                 threads = worker_threads(jobs, available_cores(), cfg.train.threads, cfg.model.device)
                 running[pool.submit(_train_logged, cfg, out / name, log, overwrite, threads)] = (i, v, seed, log)
+            if not running:
+                break  # stopped: what was not started stays so
             done, _ = wait(running, return_when=FIRST_COMPLETED)
             for fut in done:
                 i, v, seed, log = running.pop(fut)
                 err = fut.exception()
                 if err is None:
                     print(f"[{i}/{len(plans)}] {v.label} seed {seed}: done", flush=True)
+                elif stop.signum is not None and isinstance(err, SystemExit):
+                    print(f"[{i}/{len(plans)}] {v.label} seed {seed}: stopped (see {log})", flush=True)
                 else:
-                    failed.append(f"{v.label} seed {seed} ({type(err).__name__}: {err}; see {log})")
-                    print(f"[{i}/{len(plans)}] {v.label} seed {seed}: FAILED: {err}", flush=True)
-    if failed:
+                    failed.append(f"{v.label} seed {seed} ({_first_line(err)}; see {log})")
+                    print(f"[{i}/{len(plans)}] {v.label} seed {seed}: FAILED: {_first_line(err)}", flush=True)
+    if failed and stop.signum is None:
         raise UserError(f"{len(failed)} run(s) failed: {'; '.join(failed)}; fix and rerun the same command "
                         "(finished runs are kept)")
+    return stop.signum
 
 
 OWN_FILES = ("summary.md", "summary.json", "logs", "report")  # what erft compare (and report --out) writes on top
@@ -117,7 +209,8 @@ def check_out_folder(out: Path, plans: list) -> None:
     """``--out`` is new, empty, or an earlier ``erft compare --out``: it holds nothing but run directories made by
     erft, this request's run folders and the summaries. A training run directory or someone's folder is refused
     (never written into)."""
-    from entropy_rft.rundir.files import LOCK, is_run_dir
+    from entropy_rft.rundir.files import is_run_dir
+    from entropy_rft.rundir.lock import LOCK
 
     if not out.is_dir():
         return
@@ -151,15 +244,24 @@ def check_recorded_configs(out: Path, plans: list) -> None:
                             "them: choose another --out, or pass --overwrite to train every run again")
 
 
-def train_all(plans: list[Plan], out: Path, jobs: int, overwrite: bool) -> None:
+def train_all(plans: list[Plan], out: Path, jobs: int, overwrite: bool) -> int | None:
     """Train (or resume, or keep when finished) every plan: in this process one after the other, or ``jobs``
-    at a time in fresh processes."""
+    at a time in fresh processes. Returns the number of the signal that stopped the sweep (SIGTERM, SIGINT,
+    SIGHUP: the running runs saved a checkpoint and record "stopped"), or None when every run ended."""
+    import signal
+
     from entropy_rft.launch import run as launch
 
     out.mkdir(parents=True, exist_ok=True)
-    if jobs == 1:
-        for i, (v, seed, cfg) in enumerate(plans, 1):
-            print(f"[{i}/{len(plans)}] {v.label} seed {seed}")
+    if jobs > 1:
+        return run_parallel(plans, out, jobs, overwrite)
+    stops = {128 + getattr(signal, name) for name in STOP_SIGNALS}
+    for i, (v, seed, cfg) in enumerate(plans, 1):
+        print(f"[{i}/{len(plans)}] {v.label} seed {seed}")
+        try:
             launch.start_or_resume(cfg, run_dir_of(out, v, seed), overwrite=overwrite)
-    else:
-        run_parallel(plans, out, jobs, overwrite)
+        except SystemExit as e:  # the run's own handlers (launch.run.StopSignals) saved it and said so
+            if e.code in stops:
+                return int(e.code) - 128
+            raise
+    return None

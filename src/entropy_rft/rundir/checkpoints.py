@@ -29,6 +29,7 @@ from entropy_rft.rundir.files import (
     log_gaps,
     warn,
 )
+from entropy_rft.rundir.guard import follow_umask
 
 MANIFEST = "manifest.json"
 
@@ -100,6 +101,7 @@ def save_checkpoint(out: str | Path, step: int, state: dict[str, Any], keep: int
     final = root / f"step_{step:06d}"
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp_step_{step:06d}_", dir=root))
     try:
+        follow_umask(tmp, folder=True)  # mkdtemp makes it 0700
         files = {}
         for name, obj in state.items():
             path = tmp / f"{name}.pt"
@@ -147,7 +149,7 @@ def verify_checkpoint(path: str | Path) -> str | None:
         files = manifest["files"]
     except FileNotFoundError:
         return None if (path / "DONE").exists() else "no manifest.json"
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
         return "manifest.json is damaged"
     for name, want in sorted(files.items()):
         f = path / name
@@ -279,7 +281,7 @@ def trl_checkpoint_gap(folder: str | Path) -> str | None:
         state = json.loads((folder / "trainer_state.json").read_text(encoding="utf-8"))
     except FileNotFoundError:
         return "no trainer_state.json"
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return "trainer_state.json is cut short or damaged"
     step = folder.name.rsplit("-", 1)[-1]
     if not isinstance(state, dict) or str(state.get("global_step")) != step:

@@ -33,6 +33,8 @@ from typing import Any
 import torch
 
 from entropy_rft.common.errors import UserError
+from entropy_rft.rundir.guard import follow_umask, refuse_link_out
+from entropy_rft.rundir.lock import LOCK, RunLock
 
 CHECKPOINTS = "checkpoints"
 LOGS = ("metrics.jsonl", "samples.jsonl", "token_records.jsonl")
@@ -76,6 +78,7 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
+        follow_umask(fd)  # mkstemp makes it 0600; the run's files are the user's as any file they write
         f = os.fdopen(fd, "wb")
         try:
             f.write(data)
@@ -132,6 +135,7 @@ class JsonlWriter:
     def __init__(self, path: str | Path, fsync: bool = True):
         self.path = Path(path)
         self.fsync = fsync
+        refuse_link_out(self.path)
         self._f = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - long-lived handle
 
     def write(self, record: dict) -> None:
@@ -182,7 +186,8 @@ def warn(msg: str) -> None:
 
 def _parse_lines(path: Path) -> tuple[list[tuple[int, str, dict | None]], bool]:
     """(line number, raw line, record or None when damaged) for every non-blank line, and whether the last
-    line is torn (no newline at the end of the file: a write that a kill interrupted)."""
+    line is torn (no newline at the end of the file: a write that a kill interrupted). Any line is survived:
+    one nested too deep, or not UTF-8, is damaged, not an error."""
     data = path.read_bytes()
     torn = bool(data) and not data.endswith(b"\n")
     out = []
@@ -195,7 +200,7 @@ def _parse_lines(path: Path) -> tuple[list[tuple[int, str, dict | None]], bool]:
             continue
         try:
             rec = json.loads(text)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):  # RecursionError: a line nested too deep for the decoder
             rec = None
         if not isinstance(rec, dict):
             rec = None
@@ -281,7 +286,7 @@ def read_step_log(path: str | Path) -> list[dict]:
                 bad_values.append((n, text, bad[0], rec[bad[0]], len(bad) - 1))
                 rec = {**rec, **dict.fromkeys(bad)}
             out.append(rec)
-        elif not (torn and k == len(lines) - 1):
+        elif not (torn and k == len(lines) - 1 and "\0" not in text):  # NULs are damage, not a write in progress
             damaged.append((n, text, why))
     if not out and damaged:  # one line, not a warning per line before it
         n, _text, why = damaged[0]
@@ -290,6 +295,7 @@ def read_step_log(path: str | Path) -> list[dict]:
                         "the run again with --overwrite")
     for n, text, why in damaged:
         _warn_line(p, n, text, f"{p}:{n} {why}; skipped")
+    _warn_order(p, out, [n for n, _t, rec in lines if _step_damage(rec) is None])
     for n, text, key, v, more in bad_values:
         others = f" (and {more} other value(s))" if more else ""
         _warn_line(p, n, text, f"{p}:{n} has {key} = {json.dumps(v)[:40]}, not a number{others}; read as null, "
@@ -297,9 +303,27 @@ def read_step_log(path: str | Path) -> list[dict]:
     return out
 
 
+def _warn_order(p: Path, rows: list[dict], line_numbers: list[int]) -> None:
+    """Warn (once per line) about a step logged twice or after a later one: a run writes one row per step, in
+    order, so either means two writers or an edited file; the rows are read as they are."""
+    seen: dict[int, int] = {}
+    last = -1
+    for rec, n in zip(rows, line_numbers):
+        step = rec["step"]
+        if step in seen:
+            _warn_line(p, n, str(step), f"{p}:{n} logs step {step} twice (line {seen[step]} too); one run writes "
+                                        "one row per step: check that no two processes wrote this run")
+        elif step < last:
+            _warn_line(p, n, str(step), f"{p}:{n} logs step {step} after step {last}, out of order; one run writes "
+                                        "its steps in order: check that no two processes wrote this run")
+        seen.setdefault(step, n)
+        last = max(last, step)
+
+
 def set_aside(path: Path, damaged: list[tuple[int, str]]) -> Path:
     """Append damaged lines (with their line numbers) to ``<file>.damaged``: nothing is ever thrown away."""
     aside = path.with_name(path.name + ".damaged")
+    refuse_link_out(aside)
     with open(aside, "a", encoding="utf-8") as f:
         for n, text in damaged:
             f.write(json.dumps({"line": n, "text": text}) + "\n")
@@ -354,7 +378,6 @@ def truncate_logs(out: str | Path, step: int) -> None:
 # ----------------------------------------------------------------------------- the directory
 
 SCHEMA = "erft.run/1"  # run.json's marker: a folder holding it was created by erft
-LOCK = ".erft.lock"
 # What a run writes (files, folders, and the prefixes of its temp files): all --overwrite may remove.
 RUN_ENTRIES = ("config.yaml", "run.json", *LOGS, *(f"{n}.damaged" for n in LOGS), "tb", CHECKPOINTS, "final",
                "trl", "wandb", "mlflow.db", "mlartifacts", "trackers.json", LOCK)
@@ -388,7 +411,7 @@ def read_status(out: str | Path) -> dict[str, Any]:
     """``run.json`` as a dict (empty when missing or unreadable)."""
     try:
         info = json.loads((Path(out) / "run.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return {}
     return info if isinstance(info, dict) else {}
 
@@ -442,59 +465,3 @@ def remove_if_only_lock(out: str | Path) -> None:
     if out.is_dir() and [p.name for p in out.iterdir()] == [LOCK]:
         (out / LOCK).unlink()
         out.rmdir()
-
-
-class RunLock:
-    """The one-writer rule: an OS lock (``flock``) on ``<out>/.erft.lock`` held for the run's life.
-
-    The kernel releases it when the process dies, so a kill -9 never leaves a stale lock; the file itself
-    stays (removing a lock file races with the next locker). The holder's pid is written into it so that a
-    second writer can say who holds the run."""
-
-    def __init__(self, out: str | Path):
-        self.out = Path(out)
-        self._fd: int | None = None
-
-    @staticmethod
-    def _take(fd: int, out: Path, exclusive: bool) -> None:
-        import fcntl
-
-        try:
-            fcntl.flock(fd, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
-            os.close(fd)
-            who = f"process {holder}" if holder.isdigit() else "another process"
-            raise UserError(f"run directory {out} is in use by {who}; wait for it to finish or stop it "
-                            "(a killed process releases the run at once)") from None
-
-    @classmethod
-    def refuse_if_held(cls, out: str | Path) -> None:
-        """Raise the 'in use' error when another process holds ``out``'s lock (creates nothing)."""
-        try:
-            fd = os.open(Path(out) / LOCK, os.O_RDONLY)
-        except OSError:
-            return
-        cls._take(fd, Path(out), exclusive=False)
-        os.close(fd)
-
-    def acquire(self) -> RunLock:
-        self.out.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.out / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
-        self._take(fd, self.out, exclusive=True)
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        self._fd = fd
-        return self
-
-    def release(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)  # closing the descriptor releases the flock
-            self._fd = None
-
-    def __enter__(self) -> RunLock:
-        return self.acquire()
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()
-

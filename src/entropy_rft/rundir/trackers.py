@@ -215,7 +215,7 @@ def read_ids(out: Path) -> dict[str, dict[str, Any]]:
     """``<out>/trackers.json``: each backend's stored run ids (empty when missing or unreadable)."""
     try:
         data = json.loads((Path(out) / STATE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return {}
     return data if isinstance(data, dict) else {}
 

@@ -34,6 +34,8 @@ class Task(ABC):
     name: str = "task"
     #: A hint for the sampler: responses longer than this many tokens are never needed.
     max_response_tokens: int = 256
+    #: What the task chose for the user (e.g. a default held-out split), said in a run's first lines.
+    notes: tuple[str, ...] = ()
 
     @abstractmethod
     def split(self, seed: int) -> tuple[list[Example], list[Example]]:

@@ -119,6 +119,12 @@ def gsm_symbolic_rows(size: int, seed: int) -> list[dict]:
     return [{"prompt": x["question"], "answer": x["answer"]} for x in ds]
 
 
+def default_holdout(rows: int) -> int:
+    """Held-out questions of a dataset file given without ``val_size``: a tenth of its rows, at least one and at
+    most 500 (DAPO500's size), and none when it has a single row (that row trains)."""
+    return 0 if rows < 2 else min(500, max(1, rows // 10))
+
+
 # ----------------------------------------------------------------------------- the task
 
 
@@ -218,6 +224,11 @@ class MathTask(Task):
         self.pairs, self.bad_rows = rows_to_pairs(rows, source=str(spec.source), prompt_key=spec.prompt_key,
                                                   answer_key=spec.answer_key, clean=spec.clean,
                                                   on_bad_rows=on_bad_rows, dedupe=dedupe)
+        if val_size is None and dataset is None:  # a file of one's own: hold out a tenth of it for evaluation
+            spec = self.spec = replace(spec, val_size=default_holdout(len(self.pairs)))
+            self.notes = (f"task '{self.name}': {spec.val_size} of the {len(self.pairs)} usable rows of "
+                          f"'{spec.source}' are held out for evaluation (no val_size given); set "
+                          "task.params.val_size to choose (an int, or 'all' for an evaluation set)",)
         if isinstance(spec.val_size, int) and spec.val_size >= len(self.pairs) and part != "val":
             raise UserError(f"task param 'val_size' ({spec.val_size}) must be smaller than the "
                             f"{len(self.pairs)} usable rows of '{spec.source}'")

@@ -90,6 +90,9 @@ def load_rows(source: str, *, split: str = "train", config: str | None = None) -
     """Rows (dicts) from a local parquet/JSONL/JSON file or a Hugging Face hub id."""
     p = Path(str(source)).expanduser()
     if p.suffix.lower() in LOCAL_SUFFIXES or p.exists():
+        if p.is_dir():
+            raise UserError(f"dataset file '{p}' is a folder; set task.params.source to a .parquet/.jsonl/.json "
+                            "file in it, or a hub id")
         if not p.is_file():
             raise UserError(f"dataset file '{p}' not found; set task.params.source to an existing "
                             ".parquet/.jsonl/.json file or a hub id")

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from entropy_rft.common.errors import UserError
+from entropy_rft.training import limits
 
 if TYPE_CHECKING:
     from entropy_rft.control.registry import Method
@@ -66,7 +67,10 @@ def check_train(cfg: Any, out: str | os.PathLike | None, *, method: Method | Non
     if out is not None:
         check_out(out)
     check_device(cfg.model.device, "config field 'model.device'", "--set model.device=cpu")
-    response_tokens = check_task(cfg.task.name, cfg.task.params)
+    response_tokens, splits = check_task(cfg.task.name, cfg.task.params)
+    for note in splits.notes:
+        warn_once(note)
+    limits.check_request(cfg, splits)  # a training and a validation set; batches this machine can hold
     check_optional_packages(cfg)
     check_model(cfg.model.name)
     if method is None:
@@ -324,18 +328,19 @@ def _which(params: dict, message: str, params_flag: str) -> str:
     return f" (given {params_flag}: {text if len(text) <= 120 else text[:117] + '...'})"
 
 
-_response_budget: dict[tuple, int] = {}
+_response_budget: dict[tuple, tuple[int, limits.Splits]] = {}
 _warned: set[str] = set()
 
 
-def check_task(name: str, params: dict | None = None) -> int:
+def check_task(name: str, params: dict | None = None) -> tuple[int, limits.Splits]:
     """The task of a training config can be built (see :func:`build_task`); built once per (name, params).
     Returns the longest response the task's answers need, as it declares it (see
-    :func:`declared_response_tokens`)."""
+    :func:`declared_response_tokens`), and its split sizes (``limits.task_splits``)."""
     key = ("task", name, repr(sorted(dict(params or {}).items(), key=lambda kv: str(kv[0]))),
            _stamp(_files_in(params or {})))
     if key not in _response_budget:
-        _response_budget[key] = declared_response_tokens(build_task(name, params))
+        task = build_task(name, params)
+        _response_budget[key] = declared_response_tokens(task), limits.task_splits(task)
     return _response_budget[key]
 
 

@@ -22,6 +22,7 @@ from entropy_rft.common.errors import UserError
 from entropy_rft.core.dynamics import NonFiniteLogits
 from entropy_rft.core.metrics import masked_mean
 from entropy_rft.rundir import files as rundir
+from entropy_rft.rundir.guard import follow_umask
 from entropy_rft.rundir.logger import Logger
 from entropy_rft.training import stages
 from entropy_rft.training.probe import counterfactual_metrics, due
@@ -138,6 +139,7 @@ def export_final(run: Run) -> None:
     final = run.out / "final"
     tmp = Path(tempfile.mkdtemp(prefix=".final_", dir=run.out))
     try:
+        follow_umask(tmp, folder=True)  # mkdtemp makes it 0700
         run.model.save_pretrained(tmp)
         run.tok.save_pretrained(tmp)
     except Exception as e:  # a full disk: safetensors' and torch's writers hide the OSError
