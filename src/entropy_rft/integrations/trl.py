@@ -41,6 +41,7 @@ from entropy_rft.integrations.trl_support import (
     model_config_of,
     quiet_pass,
     refusals,
+    trl_log_metrics,
 )
 from entropy_rft.models.loading import load_tokenizer
 from entropy_rft.policy.forward import supports_fused
@@ -334,38 +335,14 @@ class EntropyControlGRPOTrainer(GRPOTrainer):
 
     def _record_trl_metrics(self, logp: Tensor, old: Tensor, adv: Tensor, inputs: dict[str, Any], entropies: Tensor,
                             ref: Tensor | None) -> None:
-        """TRL's own log keys with TRL's definitions (``GRPOTrainer._compute_loss``), so a stock dashboard keeps
-        working: ``entropy`` and ``kl`` (masked means over all processes' completion tokens, the KL with TRL's
-        bias correction when on) and ``clip_ratio/{low_mean,high_mean,region_mean,low_min,high_max}`` with TRL's
-        ``epsilon``/``epsilon_high`` — whatever clip the method trains with (ours: ``clip/*``)."""
-        from trl.trainer.utils import nanmax, nanmin
-
+        """TRL's own log keys with TRL's definitions (``trl_support.trl_log_metrics``), so a stock dashboard keeps
+        working whatever clip the method trains with (ours: ``clip/*``)."""
         mask = inputs["completion_mask"]
         mask = mask if "tool_mask" not in inputs else mask * inputs["tool_mask"]
-        mode = "train" if self.model.training else "eval"
-        adv = adv.unsqueeze(1) if adv.dim() == 1 else adv
-
-        def global_masked_mean(x: Tensor) -> float:
-            totals = self.accelerator.reduce(torch.stack([(x * mask).sum(), mask.sum().float()]), reduction="sum")
-            return (totals[0] / totals[1].clamp(min=1.0)).item()
-
-        def masked_seq_mean(x: Tensor) -> Tensor:
-            return (x * mask).sum(-1) / mask.sum(-1)
-
-        coef_1 = torch.exp(logp - old)
-        out: dict[str, float] = {}
-        if self.beta != 0.0 and ref is not None:
-            kl = torch.exp(ref - logp) - (ref - logp) - 1
-            out["kl"] = global_masked_mean(kl * coef_1 if self.args.use_bias_correction_kl else kl)
-        out["entropy"] = global_masked_mean(entropies)
-        low = (coef_1 < 1 - self.epsilon_low) & (adv < 0)
-        high = (coef_1 > 1 + self.epsilon_high) & (adv > 0)
-        out["clip_ratio/low_mean"] = global_masked_mean(low.float())
-        out["clip_ratio/high_mean"] = global_masked_mean(high.float())
-        out["clip_ratio/region_mean"] = global_masked_mean((low | high).float())
-        out["clip_ratio/low_min"] = nanmin(self.accelerator.gather(masked_seq_mean(low.float()))).item()
-        out["clip_ratio/high_max"] = nanmax(self.accelerator.gather(masked_seq_mean(high.float()))).item()
-        self._record(out, mode=mode, ours=False)
+        kl_coef = self.beta if ref is not None else 0.0
+        out = trl_log_metrics(logp, old, adv, mask, entropies, ref, kl_coef, bool(self.args.use_bias_correction_kl),
+                              self.epsilon_low, self.epsilon_high, self.accelerator)
+        self._record(out, mode="train" if self.model.training else "eval", ours=False)
 
     def _record(self, metrics: dict[str, float | None], mode: str | None = "train", ours: bool = True) -> None:
         """Append to TRL's log buffer (undefined values are left out, so TRL's loggers never see a None)

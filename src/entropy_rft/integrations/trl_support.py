@@ -122,3 +122,37 @@ def quiet_pass(model: torch.nn.Module) -> Iterator[None]:
             yield
         finally:
             model.train(was)
+
+
+def trl_log_metrics(logp: torch.Tensor, old: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor,
+                    entropies: torch.Tensor, ref: torch.Tensor | None, kl_coef: float, bias_corrected_kl: bool,
+                    eps_low: float, eps_high: float, accelerator: Any) -> dict[str, float]:
+    """TRL's own log keys with TRL's definitions (``GRPOTrainer._compute_loss``) for a loss entropy-rft computed:
+    ``entropy`` and ``kl`` (masked means over all processes' loss tokens, the KL with TRL's bias correction when
+    on) and ``clip_ratio/{low_mean,high_mean,region_mean,low_min,high_max}`` with TRL's ``epsilon`` /
+    ``epsilon_high``. ``accelerator`` reduces and gathers over the processes."""
+    from trl.trainer.utils import nanmax, nanmin
+
+    adv = adv.unsqueeze(1) if adv.dim() == 1 else adv
+
+    def global_masked_mean(x: torch.Tensor) -> float:
+        totals = accelerator.reduce(torch.stack([(x * mask).sum(), mask.sum().float()]), reduction="sum")
+        return (totals[0] / totals[1].clamp(min=1.0)).item()
+
+    def masked_seq_mean(x: torch.Tensor) -> torch.Tensor:
+        return (x * mask).sum(-1) / mask.sum(-1)
+
+    coef_1 = torch.exp(logp - old)
+    out: dict[str, float] = {}
+    if kl_coef != 0.0 and ref is not None:
+        kl = torch.exp(ref - logp) - (ref - logp) - 1
+        out["kl"] = global_masked_mean(kl * coef_1 if bias_corrected_kl else kl)
+    out["entropy"] = global_masked_mean(entropies)
+    low = (coef_1 < 1 - eps_low) & (adv < 0)
+    high = (coef_1 > 1 + eps_high) & (adv > 0)
+    out["clip_ratio/low_mean"] = global_masked_mean(low.float())
+    out["clip_ratio/high_mean"] = global_masked_mean(high.float())
+    out["clip_ratio/region_mean"] = global_masked_mean((low | high).float())
+    out["clip_ratio/low_min"] = nanmin(accelerator.gather(masked_seq_mean(low.float()))).item()
+    out["clip_ratio/high_max"] = nanmax(accelerator.gather(masked_seq_mean(high.float()))).item()
+    return out
