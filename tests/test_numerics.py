@@ -98,3 +98,27 @@ def test_erft_computes_the_same_bytes_whatever_the_cpus_instruction_set(tmp_path
     assert not native_rec["pinned"] or native_rec["cpu_capability"] == "AVX2"
     # this machine's own instruction set, unpinned: the bytes follow it (on an AVX2-only CPU it is the pin's)
     assert (native == own) == (native_rec["cpu_capability"] == "AVX2")
+
+
+# ----------------------------------------------------------------------------- one table, one instruction set
+
+
+def test_compare_refuses_to_keep_a_run_computed_with_another_instruction_set(tmp_path, capsys):
+    from entropy_rft.cli.main import main
+    from entropy_rft.launch.sweep import numerics_mismatch
+
+    policy = make_micro_policy(tmp_path / "policy")
+    sets = [a for s in micro_overrides(policy, **{"train.max_steps": 1, "eval.every": 0, "probe.jvp_every": 0,
+                                                  "probe.counterfactual_every": 0}) for a in ("--set", s)]
+    out = tmp_path / "cmp"
+    assert main(["compare", "--methods", "none", "--out", str(out), *sets]) == 0
+    run_json = out / "none-s0" / "run.json"
+    info = json.loads(run_json.read_text())
+    assert info["cpu_numerics"]["pinned"] and numerics_mismatch(info["cpu_numerics"], info["cpu_numerics"]) is None
+    info["cpu_numerics"] = {**info["cpu_numerics"], "cpu_capability": "AVX512", "pinned": False}
+    run_json.write_text(json.dumps(info))  # as if trained with ERFT_CPU_PIN=0 on this AVX-512 machine
+    capsys.readouterr()
+    assert main(["compare", "--methods", "none", "--out", str(out), *sets]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "none-s0 was trained with another CPU instruction set" in err[0], err
+    assert "(AVX512 not pinned there, AVX2 pinned now)" in err[0] and "ERFT_CPU_PIN" in err[0]
