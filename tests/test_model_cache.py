@@ -85,3 +85,11 @@ def test_a_damaged_base_policy_is_rebuilt_by_erft_and_refused_by_path(tmp_path, 
     assert "building it again" in capfd.readouterr().err
     assert weights.read_bytes() == built  # the same bytes as the first build (deterministic per seed)
     assert model is not None and cache.checksum_problem(folder) is None
+
+
+def test_the_converted_smollm2_records_its_checksums(smollm2_cache):
+    """SmolLM2's conversion goes through the same cached build: its record covers the 540 MB of weights."""
+    folder = models.build_smollm2(smollm2_cache)
+    files = cache.read_build_info(folder)["files"]
+    assert files["model.safetensors"]["size"] == (folder / "model.safetensors").stat().st_size
+    assert {"config.json", "tokenizer.json"} <= set(files) and cache.checksum_problem(folder) is None
