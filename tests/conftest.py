@@ -1,8 +1,13 @@
 import os
 
-import pytest
-import torch
-from hypothesis import settings
+from entropy_rft.common.numerics import pin_cpu_numerics
+
+# The suite computes as `erft` does (and the erft processes it starts inherit the pin): set before torch loads.
+pin_cpu_numerics()
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from hypothesis import settings  # noqa: E402
 
 # Deterministic, quiet, offline.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -64,6 +64,9 @@ def test_default_policy_dir_names(cache):
     micro = sft.default_policy_dir(**MICRO).name
     assert micro.startswith(f"countdown-llama-{sft.RECIPE_VERSION}-seed0-")
     assert micro != sft.default_policy_dir(steps=31).name
+    # the suite runs under the CPU pin (conftest); a build outside it is named after its instruction set
+    assert sft.default_policy_dir().name == sft.default_policy_dir(isa="").name
+    assert sft.default_policy_dir(isa="native-avx512").name.endswith("-seed0-native-avx512")
     with pytest.raises(TypeError, match="unknown build parameters"):
         sft.default_policy_dir(bogus=1)
 
@@ -121,7 +124,7 @@ def test_cached_build_cleans_stale_tmp_and_builds_once(tmp_path):
     assert models.cached_build(final, build) == final
     assert models.cached_build(final, build) == final
     assert len(calls) == 1 and not stale.exists()
-    assert models.read_build_info(final) == {"ok": True}
+    assert models.read_build_info(final) == {"ok": True, "files": {}}  # the build wrote no other file
 
 
 # ----------------------------------------------------------------------------- micro build

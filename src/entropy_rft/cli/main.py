@@ -21,6 +21,7 @@ from entropy_rft.cli import compare, experiment, export_verl, fit_law, methods, 
 from entropy_rft.cli import eval as eval_cmd
 from entropy_rft.cli import filter as filter_cmd
 from entropy_rft.common.errors import UserError
+from entropy_rft.common.numerics import pin_cpu_numerics
 from entropy_rft.common.threads import prefer_passive_wait
 
 # Subcommand modules, in the order ``erft --help`` lists them.
@@ -165,6 +166,9 @@ def main(argv: list[str] | None = None) -> int:
     # Idle OpenMP threads sleep instead of spinning, so two busy processes on shared cores do not collapse
     # (benchmarks/cpu/threads.py); read once when torch loads, so it is set before any command imports torch.
     prefer_passive_wait()
+    # The same bytes on every x86-64 CPU: ATen, MKL and oneDNN on their AVX2 paths (common.numerics; read when
+    # torch loads, and inherited by the processes a command spawns). ERFT_CPU_PIN=0 keeps the native ones.
+    pin_cpu_numerics()
     parser = build_parser()
     args = _parse(parser, argv)
     debug = debug_enabled(bool(getattr(args, "debug", False)))

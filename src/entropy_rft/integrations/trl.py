@@ -24,6 +24,7 @@ from datasets import Dataset
 from torch import Tensor
 
 from entropy_rft import control
+from entropy_rft.common.numerics import numerics_record
 from entropy_rft.common.threads import apply_threads
 from entropy_rft.config.schema import config_to_dict
 from entropy_rft.config.trl import grpo_config, loss_overrides, step_factor
@@ -456,7 +457,7 @@ def train_trl(cfg, out: str | Path, resume: bool = False, method: Method | None 
             rundir.atomic_write_text(out / "config.yaml", yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
         rundir.write_status(out, "running", engine="trl", start_step=start, max_steps=cfg.train.max_steps,
                             processes=state.num_processes, python=sys.version.split()[0], torch=torch.__version__,
-                            trl=trl.__version__)
+                            trl=trl.__version__, cpu_numerics=numerics_record())
     state.wait_for_everyone()
     task = build_task(cfg.task.name, **cfg.task.params)
     train_set, _ = task.split(cfg.train.seed)

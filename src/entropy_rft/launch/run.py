@@ -104,7 +104,11 @@ def train_native(cfg: Config, out: str | Path, *, resume: bool = False,
         rundir.atomic_write_text(out / "config.yaml", yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
     import torch
 
-    where = dict(python=sys.version.split()[0], torch=torch.__version__, device=device_name(run.device))
+    from entropy_rft.common.numerics import numerics_record
+
+    # the CPU's instruction set in effect (the pin, or not): a table from runs computed otherwise shows it
+    where = dict(python=sys.version.split()[0], torch=torch.__version__, device=device_name(run.device),
+                 cpu_numerics=numerics_record())
     t_start = time.monotonic()
     rundir.write_status(out, "running", start_step=start, max_steps=cfg.train.max_steps, **where)
     if state is not None:

@@ -226,16 +226,44 @@ def check_out_folder(out: Path, plans: list) -> None:
                         "earlier erft compare --out")
 
 
+def numerics_mismatch(recorded: dict, now: dict) -> str | None:
+    """How a run's recorded CPU numerics (run.json's ``cpu_numerics``) differ from this process's, in words (None:
+    the same instruction set and pin, or nothing recorded)."""
+    if not recorded:
+        return None
+    keys = ("cpu_capability", "pinned")
+    if all(recorded.get(k) == now.get(k) for k in keys):
+        return None
+
+    def said(r: dict) -> str:
+        return f"{r.get('cpu_capability')} {'pinned' if r.get('pinned') else 'not pinned'}"
+    return f"{said(recorded)} there, {said(now)} now"
+
+
 def check_recorded_configs(out: Path, plans: list) -> None:
     """A run this request would keep or resume was trained with the same settings (all but ``train.max_steps``,
-    which a rerun may raise); otherwise one table would mix two settings."""
+    which a rerun may raise) and the same CPU instruction set (``common.numerics``); otherwise one table would
+    mix two settings."""
     from entropy_rft.config.schema import changed_fields
     from entropy_rft.rundir.checkpoints import load_run_config
+    from entropy_rft.rundir.files import read_status
 
+    now: dict | None = None
     for v, seed, cfg in plans:
         run_dir = run_dir_of(out, v, seed)
         if not (run_dir / "config.yaml").is_file():
             continue
+        recorded = read_status(run_dir).get("cpu_numerics") or {}
+        if recorded and str(cfg.model.device).startswith("cpu"):
+            if now is None:
+                from entropy_rft.common.numerics import numerics_record
+
+                now = numerics_record()
+            mismatch = numerics_mismatch(recorded, now)
+            if mismatch:
+                raise UserError(f"{run_dir} was trained with another CPU instruction set ({mismatch}); one table "
+                                "would mix them: choose another --out, pass --overwrite to train every run again, "
+                                "or set the pin as it was (ERFT_CPU_PIN, docs/performance.md)")
         changed = changed_fields(load_run_config(run_dir), cfg, ignore=("train.max_steps",))
         if changed:
             shown = "; ".join(f"{k}: {a!r} there, {b!r} now" for k, a, b in changed[:3])

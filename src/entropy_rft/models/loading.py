@@ -32,6 +32,7 @@ from entropy_rft.models.cache import (  # noqa: F401  (re-exported: models' publ
     LOCK_TIMEOUT_S,
     cache_root,
     cached_build,
+    checksum_problem,
     is_complete,
     models_dir,
     read_build_info,
@@ -134,6 +135,7 @@ def load_policy(
     if build_kwargs:
         raise ValueError(f"build_kwargs only apply to {DEFAULT_NAME!r}: use entropy_rft.training.policies.load_policy")
     where = _builtin_folder(locate_policy(name), cache_dir)
+    check_cached_files(name, where)
     tokenizer = load_tokenizer(name, where)
     local = Path(where).is_dir()
     hub_kwargs: dict[str, Any] = {} if local else {"cache_dir": str(hub_cache_dir())}
@@ -151,6 +153,18 @@ def load_policy(
     model.to(device)
     model.eval()
     return model, tokenizer
+
+
+def check_cached_files(name: str, where: str) -> None:
+    """Refuse a finished build of erft's cache whose files changed after their build (the checksums its
+    ``erft_build.json`` records: a partial overwrite or bit rot loads without error and moves every number after
+    it), in one line naming the folder and the fix. Other folders, and builds that record no checksums, pass."""
+    folder = Path(where)
+    if not (folder.is_dir() and is_complete(folder)):
+        return
+    problem = checksum_problem(folder, recorded_only=True)
+    if problem is not None:
+        raise UserError(f"--model {name!r}: {where}: {problem}; {_damage_fix(where)}")
 
 
 def check_finite_weights(model: torch.nn.Module, name: str, where: str) -> None:

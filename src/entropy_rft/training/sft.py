@@ -13,7 +13,13 @@ Recipe (``RECIPE_VERSION`` names it in the cache folder; change the version when
   690 steps, loss on the response and EOS only.
 
 Everything is seeded from ``seed`` (model init via ``torch.manual_seed``, data via ``random.Random``),
-so a build is deterministic per seed on CPU for a given thread count.
+so a build is deterministic per seed on CPU for a given thread count and instruction set: the build runs at
+the training rule's thread count (1 here), and the cache folder without a suffix holds only builds made under
+the CPU pin (:mod:`entropy_rft.common.numerics`, AVX2 paths on every x86-64 CPU, which ``erft`` sets); a build
+computed otherwise (torch imported before the pin, ``ERFT_CPU_PIN=0``, aarch64) lands in a folder named after
+its instruction set (``...-seed0-native-avx512``), and every build records what it ran with
+(``cpu_numerics`` in ``erft_build.json``). v3 is v2 under the pin (v2 was built with the machine's own
+instruction set, and its bytes followed the CPU).
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ from rich.progress import (
 )
 from transformers import LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
+from entropy_rft.common.numerics import isa_tag, numerics_record
 from entropy_rft.common.threads import apply_threads
 from entropy_rft.models.loading import (
     build_char_tokenizer,
@@ -55,7 +62,7 @@ from entropy_rft.policy.evaluation import evaluate_policy
 from entropy_rft.tasks.base import Example, Task
 from entropy_rft.tasks.countdown import CountdownTask, expressions, values
 
-RECIPE_VERSION = "v2"
+RECIPE_VERSION = "v3"
 
 #: The default build parameters: feasibility.md's study settings, except batch 128 and p_correct 0.5.
 #: v1 (batch 256, p_correct 0.4) took ~5.2 min on an idle 2-core machine (~0.45 s/step, compute-bound)
@@ -76,10 +83,13 @@ DEFAULT_BUILD: dict[str, Any] = {
 }
 
 
-def default_policy_dir(cache_dir: str | os.PathLike | None = None, *, seed: int = 0, **params: Any) -> Path:
+def default_policy_dir(cache_dir: str | os.PathLike | None = None, *, seed: int = 0, isa: str | None = None,
+                       **params: Any) -> Path:
     """The cache folder of the base policy built with ``seed`` and ``params`` (defaults omitted).
 
-    ``countdown-llama-v1-seed0`` for the default recipe; a non-default parameter adds a short hash.
+    ``countdown-llama-v3-seed0`` for the default recipe; a non-default parameter adds a short hash, and a build
+    outside the CPU pin its instruction set (``isa``: ``numerics.isa_tag()``'s name part, this process's when
+    None; ``""`` under the pin).
     """
     unknown = set(params) - set(DEFAULT_BUILD)
     if unknown:
@@ -89,7 +99,8 @@ def default_policy_dir(cache_dir: str | os.PathLike | None = None, *, seed: int 
     if changed:
         digest = hashlib.sha256(json.dumps(changed, sort_keys=True).encode()).hexdigest()[:10]
         name += f"-{digest}"
-    return models_dir(cache_dir) / name
+    tag = isa_tag() if isa is None else isa
+    return models_dir(cache_dir) / (f"{name}-{tag}" if tag else name)
 
 
 # ----------------------------------------------------------------------------- data
@@ -282,6 +293,7 @@ def _train_and_save(out: Path, model: PreTrainedModel, tokenizer: PreTrainedToke
         "train_seconds": round(train_s, 2),
         "final_loss": sum(losses[-20:]) / len(losses[-20:]) if losses else None,
         "threads": threads,
+        "cpu_numerics": numerics_record(),
         "torch": torch.__version__,
         "python": platform.python_version(),
         "pid": os.getpid(),

@@ -1,0 +1,105 @@
+"""What the CPU pin costs: step time of ``erft train`` pinned (AVX2 paths, the default) against the machine's own
+instruction set (``ERFT_CPU_PIN=0``), on the built-in default policy and on SmolLM2-135M, ratios in one run.
+
+The pin (``entropy_rft.common.numerics``) is read when torch loads, so every measurement is a fresh ``erft train``
+process; the two settings run in turn (pinned, native, native, pinned, ...) ``--rounds`` times, on the same
+policy weights (the pinned default policy's folder, SmolLM2's converted folder), the same seed and settings,
+evaluation, probes and checkpoints off. A step is ``time/step`` of metrics.jsonl; the first ``--warmup`` steps of
+each run are not counted. Printed: the median step time of each setting and the ratio pinned / native per model
+(above 1: the pin is slower). Both settings train the same work only as long as their rollouts agree, and they
+drift apart after a few steps (the bytes differ: that is the point of the pin), so keep ``--steps`` short.
+On a machine without AVX-512 both settings are the same and the ratio is 1 up to noise.
+
+Usage: ``.venv/bin/python benchmarks/cpu/pin_cost.py [--models default,smollm2] [--steps 8] [--rounds 2]``
+(on a quiet machine: other processes on the cores move step times more than the pin does).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from entropy_rft.common.numerics import PIN_ENV, PIN_VARIABLES
+
+WORKLOADS: dict[str, dict[str, object]] = {
+    "default": {"task.name": "countdown"},
+    "smollm2": {"model.name": "smollm2-135m", "task.name": "rg:products",
+                "task.params": "{params: {max_digits: 1}, answer_format: number}", "rollout.prompts_per_step": 8,
+                "rollout.group_size": 8, "rollout.max_new_tokens": 64, "optim.lr": 1e-6, "tuned_for": ""},
+}
+COMMON = {"eval.every": 0, "train.progress": False, "train.checkpoints": False, "probe.records_every": 0,
+          "probe.jvp_every": 0, "probe.counterfactual_every": 0, "train.samples_every": 0, "train.report_to": "[]"}
+
+
+def settings_env(pinned: bool) -> dict[str, str]:
+    """This process's environment without the pin's variables, and with ``ERFT_CPU_PIN=0`` for the native run."""
+    env = {k: v for k, v in os.environ.items() if k not in PIN_VARIABLES and k != PIN_ENV}
+    if not pinned:
+        env[PIN_ENV] = "0"
+    return env
+
+
+def default_policy_folder() -> str:
+    """The pinned default policy's folder, built first (in a pinned process) when the cache lacks it."""
+    code = ("from entropy_rft.common.numerics import pin_cpu_numerics; pin_cpu_numerics(); "
+            "from entropy_rft.training.sft import build_default_policy; print(build_default_policy())")
+    done = subprocess.run([sys.executable, "-c", code], env=settings_env(True), capture_output=True, text=True,
+                          check=True)
+    return done.stdout.strip().splitlines()[-1]
+
+
+def step_times(sets: dict[str, object], steps: int, warmup: int, pinned: bool, out: Path) -> tuple[list[float], dict]:
+    """One fresh ``erft train`` run; its step times after the warm-up and run.json's numerics record."""
+    args = [sys.executable, "-m", "entropy_rft.cli", "train", "--out", str(out)]
+    for k, v in {**COMMON, **sets, "train.max_steps": steps}.items():
+        args += ["--set", f"{k}={v}"]
+    done = subprocess.run(args, env=settings_env(pinned), capture_output=True, text=True)
+    if done.returncode:
+        sys.exit(f"pin_cost: erft train failed (exit {done.returncode}):\n{done.stderr[-2000:]}")
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    record = json.loads((out / "run.json").read_text()).get("cpu_numerics", {})
+    return [float(r["time/step"]) for r in rows[warmup:] if "time/step" in r], record
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default="default,smollm2", help="comma list of: " + ", ".join(WORKLOADS))
+    ap.add_argument("--steps", type=int, default=8, help="steps per run")
+    ap.add_argument("--warmup", type=int, default=2, help="first steps of each run not counted")
+    ap.add_argument("--rounds", type=int, default=2, help="pinned/native pairs per model, in alternating order")
+    args = ap.parse_args(argv)
+    names = [m.strip() for m in args.models.split(",") if m.strip()]
+    unknown = [m for m in names if m not in WORKLOADS]
+    if unknown:
+        ap.error(f"--models: unknown {unknown}; choose from {sorted(WORKLOADS)}")
+    lines = []
+    with tempfile.TemporaryDirectory(prefix="erft-pin-") as tmp:
+        for name in names:
+            sets = dict(WORKLOADS[name])
+            if name == "default":
+                sets["model.name"] = default_policy_folder()
+            times: dict[bool, list[float]] = {True: [], False: []}
+            isa: dict[bool, str] = {}
+            for r in range(args.rounds):
+                for pinned in ((True, False) if r % 2 == 0 else (False, True)):
+                    out = Path(tmp) / f"{name}-{r}-{'pinned' if pinned else 'native'}"
+                    got, record = step_times(sets, args.steps, args.warmup, pinned, out)
+                    times[pinned] += got
+                    isa[pinned] = str(record.get("cpu_capability"))
+                    print(f"{name} round {r + 1} {'pinned' if pinned else 'native'} ({isa[pinned]}): "
+                          f"median {statistics.median(got):.3f} s/step", flush=True)
+            p, n = statistics.median(times[True]), statistics.median(times[False])
+            lines.append(f"{name}: pinned ({isa[True]}) {p:.3f} s/step, native ({isa[False]}) {n:.3f} s/step, "
+                         f"ratio pinned/native {p / n:.3f} ({len(times[True])} and {len(times[False])} steps)")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
