@@ -46,16 +46,23 @@ def test_the_gpu_config_is_the_issue_s_comparison():
 
 def test_run_gpu_at_tiny_sizes_ships_small_files_and_resumes(smollm2_cache, tmp_path, monkeypatch, capfd):
     monkeypatch.setenv("ERFT_CACHE", str(smollm2_cache))
+    # The config's bf16 autocast on the CPU: under the AVX2 pin bf16 has no native instructions (a step took 47 s
+    # against 8 s here); the runs this test starts compute on the CPU's own paths (what it checks is not numbers)
+    from entropy_rft.common.numerics import PIN_ENV, PIN_VARIABLES
+
+    monkeypatch.setenv(PIN_ENV, "0")
+    for name in PIN_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
     drv = _driver()
     results, runs = tmp_path / "results", tmp_path / "runs"
     argv = ["--results", str(results), "--runs", str(runs), "--methods", "none", "--seeds", "1", "--jobs", "1",
-            "--max-steps", "2",
+            "--max-steps", "1",
             *sum((["--set", s] for s in TINY), [])]
     assert drv.main(argv) == 0
     for name in RUNS:
         assert sorted(p.name for p in (results / name).iterdir()) == sorted(drv.SHIPPED)
         rows = read_jsonl(results / name / "metrics.jsonl")
-        assert [r["step"] for r in rows if "entropy/mean" in r] == [1, 2]
+        assert [r["step"] for r in rows if "entropy/mean" in r] == [1]
         assert sum("eval/pass@1" in r for r in rows) >= 2
         cfg = yaml.safe_load((results / name / "config.yaml").read_text())
         assert cfg["model"]["autocast_bf16"] and cfg["rollout"]["cuda_graphs"]
