@@ -234,6 +234,85 @@ def test_clip_higher_is_trls_own_clip_widened(policy_dir, tmp_path):
     assert ours == want and ours != narrow
 
 
+LOSS_TYPES = [{"loss_type": t} for t in ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo")] + [
+    {"loss_type": "grpo", "importance_sampling_level": "sequence"}]
+
+
+def delegated_inputs(trainer, seed: int, shift: float = 0.05):
+    """A training micro-batch as the plug-in buffers it (old-policy log-probs shifted off-policy by ``shift``·A,
+    so ratios differ from 1), the only one of its optimizer window."""
+    prompt, comp, cmask, adv = fixed_batch(seed=seed)
+    ids, am = torch.cat([prompt, comp], 1), torch.cat([torch.ones_like(prompt), cmask.long()], 1)
+    with torch.no_grad():
+        logp = trainer._policy_stats(trainer.model, ids, am, comp.shape[1], None)[0]
+    old = logp - shift * adv[:, None]
+    inputs = {"prompt_ids": prompt, "prompt_mask": torch.ones_like(prompt), "completion_ids": comp,
+              "completion_mask": cmask.long(), "advantages": adv, "old_per_token_logps": old,
+              "erft_old_logps": old, "erft_keep": cmask.clone(), "num_items_in_batch": cmask.sum()}
+    trainer._buffered_inputs, trainer._step, trainer._erft_window = [inputs], 0, None
+    trainer.current_gradient_accumulation_steps = 1
+    return inputs
+
+
+def loss_and_grad(fn, model, inputs):
+    loss = fn(model, inputs)
+    loss.backward()
+    grad = model.get_output_embeddings().weight.grad.clone()
+    model.zero_grad()
+    return loss.detach(), grad
+
+
+@pytest.mark.parametrize("cfg", LOSS_TYPES, ids=lambda c: "-".join(map(str, c.values())))
+def test_clip_cov_is_trls_own_loss_with_zero_advantages(policy_dir, tmp_path, cfg):
+    """Clip-Cov composes into TRL's loss on every loss type and level: TRL's ``_compute_loss`` with per-token
+    advantages that are 0 on the selected tokens (the selection from TRL's training forward), the buffered
+    micro-batch's advantages untouched afterwards."""
+    from trl import GRPOTrainer
+
+    trainer = make_trainer(policy_dir, "clip_cov", {"ratio": 0.2, "lb": -5.0, "ub": 5.0}, tmp_path, **cfg)
+    assert trainer.delegates
+    model = trainer.model
+    model.train()
+    inputs = delegated_inputs(trainer, seed=5)
+    adv = inputs["advantages"]
+    ours = loss_and_grad(trainer._compute_loss, model, inputs)
+    assert inputs["advantages"] is adv
+    zeroed = trainer._erft_window.masks[0].zeroed
+    assert zeroed is not None and 0 < int(zeroed.sum()) < int(inputs["completion_mask"].sum())
+    by_hand = torch.where(zeroed, 0.0, adv[:, None].expand(zeroed.shape))
+    want = loss_and_grad(lambda m, x: GRPOTrainer._compute_loss(trainer, m, x), model,
+                         {**inputs, "advantages": by_hand})
+    stock = loss_and_grad(lambda m, x: GRPOTrainer._compute_loss(trainer, m, x), model, dict(inputs))
+    assert torch.equal(ours[0], want[0]) and torch.equal(ours[1], want[1])
+    assert not torch.equal(ours[1], stock[1])  # the zeroes changed the step
+
+
+@pytest.mark.parametrize("cfg", LOSS_TYPES[4:], ids=lambda c: "-".join(map(str, c.values())))
+def test_entropy_bonus_is_trls_entropy_term_on_every_loss_type(policy_dir, tmp_path, cfg):
+    """The entropy bonus composes as TRL's own entropy term: the loss is TRL's minus coef times the token mean of
+    H over the loss mask (H from the logits in float64 here), on loss types the plug-in's surrogate lacks."""
+    from trl import GRPOTrainer
+
+    coef = 0.1
+    trainer = make_trainer(policy_dir, "entropy_bonus", {"coef": coef}, tmp_path, **cfg)
+    assert trainer.delegates
+    model = trainer.model
+    model.train()
+    inputs = delegated_inputs(trainer, seed=6)
+    ours = trainer._compute_loss(model, dict(inputs)).item()
+    trainer._entropy_bonus_enabled = False
+    plain = GRPOTrainer._compute_loss(trainer, model, dict(inputs)).item()
+    ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
+    am = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1)
+    c = inputs["completion_ids"].shape[1]
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=am).logits[:, -c - 1:-1].double() / trainer.temperature
+    logq = logits.log_softmax(-1)
+    h = -(logq.exp() * logq).sum(-1)
+    m = inputs["completion_mask"].bool()
+    assert ours == pytest.approx(plain - coef * float(h[m].mean()), abs=1e-6)
+
+
 # ----------------------------------------------------------------------------- accumulation re-weighting
 
 
@@ -273,16 +352,20 @@ def test_unsupported_trl_options_are_rejected_before_loading(policy_dir, tmp_pat
     loaded = []
     real = GRPOTrainer.__init__
     monkeypatch.setattr(GRPOTrainer, "__init__", lambda self, *a, **k: loaded.append(1) or real(self, *a, **k))
-    with pytest.raises(ValueError, match="loss_type='sapo' with method 'clip_cov'"):
-        make_trainer(policy_dir, "clip_cov", {}, tmp_path, loss_type="sapo")
+    with pytest.raises(ValueError, match="loss_type='sapo' with method 'kl_cov'"):
+        make_trainer(policy_dir, "kl_cov", {}, tmp_path, loss_type="sapo")
     with pytest.raises(ValueError, match="importance_sampling_level='sequence' with method 'kl_cov'"):
         make_trainer(policy_dir, "kl_cov", {}, tmp_path, importance_sampling_level="sequence")
     with pytest.raises(ValueError, match="high_entropy"):
-        make_trainer(policy_dir, "clip_cov", {}, tmp_path, top_entropy_quantile=0.2)
+        make_trainer(policy_dir, "kl_cov", {}, tmp_path, top_entropy_quantile=0.2)
+    with pytest.raises(ValueError, match="entropy_coef / use_adaptive_entropy with method 'entropy_bonus'"):
+        make_trainer(policy_dir, "entropy_bonus", {}, tmp_path, entropy_coef=0.01)
     assert loaded == []
     make_trainer(policy_dir, "none", {}, tmp_path, loss_type="sapo", top_entropy_quantile=0.2)
     make_trainer(policy_dir, "clip_v", {}, tmp_path, loss_type="sapo", importance_sampling_level="sequence")
-    assert loaded == [1, 1]  # drops compose with TRL's own loss (its loss mask): every loss type and level
+    make_trainer(policy_dir, "clip_cov", {}, tmp_path, loss_type="cispo", importance_sampling_level="sequence")
+    make_trainer(policy_dir, "entropy_bonus", {}, tmp_path, loss_type="vespo")
+    assert loaded == [1] * 4  # drops, zeroes and TRL's entropy term compose with TRL's own loss: every type and level
     with pytest.raises(ValueError, match="unknown method"):
         make_trainer(policy_dir, "clip_z", {}, tmp_path)
 

@@ -104,15 +104,21 @@ def test_trls_own_script_trains_the_same_with_the_plug_in(runs, row):
     assert "entropy/mean" in log_ours[0] and "entropy/mean" not in log_stock[0], row  # the plug-in's statistics ran
 
 
-@pytest.mark.parametrize("method,params,cfg", [
-    ("clip_v", {"mu": 0.5}, {"loss_type": "sapo"}),
-    ("clip_b", {"mu": 0.5}, {"loss_type": "grpo", "importance_sampling_level": "sequence"}),
-    ("high_entropy", {"top_q": 0.5}, {"loss_type": "cispo"}),
-    ("clip_v", {"mu": 0.5}, {"loss_type": "luspo", "importance_sampling_level": "sequence"}),
-], ids=["clip_v-sapo", "clip_b-gspo", "80/20-cispo", "clip_v-luspo"])
-def test_drops_and_clips_compose_with_every_loss_type_and_level(tmp_path, method, params, cfg):
-    """Methods that drop tokens run inside TRL's own loss (its loss mask) on the loss types and the sequence level
-    that entropy-rft's surrogate lacks: the drops act (kept fraction < 1, a different update from ``none``'s)."""
+@pytest.mark.parametrize("method,params,cfg,acted", [
+    ("clip_v", {"mu": 0.5}, {"loss_type": "sapo"}, "control/rollout_kept_frac"),
+    ("clip_b", {"mu": 0.5}, {"loss_type": "grpo", "importance_sampling_level": "sequence"},
+     "control/rollout_kept_frac"),
+    ("high_entropy", {"top_q": 0.5}, {"loss_type": "cispo"}, "control/rollout_kept_frac"),
+    ("clip_v", {"mu": 0.5}, {"loss_type": "luspo", "importance_sampling_level": "sequence"},
+     "control/rollout_kept_frac"),
+    ("clip_cov", {"ratio": 0.2, "lb": -5.0, "ub": 5.0}, {"loss_type": "vespo", "num_iterations": 2, "max_steps": 2}, "zeroed"),
+    ("entropy_bonus", {"coef": 0.5}, {"loss_type": "sapo"}, "entropy_coef"),
+], ids=["clip_v-sapo", "clip_b-gspo", "80/20-cispo", "clip_v-luspo", "clip_cov-vespo-2iter", "bonus-sapo"])
+def test_methods_compose_with_every_loss_type_and_level(tmp_path, method, params, cfg, acted):
+    """Methods that drop or zero tokens, or add TRL's entropy term, run inside TRL's own loss (its loss mask, its
+    per-token advantages, its ``entropy_coef``) on the loss types and the sequence level that entropy-rft's
+    surrogate lacks: each acts (kept fraction < 1, zeroed tokens, TRL's entropy_coef logged) and the update
+    differs from ``none``'s."""
     from entropy_rft.integrations.trl import EntropyControlGRPOTrainer
     from test_trl_parity import run
 
@@ -120,5 +126,10 @@ def test_drops_and_clips_compose_with_every_loss_type_and_level(tmp_path, method
     p_none, _ = run(EntropyControlGRPOTrainer, policy, tmp_path / "none", steps=1, bf16=False, **cfg)
     p_m, logs = run(EntropyControlGRPOTrainer, policy, tmp_path / "m", steps=1, bf16=False,
                     trainer_kw={"method": method, "method_params": params}, **cfg)
-    assert logs[0]["control/rollout_kept_frac"] < 1.0, logs[0]
-    assert any(not torch.equal(p_m[k], p_none[k]) for k in p_none)  # the drops changed the update
+    if acted == "zeroed":
+        assert logs[0]["control/zeroed_frac"] > 0, logs[0]
+    elif acted == "entropy_coef":
+        assert logs[0]["entropy_coef"] == params["coef"], logs[0]
+    else:
+        assert logs[0][acted] < 1.0, logs[0]
+    assert any(not torch.equal(p_m[k], p_none[k]) for k in p_none)  # the method changed the update

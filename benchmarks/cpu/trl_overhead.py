@@ -11,7 +11,11 @@
    policy (overhead-bound) and on the built-in default policy with Countdown (the feasibility study's
    settings; built on first use).
 
-Usage: ``.venv/bin/python benchmarks/cpu/trl_overhead.py [--steps 6] [--rounds 2] [--skip-default]``.
+4. ``--smollm2``: the plug-in's cost on SmolLM2-135M-Instruct (issue 35, item 7) instead of 1-3: stock
+   ``GRPOTrainer`` against the plug-in with ``none``, ``none`` with ``dynamics_metrics=False`` and ``clip_v``,
+   4 prompts x 4 samples of ``rg:products``, up to 32 new tokens, interleaved rounds.
+
+Usage: ``.venv/bin/python benchmarks/cpu/trl_overhead.py [--steps 6] [--rounds 2] [--skip-default] [--smollm2]``.
 Prints a ratio table.
 """
 
@@ -38,11 +42,13 @@ PROMPTS, GROUP, NEW_TOKENS, LR = 16, 8, 12, 2e-4
 class Setup:
     """A policy, its task and the reward TRL sees, for one comparison."""
 
-    def __init__(self, name: str, policy: str, task: str):
+    def __init__(self, name: str, policy: str, task: str, prompts: int = PROMPTS, group: int = GROUP,
+                 new_tokens: int = NEW_TOKENS, **task_params):
         from entropy_rft.tasks import build_task
 
         self.name, self.policy, self.task_name = name, policy, task
-        self.task = build_task(task)
+        self.prompts, self.group, self.new_tokens = prompts, group, new_tokens
+        self.task = build_task(task, **task_params)
         self.train, _ = self.task.split(0)
 
     def dataset(self):
@@ -55,8 +61,9 @@ class Setup:
         return [float(self.task.reward(c, self.train[i])) for c, i in zip(completions, idx)]
 
 
-def trl_step_times(setup: Setup, out: Path, steps: int, method: str | None) -> list[float]:
-    """Per-optimizer-step wall times of stock GRPOTrainer (method None) or ours, first step excluded."""
+def trl_step_times(setup: Setup, out: Path, steps: int, method: str | None, **trainer_kw) -> list[float]:
+    """Per-optimizer-step wall times of stock GRPOTrainer (method None) or ours (``trainer_kw``: e.g.
+    ``dynamics_metrics=False``), first step excluded."""
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
@@ -64,19 +71,20 @@ def trl_step_times(setup: Setup, out: Path, steps: int, method: str | None) -> l
     from entropy_rft.training.policies import load_policy
 
     model, tok = load_policy(setup.policy)
-    if setup.policy == "default":  # TRL rebuilds its reference from config._name_or_path: give it the folder
+    if setup.policy in ("default", "smollm2-135m"):  # TRL rebuilds its reference from config._name_or_path
         from entropy_rft.training.policies import resolve_policy
 
-        model.config._name_or_path = str(resolve_policy("default"))
-    args = GRPOConfig(output_dir=str(out), use_cpu=True, bf16=False, per_device_train_batch_size=PROMPTS * GROUP,
-                      num_generations=GROUP, max_completion_length=NEW_TOKENS, max_steps=steps, report_to=[],
+        model.config._name_or_path = str(resolve_policy(setup.policy))
+    args = GRPOConfig(output_dir=str(out), use_cpu=True, bf16=False,
+                      per_device_train_batch_size=setup.prompts * setup.group, num_generations=setup.group,
+                      max_completion_length=setup.new_tokens, max_steps=steps, report_to=[],
                       save_strategy="no", disable_tqdm=True, logging_steps=10_000, seed=0, learning_rate=LR)
     kw = dict(model=model, reward_funcs=setup.reward, args=args, train_dataset=setup.dataset(), processing_class=tok)
     if method is None:
         trainer = GRPOTrainer(**kw)
     else:
         params = {"mu": 2.0, "max_frac": None} if method == "clip_v" else {}
-        trainer = EntropyControlGRPOTrainer(**kw, method=method, method_params=params)
+        trainer = EntropyControlGRPOTrainer(**kw, method=method, method_params=params, **trainer_kw)
     stamps: list[float] = []
 
     class Stamp(TrainerCallback):
@@ -171,6 +179,9 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=6, help="steps per engine and round (the first is excluded)")
     p.add_argument("--rounds", type=int, default=2, help="times each engine runs, interleaved")
     p.add_argument("--threads", type=int, default=1, help="torch threads for every engine")
+    p.add_argument("--smollm2", action="store_true",
+                   help="only the plug-in's cost on SmolLM2-135M-Instruct (stock, none, none without dynamics "
+                        "metrics, clip_v)")
     p.add_argument("--skip-default", action="store_true",
                    help="skip the comparison on the built-in default policy (built on first use, ~2 min)")
     a = p.parse_args()
@@ -178,6 +189,8 @@ def main() -> None:
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
+    if a.smollm2:
+        return smollm2_cost(a)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         micro = Setup("micro", str(make_micro_policy(tmp / "policy")), "micro:DigitTask")
@@ -210,6 +223,26 @@ def main() -> None:
     print(f"  TRL fused head (log p, entropy): {mem['trl']:8.1f} MiB")
     ratio = mem["erft"] / max(mem["trl"], 1e-9)
     print(f"  ours (log p + full TokenStats):  {mem['erft']:8.1f} MiB   ratio {ratio:.2f}")
+
+
+def smollm2_cost(a: argparse.Namespace) -> None:
+    """Issue 35, item 7: the plug-in's step time against stock GRPOTrainer on SmolLM2-135M-Instruct."""
+    smol = Setup("smollm2", "smollm2-135m", "rg:products", prompts=4, group=4, new_tokens=32,
+                 params={"max_digits": 1}, answer_format="number")
+    with tempfile.TemporaryDirectory() as tmp:
+        med = _interleaved({
+            "trl": lambda o: trl_step_times(smol, o, a.steps, None),
+            "erft_none": lambda o: trl_step_times(smol, o, a.steps, "none"),
+            "erft_none_nodyn": lambda o: trl_step_times(smol, o, a.steps, "none", dynamics_metrics=False),
+            "erft_clip_v": lambda o: trl_step_times(smol, o, a.steps, "clip_v")}, a.rounds, Path(tmp))
+    n = (a.steps - 1) * a.rounds
+    print(f"\nSmolLM2-135M-Instruct: step time, median of {n} steps each (4 prompts x 4 samples, <=32 new tokens, "
+          f"fp32, one update per batch, 1 process, {a.threads} thread(s))")
+    print(f"{'engine':<44}{'s/step':>10}{'ratio vs TRL':>14}")
+    for k, label in (("trl", "TRL GRPOTrainer (stock)"), ("erft_none", "plug-in none"),
+                     ("erft_none_nodyn", "plug-in none, dynamics_metrics=False"), ("erft_clip_v", "plug-in clip_v")):
+        print(f"{label:<44}{med[k]:>10.3f}{med[k] / med['trl']:>14.3f}")
+    print(json.dumps({"smollm2_step_s": med}))
 
 
 if __name__ == "__main__":

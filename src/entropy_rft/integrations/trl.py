@@ -20,7 +20,6 @@ from typing import Any
 import torch
 import yaml
 from accelerate import PartialState
-from datasets import Dataset
 from torch import Tensor
 
 from entropy_rft import control
@@ -44,12 +43,12 @@ from entropy_rft.integrations.trl_support import (
     refusals,
     trl_log_metrics,
 )
+from entropy_rft.integrations.trl_task import prompt_dataset, task_reward_func
 from entropy_rft.models.loading import load_tokenizer
 from entropy_rft.policy.forward import supports_fused
 from entropy_rft.rundir import files as rundir
 from entropy_rft.rundir.checkpoints import last_complete_trl_checkpoint
 from entropy_rft.tasks import build_task
-from entropy_rft.tasks.prompts import ChatPrompt, as_conversation, has_chat_template
 from entropy_rft.training.policies import load_policy, resolve_policy
 
 # TRL versions this integration was tested with: it overrides private methods of GRPOTrainer, whose
@@ -126,6 +125,7 @@ class EntropyControlGRPOTrainer(GRPOTrainer):
         self._erft_captured: tuple[Tensor, dynamics.TokenStats] | None = None
         self._erft_old_pass = False  # True inside _generate_and_score_completions: capture our TokenStats
         self._erft_forward: Tensor | None | bool = False  # None inside a delegated _compute_loss: capture logp
+        self._erft_select: dict[str, Any] | None = None  # the micro-batch whose Clip-Cov selection is pending
         self._erft_window: window.Window | None = None
         self.step_metrics = window.StepMetrics()  # our metrics row of the current erft step
         ga, gen_every = self.args.gradient_accumulation_steps, self.args.steps_per_generation * self.num_iterations
@@ -183,8 +183,10 @@ class EntropyControlGRPOTrainer(GRPOTrainer):
         out = super()._get_per_token_logps_and_entropies(
             model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size,
             compute_entropy=compute_entropy, compute_aux_loss=compute_aux_loss, **multimodal)
-        if self._erft_forward is None:  # TRL's training forward inside its own _compute_loss (method none)
+        if self._erft_forward is None:  # TRL's training forward inside its own _compute_loss (delegated)
             self._erft_forward = out[0].detach()
+            if self._erft_select is not None:  # before TRL reads the advantages
+                self._zero_selected(model, self._erft_select, self._erft_forward)
         return out
 
     def _record_delegated(self, logp: Tensor, inputs: dict[str, Any]) -> None:
@@ -194,7 +196,7 @@ class EntropyControlGRPOTrainer(GRPOTrainer):
         old = logp if old is None else old
         with torch.no_grad():
             _, met = policy_loss(logp, old, inputs["advantages"], self._loss_mask(inputs),
-                                 **{**self.loss_kwargs, "ref_kl_coef": 0.0})
+                                 **{**self.loss_kwargs, "ref_kl_coef": 0.0, "entropy_coef": 0.0})
         self._record({k: v for k, v in met.items() if k.startswith(("ratio/", "clip/"))}, mode=None)
 
     @staticmethod
@@ -293,37 +295,17 @@ class EntropyControlGRPOTrainer(GRPOTrainer):
 
     def _compute_loss(self, model, inputs):
         """TRL's loss hook. Method ``none`` and the methods that compose with TRL's loss (drops as its loss mask,
-        a clip as its epsilons: ``trl_support.composes_with_trl``): TRL's own ``_compute_loss`` (every loss type,
-        level and option as stock), and our ratio/clip metrics from its training forward. Other methods: TRL's training
-        forward (log-probs and entropies, as stock computes them), then ``policy_loss`` with the method's masks,
-        and TRL's own log keys (``_record_trl_metrics``)."""
+        Clip-Cov as zero advantages, a clip as its epsilons, the entropy bonus as its ``entropy_coef``:
+        ``trl_support.composes_with_trl``): TRL's own ``_compute_loss`` (every loss type, level and option as
+        stock), and our ratio/clip metrics from its training forward. Other methods: TRL's training forward
+        (log-probs and entropies, as stock computes them), then ``policy_loss`` with the method's masks, and TRL's
+        own log keys (``_record_trl_metrics``)."""
         if self.delegates:
-            clip = self.method.loss_kwargs()  # clip-higher / clip-low: TRL's own clip, set for this step
-            self.epsilon_low = clip.get("eps_low", self.epsilon_low)
-            self.epsilon_high = clip.get("eps_high", self.epsilon_high)
-            self._erft_forward = None
-            try:
-                loss = super()._compute_loss(model, inputs)
-            finally:
-                forward, self._erft_forward = self._erft_forward, False
-            if forward is not None and self.loss_type in AGG_FOR_LOSS_TYPE:
-                self._record_delegated(forward, inputs)
-            return loss
+            return self._compute_trl_loss(model, inputs)
         mask = self._loss_mask(inputs)
         logp, entropies, _ = self._get_per_token_logps_and_entropies(model, *self._model_inputs(inputs),
                                                                      compute_entropy=True)
-        masks, scale = Masks(), 1.0  # evaluation: no selection
-        if self.model.training and "erft_keep" in inputs:  # the window's selection: rollout keep ∧ minibatch
-            win = self._window_inputs()
-            if win is None:  # fallback: this micro-batch is the window (global over ranks)
-                w = self._build_window(model, self._step, [inputs], logp.detach())
-                masks, scale = w.selections[0].masks, w.scales[0] / self._grad_accum()
-            else:
-                start, micro = win
-                if self._erft_window is None or self._erft_window.start != start:
-                    self._erft_window = self._build_window(model, start, micro, logp.detach())
-                j = self._step - start
-                masks, scale = self._erft_window.selections[j].masks, self._erft_window.scales[j]
+        masks, scale = self._selection(model, inputs, logp.detach())
         old = inputs.get("old_per_token_logps")
         old = logp.detach() if old is None else old  # as TRL: absent on-policy and in evaluation
         ref = inputs.get("ref_per_token_logps")
@@ -333,6 +315,53 @@ class EntropyControlGRPOTrainer(GRPOTrainer):
         self._record({k: v for k, v in met.items() if k not in _BATCH_LEVEL}, mode=None)
         self._record_trl_metrics(logp.detach(), old, inputs["advantages"], inputs, entropies.detach(), ref)
         return loss * scale
+
+    def _compute_trl_loss(self, model, inputs):
+        """TRL's own ``_compute_loss`` with the method composed into its inputs. The clip and entropy
+        coefficient are set for this step (a controller may move them). A minibatch-stage selection (Clip-Cov)
+        is made from TRL's own training forward (``_get_per_token_logps_and_entropies`` calls ``_zero_selected``
+        before TRL reads the advantages); the micro-batch's advantages are put back afterwards, since TRL reuses
+        the buffered micro-batch for its next iterations."""
+        kw = self.method.loss_kwargs()
+        self.epsilon_low = kw.get("eps_low", self.epsilon_low)
+        self.epsilon_high = kw.get("eps_high", self.epsilon_high)
+        if "entropy_coef" in kw:  # TRL's entropy term (its rule: token mean of H, scaled for accumulation)
+            self.entropy_coef, self._entropy_bonus_enabled = float(kw["entropy_coef"]), True
+        select = self.method.stage == "minibatch" and self.model.training and "erft_keep" in inputs
+        self._erft_forward, self._erft_select, advantages = None, inputs if select else None, inputs["advantages"]
+        try:
+            loss = super()._compute_loss(model, inputs)
+        finally:
+            forward, self._erft_forward, self._erft_select = self._erft_forward, False, None
+            inputs["advantages"] = advantages
+        if forward is not None and self.loss_type in AGG_FOR_LOSS_TYPE:
+            self._record_delegated(forward, inputs)
+        return loss
+
+    def _zero_selected(self, model, inputs: dict[str, Any], logp: Tensor) -> None:
+        """Clip-Cov in TRL's loss: the selected tokens get advantage 0 (per-token advantages, (B, T))."""
+        masks, _ = self._selection(model, inputs, logp)
+        if masks.zeroed is None:
+            return
+        adv = inputs["advantages"]
+        adv = (adv[:, None] if adv.dim() == 1 else adv).expand(masks.zeroed.shape)
+        inputs["advantages"] = torch.where(masks.zeroed, torch.zeros_like(adv), adv)
+
+    def _selection(self, model, inputs: dict[str, Any], logp: Tensor) -> tuple[Masks, float]:
+        """This micro-batch's masks and loss scale from its optimizer window's selection (rollout keep ∧
+        minibatch selection, global over ranks); no selection in evaluation. ``logp``: the training forward's
+        detached log-probs, the current policy's when the window is this micro-batch alone."""
+        if not (self.model.training and "erft_keep" in inputs):
+            return Masks(), 1.0
+        win = self._window_inputs()
+        if win is None:  # fallback: this micro-batch is the window (global over ranks)
+            w = self._build_window(model, self._step, [inputs], logp)
+            return w.selections[0].masks, w.scales[0] / self._grad_accum()
+        start, micro = win
+        if self._erft_window is None or self._erft_window.start != start:
+            self._erft_window = self._build_window(model, start, micro, logp)
+        j = self._step - start
+        return self._erft_window.selections[j].masks, self._erft_window.scales[j]
 
     def _record_trl_metrics(self, logp: Tensor, old: Tensor, adv: Tensor, inputs: dict[str, Any], entropies: Tensor,
                             ref: Tensor | None) -> None:
@@ -377,31 +406,6 @@ class EntropyControlGRPOTrainer(GRPOTrainer):
 
 
 # ----------------------------------------------------------------------------- erft train --engine trl
-
-
-def prompt_dataset(examples, tokenizer):
-    """The ``datasets.Dataset`` TRL trains on: a ``prompt`` column and ``erft_index`` back into ``examples``.
-
-    Chat prompts (math tasks) become conversations when the tokenizer has a chat template, so TRL applies
-    the template itself; anything else stays plain text.
-    """
-    chat = has_chat_template(tokenizer) and all(isinstance(ex.prompt, ChatPrompt) for ex in examples)
-    prompts = [as_conversation(ex.prompt) if chat else str(ex.prompt) for ex in examples]
-    return Dataset.from_dict({"prompt": prompts, "erft_index": list(range(len(examples)))})
-
-
-def task_reward_func(erft_task, examples: list, on_scored=None):
-    """An erft task's reward as a TRL reward function (named ``task``): TRL passes the dataset's ``erft_index``
-    column (``prompt_dataset``) with the completions; ``on_scored(examples, texts, rewards)`` sees each batch."""
-    def task(completions, erft_index, **_kw):
-        texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
-        batch = [examples[i] for i in erft_index]
-        rewards = [float(erft_task.reward(text, ex)) for text, ex in zip(texts, batch)]
-        if on_scored is not None:
-            on_scored(batch, texts, rewards)
-        return rewards
-
-    return task
 
 
 def zero3_enabled() -> bool:

@@ -2,10 +2,11 @@
 how its statistics pass stays out of the training's way (dropout, random streams).
 
 Method ``none`` hands the loss to TRL's own ``_compute_loss`` untouched, so every loss type, importance-sampling
-level and option of TRL 1.16 trains exactly as stock ``GRPOTrainer``; the methods that drop tokens or set the
-clip compose into TRL's own loss inputs the same way (``composes_with_trl``). The other methods run entropy-rft's
-``policy_loss`` with TRL's token-level clipped surrogate (loss types grpo, bnpo, dr_grpo, dapo); on the other
-loss types and on sequence-level importance sampling they are refused in one line, naming the pair.
+level and option of TRL 1.16 trains exactly as stock ``GRPOTrainer``; the methods that drop or zero tokens, set
+the clip or add TRL's entropy term compose into TRL's own loss inputs the same way (``composes_with_trl``). The
+other methods (KL-Cov, CE-GPPO, EntroPIC, STEER) run entropy-rft's ``policy_loss`` with TRL's token-level clipped
+surrogate (loss types grpo, bnpo, dr_grpo, dapo); on the other loss types and on sequence-level importance
+sampling they are refused in one line, naming the pair.
 """
 
 from __future__ import annotations
@@ -39,16 +40,29 @@ def composes_with_trl(method: Method) -> bool:
       zero in TRL's ``tool_mask`` (the loss mask, not the attention mask), and ``num_items_in_batch`` counts the
       kept tokens, so a dropped token leaves the loss and its normaliser on every loss type, as in the authors'
       code; under sequence-level ratios (GSPO) it also leaves its sequence's mean log-ratio;
-    - a static method that only sets the clip (clip-higher, clip-low): TRL's ``epsilon_low``/``epsilon_high``.
+    - Clip-Cov, a minibatch-stage selection that only zeroes tokens: a zeroed token is a zero in TRL's per-token
+      advantages (shape (B, T), which TRL's ``_compute_loss`` takes "to support subclasses"), so its policy term
+      is 0 on every loss type while it stays in the loss mask and the normaliser, as in the authors' code (where
+      the reference-KL loss is a separate term that the selection does not touch, as TRL's ``beta`` term here);
+    - a static method that only sets the clip (clip-higher, clip-low): TRL's ``epsilon_low``/``epsilon_high``;
+    - the entropy bonus: TRL's own ``entropy_coef`` term (the token mean of H over the loss mask, scaled for
+      accumulation only, whatever the loss type).
 
-    Token zeroing chosen from the current policy (Clip-Cov), added terms (KL-Cov, the entropy bonus) and the
-    CE-GPPO gradient run in entropy-rft's ``policy_loss`` instead."""
+    KL-Cov runs in entropy-rft's ``policy_loss``: it replaces the clipped surrogate by the unclipped one and adds
+    coef·|log p − log p_old| on its tokens, a rule the authors state on the token-level PPO surrogate only, so
+    it has no meaning on TRL's cispo, sapo, luspo and vespo losses or on sequence-level ratios. CE-GPPO's
+    gradient on clipped tokens and the EntroPIC / STEER weights run there too (a term or weight of their own
+    on the PPO surrogate)."""
     kw = method.loss_kwargs()
-    if method.needs_entropy_grad():
+    if "trl" not in method.engines:
         return False
     if method.stage == "static":
+        if method.needs_entropy_grad():
+            return set(kw) == {"entropy_coef"}
         return set(kw) <= {"eps_low", "eps_high"} and all(v is not None for v in kw.values())
-    return method.stage == "rollout" and not kw
+    if method.needs_entropy_grad() or kw:
+        return False
+    return method.stage in ("rollout", "minibatch")
 
 
 def model_config_of(model: Any) -> Any:
@@ -74,7 +88,10 @@ def refusals(method: Method, args: Any, model_config: Any = None, delegated: boo
     Read from the config alone, so the trainer refuses before TRL loads a model. ``delegated``: the loss is
     TRL's own (``delegates_loss``), which runs everything TRL runs."""
     if delegated:
-        return []
+        return [f"entropy_coef / use_adaptive_entropy with method {method.name!r} (the method sets TRL's "
+                "entropy_coef itself; leave them at their defaults)"] if (
+            "entropy_coef" in method.loss_kwargs() and (bool(_get(args, "entropy_coef", 0.0))
+                                                        or bool(_get(args, "use_adaptive_entropy", False)))) else []
     loss_type = _get(args, "loss_type", "dapo")
     pair = f"with method {method.name!r}"
     checks = [
