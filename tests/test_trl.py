@@ -25,7 +25,7 @@ from entropy_rft.common.errors import UserError  # noqa: E402
 from entropy_rft.config.loading import load_config  # noqa: E402
 from entropy_rft.core.loss import policy_loss, ppo_clipped_mask  # noqa: E402
 from entropy_rft.integrations import trl as erft_trl  # noqa: E402
-from entropy_rft.integrations import window  # noqa: E402
+from entropy_rft.integrations import trl_task, window  # noqa: E402
 from entropy_rft.integrations.stats_forward import fused_policy_out  # noqa: E402
 from entropy_rft.launch import run as launch
 from entropy_rft.models.loading import load_policy  # noqa: E402
@@ -442,12 +442,12 @@ def test_prompt_dataset_uses_conversations_only_with_a_chat_template(policy_dir)
     tok = AutoTokenizer.from_pretrained(policy_dir)
     chat_train, _ = ChatDigitTask().split(0)
     plain_train, _ = DigitTask().split(0)
-    assert erft_trl.prompt_dataset(chat_train, tok)[0]["prompt"] == str(chat_train[0].prompt)  # no template
+    assert trl_task.prompt_dataset(chat_train, tok)[0]["prompt"] == str(chat_train[0].prompt)  # no template
     tok.chat_template = CHAT_TEMPLATE
-    ds = erft_trl.prompt_dataset(chat_train, tok)
+    ds = trl_task.prompt_dataset(chat_train, tok)
     assert ds[3]["prompt"] == [{"role": "user", "content": str(chat_train[3].prompt)}]
     assert ds[3]["erft_index"] == 3
-    assert erft_trl.prompt_dataset(plain_train, tok)[0]["prompt"] == plain_train[0].prompt
+    assert trl_task.prompt_dataset(plain_train, tok)[0]["prompt"] == plain_train[0].prompt
 
 
 @pytest.mark.parametrize("on", [False, True])
@@ -504,6 +504,7 @@ def test_zero3_path_hands_trl_the_folder_and_trains_the_same(policy_dir, tmp_pat
     model_init_kwargs. DeepSpeed is not installed here, so the ZeRO-3 switch is forced; the run must equal the
     default path's, which loads the model in erft."""
     from entropy_rft.integrations import trl as erft_trl
+    from entropy_rft.integrations import trl_train
 
     seen: list = []
     real_init = erft_trl.EntropyControlGRPOTrainer.__init__
@@ -514,7 +515,7 @@ def test_zero3_path_hands_trl_the_folder_and_trains_the_same(policy_dir, tmp_pat
 
     monkeypatch.setattr(erft_trl.EntropyControlGRPOTrainer, "__init__", spy)
     launch.start(trl_config(policy_dir, "clip_v"), tmp_path / "loaded")
-    monkeypatch.setattr(erft_trl, "zero3_enabled", lambda: True)
+    monkeypatch.setattr(trl_train, "zero3_enabled", lambda: True)
     launch.start(trl_config(policy_dir, "clip_v"), tmp_path / "zero3")
     (loaded_model, loaded_kw), (zero3_model, zero3_kw) = seen
     assert not isinstance(loaded_model, str) and "dtype" not in loaded_kw

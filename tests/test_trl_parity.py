@@ -150,3 +150,31 @@ def test_without_dynamics_metrics_method_none_does_only_stocks_work(policy_dir, 
     with pytest.raises(ValueError, match=r"dynamics_metrics=False: method 'clip_v' selects tokens"):
         run(EntropyControlGRPOTrainer, policy_dir, tmp_path / "x", trainer_kw={"dynamics_metrics": False,
                                                                               "method": "clip_v"})
+
+
+@pytest.mark.parametrize("cfg", [{}, {"steps_per_generation": 2, "gradient_accumulation_steps": 2,
+                                      "per_device_train_batch_size": 4}], ids=["one-micro-batch", "two-joined"])
+def test_on_policy_none_takes_its_statistics_from_trls_training_forward(policy_dir, tmp_path, monkeypatch, cfg):
+    """On-policy (TRL runs no old-policy forward) with a static method, the plug-in runs no forward of its own
+    (``_policy_stats`` never runs): the statistics come from the hidden states of TRL's training forward, one
+    head pass per micro-batch, joined over the generation batch's micro-batches. The training is stock's, and
+    ``entropy/mean`` is the entropy TRL computes in that same forward."""
+    from trl import GRPOTrainer
+
+    from entropy_rft.integrations.trl import EntropyControlGRPOTrainer
+
+    model, _ = load_policy(str(policy_dir))
+    INITIAL.clear()
+    INITIAL.update({k: v.detach().clone() for k, v in model.state_dict().items()})
+    calls = []
+    real = EntropyControlGRPOTrainer._policy_stats
+    monkeypatch.setattr(EntropyControlGRPOTrainer, "_policy_stats", lambda self, *a, **k: calls.append(1) or
+                        real(self, *a, **k))
+    stock = run(GRPOTrainer, policy_dir, tmp_path / "stock", bf16=False, **cfg)
+    ours = run(EntropyControlGRPOTrainer, policy_dir, tmp_path / "ours", bf16=False, **cfg)
+    assert_same_run(ours, stock)
+    assert calls == []
+    for row in ours[1]:
+        assert "dynamics/s_centered_mean" in row and "entropy/mean" in row, row
+        if not cfg:  # one micro-batch per generation batch: the same tokens as TRL's logged mean
+            assert row["entropy/mean"] == pytest.approx(row["entropy"], rel=1e-5), row

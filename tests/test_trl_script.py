@@ -111,7 +111,8 @@ def test_trls_own_script_trains_the_same_with_the_plug_in(runs, row):
     ("high_entropy", {"top_q": 0.5}, {"loss_type": "cispo"}, "control/rollout_kept_frac"),
     ("clip_v", {"mu": 0.5}, {"loss_type": "luspo", "importance_sampling_level": "sequence"},
      "control/rollout_kept_frac"),
-    ("clip_cov", {"ratio": 0.2, "lb": -5.0, "ub": 5.0}, {"loss_type": "vespo", "num_iterations": 2, "max_steps": 2}, "zeroed"),
+    ("clip_cov", {"ratio": 0.2, "lb": -5.0, "ub": 5.0},
+     {"loss_type": "vespo", "num_iterations": 2, "max_steps": 2}, "zeroed"),
     ("entropy_bonus", {"coef": 0.5}, {"loss_type": "sapo"}, "entropy_coef"),
 ], ids=["clip_v-sapo", "clip_b-gspo", "80/20-cispo", "clip_v-luspo", "clip_cov-vespo-2iter", "bonus-sapo"])
 def test_methods_compose_with_every_loss_type_and_level(tmp_path, method, params, cfg, acted):

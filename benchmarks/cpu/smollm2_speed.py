@@ -72,7 +72,8 @@ def trl_times(cfg, out: Path) -> tuple[list[float], float]:
     from transformers import TrainerCallback
     from trl import GRPOTrainer
 
-    from entropy_rft.integrations.trl import grpo_config, prompt_dataset
+    from entropy_rft.integrations.trl import grpo_config
+    from entropy_rft.integrations.trl_task import prompt_dataset
     from entropy_rft.tasks import build_task
     from entropy_rft.training.policies import load_policy
 

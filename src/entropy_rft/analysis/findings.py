@@ -22,7 +22,7 @@ def law_fits(runs: Sequence[RunData]) -> list[dict[str, Any]]:
     out = []
     for r in runs:
         try:
-            steps, hs, rs = law_points(r.rows, what=r.name)
+            steps, hs, rs = law_points(r.rows, entropy=r.law_entropy, what=r.name)
         except UserError:
             continue
         if not steps:

@@ -41,6 +41,7 @@ class RunData:
     variant: str = ""  # the method with its variant: clip_v, clip_v:mu=3, clip_v@target=0.43
     engine: str = "native"
     model: str = "default"
+    law_entropy: str = "eval"  # the law's H (analysis.law.law_points): "train" for runs without eval/entropy
 
 
 def expand_run_dirs(paths: Sequence[str | Path]) -> list[Path]:

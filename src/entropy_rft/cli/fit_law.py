@@ -9,19 +9,31 @@ from entropy_rft.common.errors import UserError
 
 NAME = "fit-law"
 HELP = ("Fit the entropy-performance law R = -a*exp(H) + b (Cui et al. 2025) to a run's (entropy, validation "
-        "accuracy) pairs; report a, b, the ceiling b - a, R^2, and the forecast error from the first steps.")
+        "accuracy) pairs; report a, b, the ceiling b - a, R^2, and the forecast error from the first steps. Reads "
+        "erft runs and verl / TRL / TensorBoard / table logs.")
+SOURCES = ("verl-console", "verl-file", "trl", "tensorboard", "table")  # analysis.engine_logs.SOURCES (no torch)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("run_dir", metavar="RUN_DIR", help="A run directory (with metrics.jsonl) written by erft train.")
+    p.add_argument("run_dir", metavar="RUN_DIR",
+                   help="A run directory written by erft train, or another engine's run as it lies on disk: verl's "
+                        "console log or file-logger JSONL, a TRL output_dir or checkpoint folder, TensorBoard event "
+                        "files, or a CSV/JSONL table with a step column (a W&B or MLflow export).")
+    p.add_argument("--source", choices=SOURCES,
+                   help="Read RUN_DIR as this kind of log instead of detecting it from the path.")
+    p.add_argument("--entropy-key", metavar="KEY",
+                   help="Another engine's run: the policy-entropy key (default: actor/entropy, actor/entropy_loss, "
+                        "entropy or train/entropy, the first logged).")
     p.add_argument("--fit-frac", type=float, default=0.2,
                    help="Forecast test: fit on evaluations at steps <= this fraction of the last step, "
                         "report the RMSE on the rest (Paper B: ~1%% RMSE on real models). Default 0.2.")
     p.add_argument("--entropy", choices=("eval", "train"), default="eval",
                    help="H: 'eval' = entropy of the validation samples (eval/entropy), 'train' = the training "
                         "batch's entropy/mean at the same step.")
-    p.add_argument("--metric", default="pass@1",
-                   help="R: 'pass@1' (default), 'avg@K', or any eval/ key suffix such as pass@8.")
+    p.add_argument("--metric", default=None,
+                   help="R: for an erft run 'pass@1' (default), 'avg@K', or any eval/ key suffix such as pass@8; for "
+                        "another engine's run the validation key (default: verl's val-core/<data>/acc|reward/"
+                        "mean@N or val/test_score/<data>, TRL's eval_reward; with several, the first, named).")
     p.add_argument("--json", metavar="FILE", help="Also write the fit and forecast as JSON.")
 
 
@@ -36,23 +48,30 @@ def run(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir)
     if not args.run_dir.strip():
         raise UserError("RUN_DIR is empty; give a run directory written by erft train")
-    if run_dir.exists() and not run_dir.is_dir():
-        raise UserError(f"{run_dir}: is a file, not a run directory; give the --out folder of erft train")
-    if not run_dir.is_dir():
-        raise UserError(f"{run_dir}: no such run directory")
+    if not run_dir.exists():
+        raise UserError(f"{run_dir}: no such run directory or log file")
     if not 0 < args.fit_frac < 1:  # also NaN
         raise UserError(f"--fit-frac must be in (0, 1), got {args.fit_frac}")
     if args.json is not None:
         from entropy_rft.training import preflight
 
         preflight.check_out_file(args.json, "--json")
+    from entropy_rft.analysis.byo import fit_engine_log, is_erft_path
     from entropy_rft.analysis.law import fit_run
     from entropy_rft.rundir.files import atomic_write_json, forget_warnings
 
     forget_warnings()  # each damaged line of metrics.jsonl: one warning in this command
-    res = fit_run(run_dir, fit_frac=args.fit_frac, entropy=args.entropy, metric=args.metric)
+    if args.source is None and is_erft_path(run_dir):
+        if args.entropy_key is not None:
+            raise UserError("--entropy-key names another engine's key; for an erft run use --entropy eval|train")
+        metric = "pass@1" if args.metric is None else args.metric
+        res = fit_run(run_dir, fit_frac=args.fit_frac, entropy=args.entropy, metric=metric)
+        print(f"entropy-performance law for {run_dir}  (R = {metric}, H = {args.entropy} entropy)")
+    else:
+        res = fit_engine_log(run_dir, source=args.source, entropy_key=args.entropy_key, metric=args.metric,
+                             fit_frac=args.fit_frac)
+        print(f"entropy-performance law for {res['note']}")
     fit = res["fit"]
-    print(f"entropy-performance law for {run_dir}  (R = {args.metric}, H = {args.entropy} entropy)")
     print(f"  R = -a*exp(H) + b, linear least squares on [-exp(H), 1] over {fit['n']} evaluations")
     print(f"  a = {_f(fit['a'])}   b = {_f(fit['b'])}   ceiling b - a = {_f(fit['ceiling'])}   "
           f"R^2 = {_f(fit['r2'])}   RMSE = {_f(fit['rmse'])}")

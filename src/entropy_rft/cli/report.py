@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from entropy_rft.cli.fit_law import SOURCES
 from entropy_rft.common.errors import UserError
 
 NAME = "report"
@@ -14,7 +15,13 @@ HELP = ("Write a self-contained report.html (entropy, accuracy, probe, S_c, lens
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR",
-                   help="Run directories, or folders of run directories (erft compare --out).")
+                   help="Run directories, folders of run directories (erft compare --out), or other engines' runs "
+                        "(verl console log or file-logger JSONL, TRL output_dir, TensorBoard event files, CSV/JSONL "
+                        "table), as erft fit-law reads them.")
+    p.add_argument("--source", choices=SOURCES,
+                   help="Read every RUN_DIR as this kind of log instead of detecting it.")
+    p.add_argument("--entropy-key", metavar="KEY", help="Other engines' runs: the policy-entropy key.")
+    p.add_argument("--metric", metavar="KEY", help="Other engines' runs: the validation-score key.")
     p.add_argument("--out", required=True, help="Folder for report.html and report.json.")
 
 
@@ -29,16 +36,16 @@ def run(args: argparse.Namespace) -> int:
             raise UserError("a RUN_DIR is empty; give run directories or an erft compare --out folder")
         if not Path(d).exists():
             raise UserError(f"{d}: no such directory; give a run directory or an erft compare --out folder")
-        if not Path(d).is_dir():
-            raise UserError(f"{d}: is a file, not a run directory; give the --out folder of erft train or "
-                            "erft compare")
     from entropy_rft.report.page import build_report
 
-    numbers = build_report(args.run_dirs, args.out)
+    numbers = build_report(args.run_dirs, args.out, source=args.source, entropy_key=args.entropy_key,
+                           metric=args.metric)
     print(numbers["summary"])
     print(f"report written to {Path(args.out) / 'report.html'} ({len(numbers['runs'])} runs in "
           f"{len(numbers['series'])} series: {'; '.join(x['label'] for x in numbers['series'])}; "
           f"figures: {', '.join(numbers['figures'])})")
+    for note in numbers["read"]:
+        print(f"  read {note}")
     for o in numbers["omitted"]:
         print(f"  left out: {o['title']} ({o['reason']})")
     for f in numbers["law"]:

@@ -12,28 +12,26 @@ step). docs/trl.md says what each hook does and the one configuration where sele
 from __future__ import annotations
 
 import contextlib
-import sys
 import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
-from accelerate import PartialState
 from torch import Tensor
 
 from entropy_rft import control
-from entropy_rft.common.numerics import numerics_record
-from entropy_rft.common.threads import apply_threads
-from entropy_rft.config.schema import config_to_dict
-from entropy_rft.config.trl import grpo_config, loss_overrides, step_factor
+from entropy_rft.config.trl import grpo_config
 from entropy_rft.control import Masks, Method
 from entropy_rft.core import dynamics
 from entropy_rft.core.loss import policy_loss
 from entropy_rft.integrations import window
 from entropy_rft.integrations._compat import require_version
-from entropy_rft.integrations.stats_forward import captured_hidden, chunked_policy_out, stats_from_hidden
-from entropy_rft.integrations.trl_logging import ErftLog
+from entropy_rft.integrations.stats_forward import (
+    captured_hidden,
+    chunked_policy_out,
+    map_stats,
+    stats_from_hidden,
+)
 from entropy_rft.integrations.trl_support import (
     AGG_FOR_LOSS_TYPE,
     delegates_loss,
@@ -44,19 +42,14 @@ from entropy_rft.integrations.trl_support import (
     trl_log_metrics,
 )
 from entropy_rft.integrations.trl_task import prompt_dataset, task_reward_func
-from entropy_rft.models.loading import load_tokenizer
 from entropy_rft.policy.forward import supports_fused
-from entropy_rft.rundir import files as rundir
-from entropy_rft.rundir.checkpoints import last_complete_trl_checkpoint
-from entropy_rft.tasks import build_task
-from entropy_rft.training.policies import load_policy, resolve_policy
 
 # TRL versions this integration was tested with: it overrides private methods of GRPOTrainer, whose
 # signatures change between minor releases.
 TRL_MIN, TRL_MAX_EXCLUSIVE = (1, 16, 0), (1, 17, 0)
 
 # grpo_config (trl_settings): re-exported for benchmarks
-__all__ = ["EntropyControlGRPOTrainer", "check_trl_version", "grpo_config", "train_trl"]
+__all__ = ["EntropyControlGRPOTrainer", "check_trl_version", "grpo_config", "prompt_dataset", "task_reward_func"]
 
 
 def check_trl_version(version: str) -> None:
@@ -68,7 +61,7 @@ import trl  # noqa: E402
 
 check_trl_version(trl.__version__)
 
-from trl import GRPOConfig, GRPOTrainer  # noqa: E402
+from trl import GRPOTrainer  # noqa: E402
 
 # policy_loss metrics that are per micro-batch counts; the trainer logs batch-level ones instead.
 _BATCH_LEVEL = ("loss/counted_frac", "loss/zeroed_frac", "tokens/counted")
@@ -126,6 +119,7 @@ class EntropyControlGRPOTrainer(GRPOTrainer):
         self._erft_old_pass = False  # True inside _generate_and_score_completions: capture our TokenStats
         self._erft_forward: Tensor | None | bool = False  # None inside a delegated _compute_loss: capture logp
         self._erft_select: dict[str, Any] | None = None  # the micro-batch whose Clip-Cov selection is pending
+        self._erft_deferred: list[tuple] | None = None  # statistics from TRL's training forward (_deferred_part)
         self._erft_window: window.Window | None = None
         self.step_metrics = window.StepMetrics()  # our metrics row of the current erft step
         ga, gen_every = self.args.gradient_accumulation_steps, self.args.steps_per_generation * self.num_iterations
@@ -141,8 +135,7 @@ class EntropyControlGRPOTrainer(GRPOTrainer):
         """TRL's log-probs and our TokenStats from one backbone pass (``_stats_pass``). ``quiet``: a pass of our
         own, not TRL's old-policy pass: run in eval mode with the random streams forked
         (``trl_support.quiet_pass``), so it neither carries dropout noise nor moves what training draws next."""
-        core = self.accelerator.unwrap_model(model)
-        core = core.get_base_model() if hasattr(core, "get_base_model") else core
+        core = self._core(model)
         if quiet:  # a pass of our own (not TRL's old-policy pass): out of the training's way
             with quiet_pass(model):
                 return self._stats_pass(model, core, input_ids, attention_mask, logits_to_keep, batch_size,
@@ -226,8 +219,13 @@ class EntropyControlGRPOTrainer(GRPOTrainer):
             out["erft_keep"] = mask.clone()
             return out
         captured, old = self._erft_captured, out.get("old_per_token_logps")
+        mask = self._loss_mask(out)
         if captured is not None and old is not None and captured[0] is old:
             stats = captured[1]
+        elif self._defers_stats(old):  # on-policy: the statistics come from TRL's training forward
+            self._erft_captured, self._erft_deferred = None, []
+            out["erft_old_logps"], out["erft_keep"] = torch.zeros(mask.shape, device=mask.device), mask.clone()
+            return out
         else:  # TRL skipped its old-policy forward (on-policy step), or ran it with dropout: ours, once per
             # generation batch, in eval mode with the random streams forked (trl_support.quiet_pass); TRL's loss
             # keeps its own old-policy log-probs (absent on-policy: logp.detach())
@@ -236,17 +234,46 @@ class EntropyControlGRPOTrainer(GRPOTrainer):
             old = own if old is None else old
         self._erft_captured = None
         out["erft_old_logps"] = old  # what the selections compare against (Clip-Cov, KL-Cov)
-        mask = self._loss_mask(out)
-        gb = window.global_rollout_batch(self.method, stats, out["advantages"], mask)
-        out["erft_keep"] = gb.local_keep(mask)
+        out["erft_keep"] = self._record_batch(stats, out["advantages"], mask, out["completion_ids"])
         if self.delegates and self.method.stage == "rollout":
             self._compose_keep(out)
-        ended = torch.isin(out["completion_ids"], torch.tensor(self.eos_token_ids, device=mask.device)) & mask
+        return out
+
+    def _record_batch(self, stats: dynamics.TokenStats, adv: Tensor, mask: Tensor, completion_ids: Tensor) -> Tensor:
+        """A generation batch's rollout-stage selection (over all processes) and its batch metrics; returns the
+        local keep mask."""
+        gb = window.global_rollout_batch(self.method, stats, adv, mask)
+        ended = torch.isin(completion_ids, torch.tensor(self.eos_token_ids, device=mask.device)) & mask
         metrics = window.global_batch_metrics(gb, ~ended.any(-1))
         reward = self._metrics["train"].get("reward")
         metrics["reward/mean"] = reward[-1] if reward else None
         self._record(metrics)
-        return out
+        return gb.local_keep(mask)
+
+    def _defers_stats(self, old: Tensor | None) -> bool:
+        """Whether this generation batch's statistics come from TRL's own training forward (``_deferred_part``)
+        instead of a forward of ours: TRL ran no old-policy forward (on-policy: each micro-batch trains once,
+        before any update), the method selects nothing, the loss is TRL's, and the head is ``hidden @ W.T``
+        with no dropout to add noise. Then the plug-in costs one no-grad head pass per micro-batch."""
+        core = self._core(self.model)
+        return (old is None and self.delegates and self.method.stage == "static" and supports_fused(core)
+                and not has_active_dropout(self.model))
+
+    def _core(self, model) -> Any:
+        """The plain transformers model under accelerate's and peft's wrappers."""
+        core = self.accelerator.unwrap_model(model)
+        return core.get_base_model() if hasattr(core, "get_base_model") else core
+
+    def _deferred_part(self, core, inputs: dict[str, Any], hidden: Tensor) -> None:
+        """One micro-batch's statistics from the hidden states of TRL's training forward; the generation
+        batch's metrics once its last micro-batch has trained (``_record_batch`` on the parts joined)."""
+        ids, _, keep = self._model_inputs(inputs)
+        stats = stats_from_hidden(core, hidden, ids, keep, self.temperature)
+        self._erft_deferred.append((stats, inputs["advantages"], self._loss_mask(inputs), inputs["completion_ids"]))
+        if len(self._erft_deferred) == self.args.steps_per_generation:
+            parts, self._erft_deferred = self._erft_deferred, None
+            self._record_batch(map_stats(lambda *x: torch.cat(x), *(p[0] for p in parts)),
+                               *(torch.cat([p[i] for p in parts]) for i in (1, 2, 3)))
 
     def _compose_keep(self, out: dict[str, Any]) -> None:
         """The rollout-stage drops in TRL's own loss inputs (``trl_support.composes_with_trl``): the kept tokens
@@ -329,8 +356,13 @@ class EntropyControlGRPOTrainer(GRPOTrainer):
             self.entropy_coef, self._entropy_bonus_enabled = float(kw["entropy_coef"]), True
         select = self.method.stage == "minibatch" and self.model.training and "erft_keep" in inputs
         self._erft_forward, self._erft_select, advantages = None, inputs if select else None, inputs["advantages"]
+        defer = self._erft_deferred is not None and self.model.training and "erft_keep" in inputs
+        core = self._core(model) if defer else None
         try:
-            loss = super()._compute_loss(model, inputs)
+            with captured_hidden(core) if defer else contextlib.nullcontext([]) as hidden:
+                loss = super()._compute_loss(model, inputs)
+            if defer:
+                self._deferred_part(core, inputs, torch.cat(hidden))
         finally:
             forward, self._erft_forward, self._erft_select = self._erft_forward, False, None
             inputs["advantages"] = advantages
@@ -403,87 +435,3 @@ class EntropyControlGRPOTrainer(GRPOTrainer):
             self.method_generator.set_state(state["method_generator"])
             if state.get("knob") is not None:
                 self.method.set_knob(state["knob"])
-
-
-# ----------------------------------------------------------------------------- erft train --engine trl
-
-
-def zero3_enabled() -> bool:
-    """Whether this process trains under DeepSpeed ZeRO-3 (``accelerate launch`` with a ZeRO-3 config); valid
-    once the ``GRPOConfig`` exists, which registers the DeepSpeed config with transformers."""
-    from transformers.integrations import is_deepspeed_zero3_enabled
-
-    return bool(is_deepspeed_zero3_enabled())
-
-
-def policy_for_trl(cfg, args: GRPOConfig) -> tuple[Any, Any]:
-    """The policy as ``GRPOTrainer`` should receive it, and its tokenizer.
-
-    Under DeepSpeed ZeRO-3, the policy's folder (or hub id): TRL then loads it with ``from_pretrained`` inside
-    transformers' ``deepspeed.zero.Init``, so each rank materialises only its shard of the weights and no
-    process holds the whole model in host memory (``args.model_init_kwargs`` carries ``model.dtype``). Otherwise
-    the model loaded on CPU in every process, as the native engine loads it (``model.gradient_checkpointing``
-    applied).
-    """
-    if zero3_enabled():
-        where = resolve_policy(cfg.model.name)  # builds or converts a built-in policy on first use
-        args.model_init_kwargs = {**(args.model_init_kwargs or {}), "dtype": cfg.model.dtype}
-        return where, load_tokenizer(cfg.model.name, where)
-    model, tok = load_policy(cfg.model.name, device="cpu", dtype=getattr(torch, cfg.model.dtype))
-    if cfg.model.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
-    return model, tok
-
-
-def train_trl(cfg, out: str | Path, resume: bool = False, method: Method | None = None) -> dict[str, Any]:
-    """``erft train --engine trl``: train ``cfg`` into run directory ``out`` with EntropyControlGRPOTrainer.
-
-    ``out`` must already be prepared (``launch.start`` refuses to overwrite). Writes ``config.yaml``,
-    ``run.json``, ``metrics.jsonl`` and ``out/tb`` (one row per erft step = one generation batch, native names),
-    ``samples.jsonl`` (``trl_logging``), TRL checkpoints under ``out/trl`` and the final policy in
-    ``out/final``. The GRPOConfig is ``trl_settings.grpo_config`` (with the config's ``trl:`` section).
-    ``method``: the method the request's check built (``config.validation.validate_method``), else built here.
-    ``resume=True`` continues from the last TRL checkpoint, dropping log rows after it. Run under
-    ``accelerate launch`` for several processes.
-    """
-    out = Path(out)
-    state = PartialState()
-    if cfg.train.threads:  # before a default-policy build; 0: apply_threads decides after the load
-        torch.set_num_threads(cfg.train.threads)
-    k = step_factor(cfg)
-    # transformers' get_last_checkpoint takes the highest checkpoint-N, complete or not
-    last = last_complete_trl_checkpoint(out / "trl", remove=state.is_main_process) if resume else None
-    start = int(Path(last).name.split("-")[1]) // k if last else 0
-    if state.is_main_process:
-        if resume:
-            rundir.truncate_logs(out, start if last else -1)
-        else:
-            rundir.atomic_write_text(out / "config.yaml", yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
-        rundir.write_status(out, "running", engine="trl", start_step=start, max_steps=cfg.train.max_steps,
-                            processes=state.num_processes, python=sys.version.split()[0], torch=torch.__version__,
-                            trl=trl.__version__, cpu_numerics=numerics_record())
-    state.wait_for_everyone()
-    task = build_task(cfg.task.name, **cfg.task.params)
-    train_set, _ = task.split(cfg.train.seed)
-    args = grpo_config(cfg, out, state.num_processes)  # first: under ZeRO-3 it sets up transformers' zero.Init
-    model, tok = policy_for_trl(cfg, args)
-    reward = task_reward_func(task, train_set, on_scored=lambda *scored: log.samples(*scored))  # log: below
-    trainer = EntropyControlGRPOTrainer(
-        model=model, reward_funcs=reward, args=args,
-        train_dataset=prompt_dataset(train_set, tok), processing_class=tok,
-        method=cfg.method.name if method is None else method,
-        method_params=cfg.method_params() if method is None else None, agg=cfg.algo.agg, dual_clip=cfg.algo.dual_clip)
-    apply_threads(cfg.train.threads, trainer.model, cfg.model.device)  # 0: automatic (entropy_rft.common.threads)
-    trainer.loss_kwargs.update(loss_overrides(cfg, trainer.method.loss_kwargs()))
-    log = ErftLog(trainer, cfg, out, k, purge_step=start + 1 if resume else None)
-    trainer.add_callback(log)
-    trainer.train(resume_from_checkpoint=str(last) if last else None)
-    step = trainer.state.global_step // k
-    if state.is_main_process:
-        trainer.save_model(str(out / "final"))
-        tok.save_pretrained(str(out / "final"))
-        rundir.write_status(out, "finished", engine="trl", step=step, max_steps=cfg.train.max_steps,
-                            processes=state.num_processes)
-    state.wait_for_everyone()
-    rows = rundir.read_jsonl(out / "metrics.jsonl") if (out / "metrics.jsonl").exists() else []
-    return rows[-1] if rows else {"step": step}

@@ -35,10 +35,10 @@ def _is_main_process() -> bool:
 
 
 def _train(cfg: Config, out: Path, *, resume: bool, method: Method | None = None) -> dict[str, Any]:
-    """Dispatch to the configured engine: our trainer, or TRL through ``integrations.trl.train_trl``, with the
+    """Dispatch to the configured engine: our trainer, or TRL through ``integrations.trl_train.train_trl``, with the
     method the request's check built (None: the engine builds it)."""
     if cfg.engine == "trl":
-        from entropy_rft.integrations.trl import train_trl
+        from entropy_rft.integrations.trl_train import train_trl
 
         return train_trl(cfg, out, resume=resume, method=method)
     return train_native(cfg, out, resume=resume, method=method)

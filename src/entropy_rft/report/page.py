@@ -19,14 +19,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from entropy_rft.analysis.byo import load_runs
 from entropy_rft.analysis.findings import fmt, law_fits, quadrant_rows, quadrant_table_md, summary_paragraph
 from entropy_rft.analysis.law import MIN_RELIABLE_POINTS
 from entropy_rft.analysis.runs import (
     RunData,
     assign_labels,
-    expand_run_dirs,
     lens_means,
-    load_run,
     methods_in_order,
     series_info,
 )
@@ -86,7 +85,8 @@ def _missing_reason(key: str, runs: Sequence[RunData]) -> str:
     if key == "autopilot":
         return "no run had an entropy target (method.entropy_target)"
     if key == "law":
-        return "no evaluations with validation entropy in these runs (set eval.every > 0)"
+        return ("no evaluations with validation entropy in these runs (set eval.every > 0), nor, for another "
+                "engine's run, a validation score at a step that logged the policy entropy")
     if key == "accuracy":
         return "no run logged reward/mean or eval/pass@1"
     if key == "entropy":
@@ -153,10 +153,13 @@ ENTROPY_COLUMNS = ("entropy@*",)
 MAIN_COLUMNS = tuple(c for c in DEFAULT_COLUMNS if c not in ENTROPY_COLUMNS)
 
 
-def build_report(paths: Sequence[str | Path], out: str | Path) -> dict[str, Any]:
-    """Write ``out/report.html`` and ``out/report.json``; return the numbers (paragraph, fits, lens)."""
-    run_dirs = expand_run_dirs(paths)
-    runs = [load_run(p) for p in run_dirs]
+def build_report(paths: Sequence[str | Path], out: str | Path, *, source: str | None = None,
+                 entropy_key: str | None = None, metric: str | None = None) -> dict[str, Any]:
+    """Write ``out/report.html`` and ``out/report.json``; return the numbers (paragraph, fits, lens).
+    ``paths``: erft run directories, folders of them, and runs of other engines (``analysis.byo.load_runs``:
+    ``source``, ``entropy_key`` and ``metric`` choose their reader and keys)."""
+    runs = load_runs(paths, source=source, entropy_key=entropy_key, metric=metric)
+    run_dirs = [r.path for r in runs]
     assign_labels(runs)
     summaries = [run_summary(r.path, rows=r.rows, cfg=r.cfg) for r in runs]
     for r, s in zip(runs, summaries):
@@ -213,7 +216,8 @@ def build_report(paths: Sequence[str | Path], out: str | Path) -> dict[str, Any]
     atomic_write_text(out / "report.html", page)
     numbers = {"runs": [str(p) for p in run_dirs], "summary": paragraph, "series": series_info(runs),
                "figures": figures_present, "omitted": omitted, "methods": agg, "lens": lens, "law": fits,
-               "comparison": comparison, "quadrants": quadrants}
+               "comparison": comparison, "quadrants": quadrants,
+               "read": [r.cfg["byo"]["note"] for r in runs if "byo" in r.cfg]}
     atomic_write_json(out / "report.json", numbers)
     for name in ("report.html", "report.json"):
         os.chmod(out / name, 0o644)  # the atomic temp file is private; a report is for sharing
