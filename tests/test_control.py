@@ -4,9 +4,11 @@ Every expected value below was worked out by hand in the comments; none is produ
 """
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
+from torch import Tensor
 
 from entropy_rft import control
 
@@ -111,6 +113,83 @@ def test_clip_v_zero_advantage_only_droppable_under_any():
     a[0, 2] = 0.0  # the -9 token
     keep = control.clip_v_mask(S_CAP, a, M_CAP, 0.9, None, "negative")
     assert (M_CAP & ~keep).nonzero().tolist() == [[0, 1], [0, 3]]
+
+
+def test_clip_v_released_rule_drops_zero_advantage_violators_outside_the_cap():
+    """The authors' rule (advantage_sign "released", the default of method clip_v): A == 0 violators are
+    dropped and take no cap slot; A < 0 violators are capped; A > 0 are kept."""
+    a = A_CAP.clone()
+    a[0, 2] = 0.0  # the -9 token: A == 0
+    keep = control.clip_v_mask(S_CAP, a, M_CAP, 0.9, None, "released")
+    assert (M_CAP & ~keep).nonzero().tolist() == [[0, 1], [0, 2], [0, 3]]
+    # K = 1: the A < 0 violators -8 and -7 compete for it (-8 is farther); the A == 0 one goes anyway
+    keep = control.clip_v_mask(S_CAP, a, M_CAP, 0.9, None, "released", max_frac=1e-4)
+    assert (M_CAP & ~keep).nonzero().tolist() == [[0, 1], [0, 2]]
+    # an all-A == 0 batch (every group's rewards equal): the strict rule drops nothing, the released one drops
+    zero = torch.zeros_like(A_CAP)
+    assert torch.equal(control.clip_v_mask(S_CAP, zero, M_CAP, 0.9, None, "negative", 1e-4), M_CAP)
+    assert (M_CAP & ~control.clip_v_mask(S_CAP, zero, M_CAP, 0.9, None, "released", 1e-4)).sum() == 4
+    assert control.build_method("clip_v").advantage_sign == "released"
+
+
+def trinity_clipv_keep(s: Tensor, n: Tensor, adv: Tensor, mask: Tensor, mu: float, max_frac: float) -> Tensor:
+    """A token-by-token transcription of Trinity-RFT's ``clipv_advantage.py`` (fork pan-x-c/Trinity-RFT @
+    e8be7740, lines 78-127): xD = N - S uncentred against mu times its population std; A > 0 kept; the cap
+    first tests the fraction of all violators, then counts only A < 0 ones, restores them and re-clips the
+    top-k by xD."""
+    xd = n - s
+    valid = mask > 0
+    vals = xd[valid]
+    std = ((vals - vals.mean()) ** 2).mean().sqrt()
+    if std < 1e-12:
+        return valid.clone()
+    keep_neg = xd <= mu * std
+    keep = torch.where(adv > 0, torch.ones_like(keep_neg), keep_neg) & valid
+    total = int(valid.sum())
+    clipped = valid & ~keep
+    if int(clipped.sum()) / total <= max_frac:
+        return keep
+    cap = max(int(max_frac * total), 1)
+    neg = clipped & (adv < 0)
+    if int(neg.sum()) <= cap:
+        return keep
+    final = keep.clone()
+    final[neg] = True
+    idx = neg.nonzero()
+    top = torch.topk(xd[neg], cap).indices
+    final[tuple(idx[top].T)] = False
+    return final
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_clip_v_released_rule_equals_the_authors_code(seed):
+    """Random batches with groups of equal rewards (A == 0 rows), padding and caps that bind and that do not:
+    the mask of method clip_v is the released code's, token for token."""
+    g = torch.Generator().manual_seed(seed)
+    b, t = 16, 12
+    s = torch.randn(b, t, generator=g, dtype=torch.float64) * 0.3
+    n = torch.randn(b, t, generator=g, dtype=torch.float64) * 0.1
+    s[torch.rand(b, t, generator=g) < 0.05] -= 3.0  # a few far violators
+    mask = torch.arange(t)[None, :] < torch.randint(3, t + 1, (b, 1), generator=g)
+    adv = torch.randn(b, generator=g, dtype=torch.float64)
+    adv[torch.rand(b, generator=g) < 0.4] = 0.0  # groups whose rewards were all equal
+    adv = adv[:, None].expand(b, t)
+    for mu, max_frac in ((1.0, 1e-4), (1.0, 0.05), (0.5, 0.5), (2.0, 0.02)):
+        m = control.build_method("clip_v", mu=mu, max_frac=max_frac)
+        ours = m.rollout_masks(SimpleNamespace(s_centered=s - n), adv, mask).keep
+        want = trinity_clipv_keep(s, n, adv, mask, mu, max_frac)
+        assert torch.equal(ours, want), (seed, mu, max_frac)
+    assert ((adv == 0) & mask & ~ours).any() or ((adv == 0) & mask & ~want).sum() == 0
+
+
+def test_clip_b_keeps_zero_advantage_tokens_as_released():
+    """Trinity-RFT's clipb_advantage.py keeps A == 0 tokens (keep_zero = ones): so does method clip_b."""
+    s = torch.tensor([[-5.0, 0.1, 0.2, 0.0, 0.1, 0.2]])
+    m = torch.ones(1, 6, dtype=torch.bool)
+    for adv, dropped in ((0.0, 0), (-1.0, 1)):
+        keep = control.build_method("clip_b", mu=1.0).rollout_masks(
+            SimpleNamespace(s_star=s), torch.full((1, 6), adv), m).keep
+        assert int((m & ~keep).sum()) == dropped
 
 
 # ----------------------------------------------------------------------------------- Clip-Cov, KL-Cov

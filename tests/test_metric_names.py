@@ -27,6 +27,9 @@ NATIVE = {
                     "probe.counterfactual_every": 0},
     "ce_gppo": {"method.name": "ce_gppo", "algo.minibatches": 2, "probe.jvp_every": 0, "eval.every": 0,
                 "probe.counterfactual_every": 0},
+    # issue 39: Entrocraft's band and mode
+    "entrocraft": {"method.name": "entrocraft", "probe.jvp_every": 0, "eval.every": 0,
+                   "probe.counterfactual_every": 0, "train.max_steps": 2},
 }
 
 

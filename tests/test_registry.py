@@ -54,7 +54,7 @@ def test_builtins_registered_with_defaults():
     assert control.build_method("clip_b").params() == {"mu": 2.5, "advantage_sign": "negative"}
     assert control.build_method("clip_b_paper").params() == {"mu_low": 2.5, "mu_high": 2.5,
                                                              "advantage_sign": "any"}
-    assert control.build_method("clip_v").params() == {"mu": 8.5, "max_frac": 1e-4, "advantage_sign": "negative"}
+    assert control.build_method("clip_v").params() == {"mu": 8.5, "max_frac": 1e-4, "advantage_sign": "released"}
     assert control.build_method("clip_v_paper").advantage_sign == "any"
     assert control.build_method("clip_cov").params() == {"ratio": 2e-4, "lb": 1.0, "ub": 5.0,
                                                          "exclude_clipped": True}

@@ -84,11 +84,15 @@ METRICS: dict[str, Metric] = {
     "control/entropy_smoothed": Metric("the autopilot's smoothed entropy", "nats"),
     "control/entropy_error": Metric("target − smoothed entropy", "nats"),
     "control/integral": Metric("the autopilot's integral term", "nats·steps"),
-    "control/own_entropy": Metric("a controller method's own measured entropy (adaptive_entropy, entropic; no "
-                                  "autopilot)", "nats"),
-    "control/own_target": Metric("a controller method's own entropy target at this step", "nats"),
+    "control/own_entropy": Metric("a controller method's own measured entropy (adaptive_entropy, entropic, "
+                                  "entrocraft; no autopilot)", "nats"),
+    "control/own_target": Metric("a controller method's own entropy target at this step (entrocraft: the band's "
+                                 "middle)", "nats"),
+    "control/own_low": Metric("entrocraft: the band's lower bound at this step", "nats"),
+    "control/own_high": Metric("entrocraft: the band's upper bound at this step", "nats"),
     "control/own_output": Metric("a controller method's output: the applied entropy coefficient "
-                                 "(adaptive_entropy) or alpha (entropic)", "coef"),
+                                 "(adaptive_entropy), alpha (entropic), or entrocraft's mode (+1: above the band, "
+                                 "A<0 rollouts rejected; -1: below it, A>0 rejected; 0: GRPO)", "coef"),
     "control/own_integral": Metric("EntroPIC's integral of the entropy error", "nats·steps"),
     "control/weight_selected_frac": Metric("share of counted tokens in EntroPIC's adjustment (p > high_prob)",
                                            "fraction"),

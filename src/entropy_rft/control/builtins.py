@@ -1,7 +1,8 @@
 """The built-in entropy-control methods, registered in a fixed order by importing their three families:
 the baseline and the papers' methods (:mod:`~entropy_rft.control.paper_methods`), the classic ones
 (:mod:`~entropy_rft.control.classic_methods`) and the field's methods of issue 28
-(:mod:`~entropy_rft.control.field_methods`, then STEER in :mod:`~entropy_rft.control.steer`). Every name stays
+(:mod:`~entropy_rft.control.field_methods`, then STEER in :mod:`~entropy_rft.control.steer`) and issue 39's
+Entrocraft (:mod:`~entropy_rft.control.entrocraft`). Every name stays
 importable from here.
 """
 
@@ -45,13 +46,21 @@ from entropy_rft.control.field_methods import (  # isort: skip  (registration or
     entropy_advantage_shift,
 )
 from entropy_rft.control.steer import STEER, Steer, steer_entropy_change, steer_weights  # isort: skip
+from entropy_rft.control.entrocraft import (  # isort: skip
+    ENTROCRAFT,
+    Entrocraft,
+    entrocraft_band,
+    entrocraft_mode,
+    entrocraft_shift,
+)
 
 __all__ = [
     "PAPER_A", "PAPER_B", "DAPO", "EIGHTY_TWENTY", "ENTROPY_BONUS", "CHENG", "SKYWORK", "CE_GPPO", "CLIP_LOW",
-    "ENTROPIC", "STEER",
+    "ENTROPIC", "STEER", "ENTROCRAFT",
     "NoControl", "ClipB", "ClipBPaper", "ClipV", "ClipVPaper", "ClipCov", "KLCov",
     "ClipHigher", "EntropyBonus", "HighEntropy", "GradMask",
-    "EntropyAdvantage", "AdaptiveEntropy", "CEGPPO", "ClipLow", "EntropicControl", "Steer",
+    "EntropyAdvantage", "AdaptiveEntropy", "CEGPPO", "ClipLow", "EntropicControl", "Steer", "Entrocraft",
     "tiny_cap_message", "warn_tiny_cap", "entropy_advantage_shift", "adaptive_entropy_measure",
     "adaptive_entropy_step", "entropic_step", "steer_entropy_change", "steer_weights",
+    "entrocraft_band", "entrocraft_mode", "entrocraft_shift",
 ]

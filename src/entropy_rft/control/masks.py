@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 
 from entropy_rft.control._common import (
+    ADVANTAGE_SIGNS,
     as_mask,
     broadcast_advantages,
     check_bool_like,
@@ -54,13 +55,13 @@ def _violation(
 
 
 def _check_common(s: Tensor, s_name: str, advantages: Tensor, mask: Tensor, mu_low, mu_high,
-                  sign) -> tuple[Tensor, Tensor]:
+                  sign, signs: tuple[str, ...] = ADVANTAGE_SIGNS) -> tuple[Tensor, Tensor]:
     """(advantages broadcast to the mask, the mask as bool) after the common checks."""
     mask = as_mask(mask)
     check_like(s, mask, s_name)
     check_mu(mu_low, "mu_low")
     check_mu(mu_high, "mu_high")
-    check_sign(sign)
+    check_sign(sign, allowed=signs)
     return broadcast_advantages(advantages, mask), mask
 
 
@@ -92,6 +93,12 @@ def clip_b_mask(
     return mask & ~drop
 
 
+# ClipV's advantage rules: "released" is Trinity-RFT's clipv_advantage.py (A > 0 kept; A < 0 violators dropped,
+# at most K of them; A == 0 violators dropped, outside the cap); the others as ``droppable`` (all capped).
+CLIP_V_SIGNS = ("released", *ADVANTAGE_SIGNS)
+RELEASED_MIN_STD = 1e-12  # the released code keeps every token when the std of S_c is below this
+
+
 def clip_v_mask(
     s_centered: Tensor,
     advantages: Tensor,
@@ -108,31 +115,48 @@ def clip_v_mask(
     S_c about its batch mean over the valid tokens.
 
     Cap (released code): with N valid tokens and K = max(int(max_frac·N), 1), if there are more than K
-    violators (counted after the sign restriction) only the K lying farthest past their threshold are
-    dropped; ties go to the earlier position in row-major order. ``max_frac=None`` means no cap.
+    capped violators only the K lying farthest past their threshold are dropped; ties go to the earlier
+    position in row-major order. ``max_frac=None`` means no cap. ``advantage_sign`` (``CLIP_V_SIGNS``):
+    "released" is the authors' rule (Trinity-RFT ``clipv_advantage.py``): A > 0 tokens are kept, A < 0
+    violators are capped, A == 0 violators are dropped outside the cap (they carry no gradient, but leave
+    the token-mean loss's denominator), and every token is kept when s_c < 1e-12; "negative", "positive" and
+    "any" drop only the violators of that sign, all of them capped.
     """
-    adv, mask = _check_common(s_centered, "s_centered", advantages, mask, mu_low, mu_high, advantage_sign)
+    adv, mask = _check_common(s_centered, "s_centered", advantages, mask, mu_low, mu_high, advantage_sign,
+                              CLIP_V_SIGNS)
     if max_frac is not None:
         check_fraction(max_frac, "max_frac")
     _, std, n = masked_mean_std(s_centered, mask)
-    if n == 0:
+    if n == 0 or (advantage_sign == "released" and float(std) < RELEASED_MIN_STD):
         return mask.clone()
     x = s_centered.detach().to(torch.float64)
     low = -mu_low * std if mu_low is not None else None
     high = mu_high * std if mu_high is not None else None
     viol, excess = _violation(x, low, high)
-    drop = viol & mask & droppable(adv, advantage_sign)
-    if max_frac is not None:
-        k = max(int(max_frac * n), 1)
-        n_viol = int(drop.sum())
-        if n_viol > k:
-            flat_drop = drop.flatten()
-            idx = flat_drop.nonzero().squeeze(-1)
-            order = torch.sort(excess.flatten()[idx], descending=True, stable=True).indices
-            capped = torch.zeros_like(flat_drop)
-            capped[idx[order[:k]]] = True
-            drop = capped.view(mask.shape)
-    return mask & ~drop
+    k = max(int(max_frac * n), 1) if max_frac is not None else None
+    return mask & ~clip_v_drop(viol & mask, excess, adv, advantage_sign, k, _local_top_k)
+
+
+def _local_top_k(excess: Tensor, k: int) -> Tensor:
+    """Indices of the k largest values, ties to the earlier position (all of them when there are <= k)."""
+    return torch.sort(excess, descending=True, stable=True).indices[:k]
+
+
+def clip_v_drop(viol: Tensor, excess: Tensor, adv: Tensor, advantage_sign: str, k: int | None,
+                top_k) -> Tensor:
+    """The tokens ClipV drops among the valid violators ``viol``: those its advantage rule allows, with at most
+    ``k`` of the capped ones (``None``: no cap), the ``top_k(excess, k)`` farthest past the threshold."""
+    if advantage_sign == "released":
+        capped, free = viol & (adv < 0), viol & (adv == 0)
+    else:
+        capped, free = viol & droppable(adv, advantage_sign), torch.zeros_like(viol)
+    if k is not None:
+        flat = capped.flatten()
+        idx = flat.nonzero().squeeze(-1)
+        kept = torch.zeros_like(flat)
+        kept[idx[top_k(excess.flatten()[idx], k)]] = True
+        capped = kept.view(viol.shape)
+    return capped | free
 
 
 def clip_cov_mask(

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from entropy_rft.control._common import ADVANTAGE_SIGNS, check_fraction, check_mu, check_number, check_sign
-from entropy_rft.control.masks import clip_b_mask, clip_cov_mask, clip_v_mask, kl_cov_select
+from entropy_rft.control.masks import CLIP_V_SIGNS, clip_b_mask, clip_cov_mask, clip_v_mask, kl_cov_select
 from entropy_rft.control.registry import Masks, Method, param, register_method
 
 if TYPE_CHECKING:
@@ -149,19 +149,20 @@ def warn_tiny_cap(method: Method, n_tokens: int) -> None:
 @register_method
 @dataclass
 class ClipV(Method):
-    """ClipV, released one-sided rule with cap (Paper A's reference code).
+    """ClipV, released one-sided rule with cap (Paper A's reference code, Trinity-RFT ``clipv_advantage.py``).
 
     S_c = S_k − E_p[S] (Theorem 3.3), s_c its population std over the batch's valid tokens. A token with
-    A < 0 is a violator when S_c < −mu·s_c; if more than K = max(int(max_frac·N), 1) violate, only the K
-    farthest past the threshold are dropped. The released code also lets A == 0 tokens be dropped and take
-    cap slots; we default to "negative" (A < 0 strictly, as DESIGN.md fixes) because A == 0 tokens carry
-    no gradient, so dropping them only changes the token count and wastes cap slots on no-op tokens. Set
-    advantage_sign="any" to reproduce the released counting exactly. Paper sweep mu 7.5–8.5.
+    A <= 0 is a violator when S_c < −mu·s_c. Violators with A < 0: if more than K = max(int(max_frac·N), 1),
+    only the K farthest past the threshold are dropped. Violators with A == 0 (every token of a group whose
+    rewards are all equal) are all dropped, outside the cap: they carry no gradient, but they leave the
+    token-mean loss's denominator, so the step differs from dropping A < 0 only. That is
+    ``advantage_sign="released"`` (the default); ``"negative"`` is the strict rule (A < 0 only, the rule of
+    DESIGN.md and of this project's results measured before issue 39). Paper sweep mu 7.5–8.5.
     """
 
     name: ClassVar[str] = "clip_v"
     paper: ClassVar[str] = PAPER_A
-    summary: ClassVar[str] = "drop A<0 tokens with S_c < −mu·std(S_c), capped (released ClipV)"
+    summary: ClassVar[str] = "drop A<=0 tokens with S_c < −mu·std(S_c), A<0 ones capped (released ClipV)"
     stage: ClassVar[str] = "rollout"
     quadrants: ClassVar[dict[str, str]] = {"neg_sneg": "drops (S_c < −mu·std)"}
     knob: ClassVar[str | None] = "mu"
@@ -169,14 +170,14 @@ class ClipV(Method):
 
     mu: float = param(8.5, "threshold in batch stds of S_c (paper sweeps 7.5-8.5; tuned for 7B models)")
     max_frac: float | None = param(1e-4, "cap: drop at most K = max(int(max_frac*N), 1); None = no cap")
-    advantage_sign: str = param("negative", "which tokens may be dropped (negative = A<0 strictly)",
-                                ADVANTAGE_SIGNS)
+    advantage_sign: str = param("released", "which tokens may be dropped: released = A<=0 (A==0 outside the "
+                                "cap, the authors' code); negative = A<0 strictly", CLIP_V_SIGNS)
 
     def validate(self) -> None:
         _check_required_mu(self.mu, "mu")
         if self.max_frac is not None:
             check_fraction(self.max_frac, "max_frac")
-        check_sign(self.advantage_sign)
+        check_sign(self.advantage_sign, allowed=CLIP_V_SIGNS)
 
     def rollout_masks(self, stats: TokenStats, advantages: Tensor, mask: Tensor) -> Masks:
         warn_tiny_cap(self, int(mask.sum()))

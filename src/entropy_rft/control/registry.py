@@ -94,6 +94,10 @@ class Method:
         step's update, return ``control/`` metrics. Not called while the autopilot drives the method."""
         return {}
 
+    def set_horizon(self, total_steps: int) -> None:
+        """The run's length in steps, told once before training (a method whose rule moves over training,
+        such as Entrocraft's band, reads it); nothing for the others."""
+
     def state_dict(self) -> dict[str, Any]:
         """The own controller's state beyond the knob (checkpoints); empty for methods without one."""
         return {}

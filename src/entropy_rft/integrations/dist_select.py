@@ -46,7 +46,16 @@ from entropy_rft.control._common import (
     count_for_ratio,
     droppable,
 )
-from entropy_rft.control.masks import _violation, clip_b_mask, clip_cov_mask, clip_v_mask, kl_cov_select
+from entropy_rft.control.masks import (
+    CLIP_V_SIGNS,
+    RELEASED_MIN_STD,
+    _violation,
+    clip_b_mask,
+    clip_cov_mask,
+    clip_v_drop,
+    clip_v_mask,
+    kl_cov_select,
+)
 from entropy_rft.control.registry import Masks, Method
 from entropy_rft.core import theory
 from entropy_rft.core.dynamics import TokenStats
@@ -194,24 +203,18 @@ def dist_clip_v_mask(s_centered: Tensor, advantages: Tensor, mask: Tensor, mu_lo
     check_like(s_centered, mask, "s_centered")
     check_mu(mu_low, "mu_low")
     check_mu(mu_high, "mu_high")
-    check_sign(advantage_sign)
+    check_sign(advantage_sign, allowed=CLIP_V_SIGNS)
     if max_frac is not None:
         check_fraction(max_frac, "max_frac")
     adv = broadcast_advantages(advantages, mask)
     _, std, n = global_mean_std(s_centered, mask)
-    if n == 0:
+    if n == 0 or (advantage_sign == "released" and float(std) < RELEASED_MIN_STD):
         return mask.clone()
     x = s_centered.detach().to(torch.float64)
     viol, excess = _violation(x, -mu_low * std if mu_low is not None else None,
                               mu_high * std if mu_high is not None else None)
-    drop = viol & mask & droppable(adv, advantage_sign)
-    if max_frac is not None:
-        flat = drop.flatten()
-        idx = flat.nonzero().squeeze(-1)
-        capped = torch.zeros_like(flat)
-        capped[idx[global_top_k(excess.flatten()[idx], max(int(max_frac * n), 1))]] = True
-        drop = capped.view(mask.shape)
-    return mask & ~drop
+    k = max(int(max_frac * n), 1) if max_frac is not None else None
+    return mask & ~clip_v_drop(viol & mask, excess, adv, advantage_sign, k, global_top_k)
 
 
 def _global_covariance(logp: Tensor, adv: Tensor, mask: Tensor) -> tuple[Tensor, int]:

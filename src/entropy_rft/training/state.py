@@ -156,6 +156,7 @@ def build_run(cfg: Config, out: Path, start_step: int = 0, method: control.Metho
     check_prompts([ex.prompt for ex in [*val_set[: cfg.eval.prompts], *train_set[:256]]], tok, model,
                   cfg.rollout.max_new_tokens, fitting)
     method = run_method(cfg) if method is None else method  # None: not built by the request's check
+    method.set_horizon(cfg.train.max_steps)  # a rule that moves over training (Entrocraft's band)
     vanilla = control.build_method("none")
     target = parse_target(cfg.method.entropy_target)
     autopilot = None if target is None else Autopilot(method, target, autopilot_gains(cfg), cfg.train.max_steps)
