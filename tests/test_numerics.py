@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from entropy_rft.common import numerics
@@ -85,16 +86,19 @@ def test_erft_computes_the_same_bytes_whatever_the_cpus_instruction_set(tmp_path
     base = {k: v for k, v in os.environ.items() if k not in numerics.PIN_VARIABLES and k != numerics.PIN_ENV}
     base["PYTHONPATH"] = os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])
     avx2_machine = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
-    own, own_rec = _train(policy, tmp_path / "own", base)
-    avx2, _ = _train(policy, tmp_path / "avx2", {**base, **avx2_machine})
+    envs = {"own": base, "avx2": {**base, **avx2_machine},
+            "scalar": {**base, "ERFT_CPU_PIN": "0", "ATEN_CPU_CAPABILITY": "default"},
+            "native": {**base, "ERFT_CPU_PIN": "0"}}
+    with ThreadPoolExecutor(2) as pool:  # two processes at a time (each trains on its own threads)
+        done = dict(zip(envs, pool.map(lambda kv: _train(policy, tmp_path / kv[0], kv[1]), envs.items())))
+    (own, own_rec), (avx2, _) = done["own"], done["avx2"]
     assert own == avx2, "under the pin, this machine's run and an AVX2 machine's must write the same bytes"
     assert own_rec["pinned"] and own_rec["cpu_capability"] == "AVX2"
 
-    scalar, scalar_rec = _train(policy, tmp_path / "scalar", {**base, "ERFT_CPU_PIN": "0",
-                                                              "ATEN_CPU_CAPABILITY": "default"})
+    scalar, scalar_rec = done["scalar"]
     assert scalar_rec == {**scalar_rec, "pinned": False, "cpu_capability": "DEFAULT"}
     assert scalar != own, "the kernels' instruction set shows in the bytes: the pin is what keeps them equal"
-    native, native_rec = _train(policy, tmp_path / "native", {**base, "ERFT_CPU_PIN": "0"})
+    native, native_rec = done["native"]
     assert not native_rec["pinned"] or native_rec["cpu_capability"] == "AVX2"
     # this machine's own instruction set, unpinned: the bytes follow it (on an AVX2-only CPU it is the pin's)
     assert (native == own) == (native_rec["cpu_capability"] == "AVX2")

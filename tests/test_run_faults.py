@@ -275,11 +275,14 @@ def test_a_run_directory_has_one_writer(micro_model, tmp_path):
     first = subprocess.Popen(_train_cmd(out, sets), env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         _wait_rows(out / "metrics.jsonl", 2, first)
-        for cmd in (_train_cmd(out, sets), [sys.executable, "-m", "entropy_rft.cli", "train", "--resume", str(out)],
-                    [*_train_cmd(out, sets), "--overwrite"]):
-            second = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=120)
-            assert second.returncode == 2, second.stderr
-            err = second.stderr.strip().splitlines()
+        cmds = (_train_cmd(out, sets), [sys.executable, "-m", "entropy_rft.cli", "train", "--resume", str(out)],
+                [*_train_cmd(out, sets), "--overwrite"])
+        seconds = [subprocess.Popen(c, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                   for c in cmds]  # at once: each is refused while the first holds the run
+        for second in seconds:
+            _, stderr = second.communicate(timeout=120)
+            assert second.returncode == 2, stderr
+            err = stderr.strip().splitlines()
             assert err == [f"erft train: error: run directory {out} is in use by process {first.pid}; wait for it "
                            "to finish or stop it (a killed process releases the run at once)"]
         first.send_signal(signal.SIGTERM)

@@ -13,11 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from entropy_rft.analysis.engine_logs import EngineLog, read_engine_log
+from entropy_rft.analysis.engine_logs import EngineLog, is_erft_path, read_engine_log
 from entropy_rft.analysis.law import fit_law, forecast, forecast_final, reliability_warning
 from entropy_rft.analysis.runs import RunData, expand_run_dirs, load_run
 from entropy_rft.common.errors import UserError
-from entropy_rft.rundir.files import has_metrics
 
 # The policy entropy, by engine and version: verl's actor/entropy (actor/entropy_loss in its early releases),
 # TRL's log_history "entropy" (its TensorBoard and W&B tag "train/entropy"), an erft table's entropy/mean.
@@ -160,11 +159,6 @@ def engine_run(path: str | Path, *, source: str | None = None, entropy_key: str 
     run.train_rows = [x for x in rows if x["step"] >= 1 and ("entropy/mean" in x or "reward/mean" in x)]
     run.eval_rows = [x for x in rows if "eval/pass@1" in x]
     return run
-
-
-def is_erft_path(path: Path) -> bool:
-    """An erft run directory, or a folder of them (an ``erft compare --out`` folder)."""
-    return has_metrics(path) or (path.is_dir() and any(has_metrics(c) for c in path.iterdir() if c.is_dir()))
 
 
 def load_runs(paths: list[str | Path] | tuple, *, source: str | None = None, entropy_key: str | None = None,

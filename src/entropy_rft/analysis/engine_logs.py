@@ -272,6 +272,15 @@ def looks_like_verl_console(path: Path, lines: int = 20000) -> bool:
     return False
 
 
+def is_erft_path(path: Path) -> bool:
+    """An erft run directory (its ``metrics.jsonl``) or a folder of them (an ``erft compare --out`` folder), by
+    file names only (torch-free: the commands route a path before loading anything; a damaged ``metrics.jsonl``,
+    even a folder of that name, is erft's to report)."""
+    if os.path.lexists(path / "metrics.jsonl"):
+        return True
+    return path.is_dir() and any(os.path.lexists(c / "metrics.jsonl") for c in path.iterdir() if c.is_dir())
+
+
 def detect(path: Path) -> str:
     """The source of ``path`` (one of ``SOURCES``, or ``erft`` for an erft run directory), from what it holds."""
     if path.is_dir():
@@ -319,4 +328,4 @@ def read_engine_log(path: str | Path, source: str | None = None) -> EngineLog:
     return READERS[kind](path)
 
 
-__all__ = ["EngineLog", "SOURCES", "detect", "number", "read_engine_log"]
+__all__ = ["EngineLog", "SOURCES", "detect", "is_erft_path", "number", "read_engine_log"]

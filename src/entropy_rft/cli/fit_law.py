@@ -56,12 +56,17 @@ def run(args: argparse.Namespace) -> int:
         from entropy_rft.training import preflight
 
         preflight.check_out_file(args.json, "--json")
-    from entropy_rft.analysis.byo import fit_engine_log, is_erft_path
+    from entropy_rft.analysis.engine_logs import detect, is_erft_path
+
+    erft = args.source is None and is_erft_path(run_dir)
+    if not erft and args.source is None:
+        detect(run_dir)  # an unrecognised file: its one line before torch loads
+    from entropy_rft.analysis.byo import fit_engine_log
     from entropy_rft.analysis.law import fit_run
     from entropy_rft.rundir.files import atomic_write_json, forget_warnings
 
     forget_warnings()  # each damaged line of metrics.jsonl: one warning in this command
-    if args.source is None and is_erft_path(run_dir):
+    if erft:
         if args.entropy_key is not None:
             raise UserError("--entropy-key names another engine's key; for an erft run use --entropy eval|train")
         metric = "pass@1" if args.metric is None else args.metric

@@ -26,16 +26,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from entropy_rft.analysis.engine_logs import detect, is_erft_path
+
+    for d in args.run_dirs:  # torch-free: a bad path gets its one line before torch loads
+        if not d.strip():
+            raise UserError("a RUN_DIR is empty; give run directories or an erft compare --out folder")
+        if not Path(d).exists():
+            raise UserError(f"{d}: no such directory; give a run directory or an erft compare --out folder")
+        if args.source is None and not is_erft_path(Path(d)):
+            detect(Path(d))  # an unrecognised file or folder
     from entropy_rft.rundir import files as rundir
     from entropy_rft.training import preflight
 
     rundir.forget_warnings()  # each damaged line of the runs read: one warning in this command
     preflight.check_out(args.out, file_hint="")
-    for d in args.run_dirs:
-        if not d.strip():
-            raise UserError("a RUN_DIR is empty; give run directories or an erft compare --out folder")
-        if not Path(d).exists():
-            raise UserError(f"{d}: no such directory; give a run directory or an erft compare --out folder")
     from entropy_rft.report.page import build_report
 
     numbers = build_report(args.run_dirs, args.out, source=args.source, entropy_key=args.entropy_key,
