@@ -134,3 +134,29 @@ def test_methods_compose_with_every_loss_type_and_level(tmp_path, method, params
     else:
         assert logs[0][acted] < 1.0, logs[0]
     assert any(not torch.equal(p_m[k], p_none[k]) for k in p_none)  # the method changed the update
+
+
+@pytest.mark.parametrize("method,params,acted", [
+    ("clip_v", {"mu": 0.5}, "control/rollout_kept_frac"),
+    ("clip_cov", {"ratio": 0.2, "lb": -5.0, "ub": 5.0}, "control/zeroed_frac"),
+    ("kl_cov", {"ratio": 0.2}, "control/kl_cov_selected_frac"),
+], ids=["clip_v", "clip_cov", "kl_cov"])
+def test_methods_train_lora_adapters_with_dropout(tmp_path, method, params, acted):
+    """Issue 35, item 3: with peft's LoRA (its default dropout 0.05, as ``--use_peft``) each method trains the
+    adapters: it acts, the adapters move, and the base weights stay as loaded."""
+    from peft import LoraConfig
+
+    from entropy_rft.integrations.trl import EntropyControlGRPOTrainer
+    from test_trl_parity import run
+
+    policy = make_micro_policy(tmp_path / "policy")
+    base = load_file(policy / "model.safetensors")
+    lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.05)
+    weights, logs = run(EntropyControlGRPOTrainer, policy, tmp_path / "m", steps=2, bf16=False, num_iterations=2,
+                        trainer_kw={"peft_config": lora, "method": method, "method_params": params})
+    assert logs[0][acted] < 1.0 if acted.endswith("kept_frac") else logs[0][acted] > 0, logs[0]
+    lora_b = [v for k, v in weights.items() if "lora_B" in k]
+    assert lora_b and any(v.abs().sum() > 0 for v in lora_b)  # lora_B starts at 0: the adapters trained
+    frozen = {k.replace("base_model.model.", "").replace(".base_layer", ""): v for k, v in weights.items()
+              if "lora_" not in k and ".base_layer." in k}
+    assert frozen and all(torch.equal(v, base[k]) for k, v in frozen.items())
