@@ -69,7 +69,7 @@ browser:
 
 test: $(STAMP) browser
 	.venv/bin/ruff check src tests benchmarks tests_verl
-	.venv/bin/python -m pytest
+	.venv/bin/python -m pytest -n 2 --dist loadfile
 
 # verl extra: a separate venv (verl pins transformers<5.11), torch first from the local wheel.
 # Not part of `make test` (the install alone takes minutes).

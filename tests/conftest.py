@@ -12,7 +12,9 @@ from hypothesis import settings  # noqa: E402
 # Deterministic, quiet, offline.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-torch.set_num_threads(min(2, torch.get_num_threads()))
+# `make test` runs two pytest workers (pytest-xdist, one test file per worker at a time) on the two cores: one
+# thread each; a test that needs two threads sets them itself.
+torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else min(2, torch.get_num_threads()))
 # Without a GPU the Triton kernels run under Triton's interpreter (read when a kernel is defined, so before
 # entropy_rft.core.kernels is first imported).
 if not torch.cuda.is_available():
