@@ -223,3 +223,24 @@ def test_report_draws_foreign_runs_next_to_an_erft_run_and_names_what_it_leaves_
     assert "read verl-console log" in out and "read trl log" in out and "left out:" in out
     html = (tmp_path / "rep" / "report.html").read_text()
     assert "verl.log" in html and "Figures left out" in html
+
+
+def test_report_reads_every_source_kind(trl_runs, tmp_path, capsys):
+    """``erft report`` on a verl file log, a CSV export and TensorBoard event files (with the keys named for the
+    CSV by the flags): each run's law is drawn from its own pairs."""
+    rows = [{"step": i, "data": {"actor/entropy": h, "val-core/gsm8k/acc/mean@1": on_law(h)}}
+            for i, h in enumerate(HS, 1)]
+    jsonl = tmp_path / "exp.jsonl"
+    jsonl.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    csv = tmp_path / "export.csv"
+    csv.write_text("step,actor/entropy,val/test_score/gsm8k\n"
+                   + "".join(f"{i},{h!r},{on_law(h)!r}\n" for i, h in enumerate(HS, 1)))
+    rc = main(["report", str(jsonl), str(csv), str(trl_runs["plugin"] / "runs"), "--out", str(tmp_path / "rep")])
+    out = capsys.readouterr().out
+    assert rc == 0
+    nums = json.loads((tmp_path / "rep" / "report.json").read_text())
+    fits = {f["run"]: f for f in nums["law"]}
+    assert set(fits) == {"exp.jsonl", "export.csv", "runs"}
+    for name in ("exp.jsonl", "export.csv"):
+        assert fits[name]["fit"]["a"] == pytest.approx(A, abs=1e-9) and fits[name]["fit"]["n"] == len(HS)
+    assert "read verl-file log" in out and "read table log" in out and "read tensorboard log" in out
