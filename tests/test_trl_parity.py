@@ -129,6 +129,21 @@ def test_beta_with_every_other_grpo_config_default_trains(policy_dir, tmp_path):
     assert any(not torch.equal(v, before[k]) for k, v in trainer.model.state_dict().items())
 
 
+def spy_policy_stats(policy_dir: Path, monkeypatch) -> list:
+    """Reset the initial weights ``assert_same_run`` checks against; return the list that gets one entry per
+    forward of the plug-in's own (``_policy_stats``)."""
+    from entropy_rft.integrations.trl import EntropyControlGRPOTrainer
+
+    model, _ = load_policy(str(policy_dir))
+    INITIAL.clear()
+    INITIAL.update({k: v.detach().clone() for k, v in model.state_dict().items()})
+    calls: list = []
+    real = EntropyControlGRPOTrainer._policy_stats
+    monkeypatch.setattr(EntropyControlGRPOTrainer, "_policy_stats", lambda self, *a, **k: calls.append(1) or
+                        real(self, *a, **k))
+    return calls
+
+
 def test_without_dynamics_metrics_method_none_does_only_stocks_work(policy_dir, tmp_path, monkeypatch):
     """``dynamics_metrics=False`` with a static method: no statistics pass at all (stock GRPOTrainer's work
     only), the same training as stock, and no ``dynamics/*`` keys; a selecting method refuses it."""
@@ -136,13 +151,7 @@ def test_without_dynamics_metrics_method_none_does_only_stocks_work(policy_dir, 
 
     from entropy_rft.integrations.trl import EntropyControlGRPOTrainer
 
-    model, _ = load_policy(str(policy_dir))
-    INITIAL.clear()
-    INITIAL.update({k: v.detach().clone() for k, v in model.state_dict().items()})
-    calls = []
-    real = EntropyControlGRPOTrainer._policy_stats
-    monkeypatch.setattr(EntropyControlGRPOTrainer, "_policy_stats", lambda self, *a, **k: calls.append(1) or
-                        real(self, *a, **k))
+    calls = spy_policy_stats(policy_dir, monkeypatch)
     stock = run(GRPOTrainer, policy_dir, tmp_path / "stock")
     ours = run(EntropyControlGRPOTrainer, policy_dir, tmp_path / "ours", trainer_kw={"dynamics_metrics": False})
     assert_same_run(ours, stock)
@@ -163,13 +172,7 @@ def test_on_policy_none_takes_its_statistics_from_trls_training_forward(policy_d
 
     from entropy_rft.integrations.trl import EntropyControlGRPOTrainer
 
-    model, _ = load_policy(str(policy_dir))
-    INITIAL.clear()
-    INITIAL.update({k: v.detach().clone() for k, v in model.state_dict().items()})
-    calls = []
-    real = EntropyControlGRPOTrainer._policy_stats
-    monkeypatch.setattr(EntropyControlGRPOTrainer, "_policy_stats", lambda self, *a, **k: calls.append(1) or
-                        real(self, *a, **k))
+    calls = spy_policy_stats(policy_dir, monkeypatch)
     stock = run(GRPOTrainer, policy_dir, tmp_path / "stock", bf16=False, **cfg)
     ours = run(EntropyControlGRPOTrainer, policy_dir, tmp_path / "ours", bf16=False, **cfg)
     assert_same_run(ours, stock)

@@ -162,6 +162,14 @@ def _median(xs: list[float]) -> float:
     return s[len(s) // 2] if len(s) % 2 else 0.5 * (s[len(s) // 2 - 1] + s[len(s) // 2])
 
 
+def print_ratios(med: dict[str, float], rows, width: int = 34, steps_per_s: bool = True) -> None:
+    """One line per (key, label): s/step, optionally steps/s, and the ratio to stock TRL's."""
+    print(f"{'engine':<{width}}{'s/step':>10}" + (f"{'steps/s':>10}" if steps_per_s else "") + f"{'ratio vs TRL':>14}")
+    for k, label in rows:
+        print(f"{label:<{width}}{med[k]:>10.3f}" + (f"{1 / med[k]:>10.2f}" if steps_per_s else "")
+              + f"{med[k] / med['trl']:>14.3f}")
+
+
 def _interleaved(engines: dict, rounds: int, tmp: Path) -> dict[str, float]:
     """Median step time per engine, the engines run in turn ``rounds`` times (machine noise spread over all)."""
     times: dict[str, list[float]] = {}
@@ -208,10 +216,8 @@ def main() -> None:
     n = (a.steps - 1) * a.rounds
     print(f"\nmicro policy (d 32, 1 layer): step time, median of {n} steps each (16 prompts x 8 samples, "
           f"<=12 new tokens, one update per batch, 1 process, {a.threads} thread(s))")
-    print(f"{'engine':<34}{'s/step':>10}{'steps/s':>10}{'ratio vs TRL':>14}")
-    for k, label in (("trl", "TRL GRPOTrainer (stock)"), ("erft_none", "EntropyControlGRPOTrainer none"),
-                     ("erft_clip_v", "EntropyControlGRPOTrainer clip_v"), ("native", "erft native trainer")):
-        print(f"{label:<34}{med[k]:>10.3f}{1 / med[k]:>10.2f}{med[k] / med['trl']:>14.3f}")
+    print_ratios(med, (("trl", "TRL GRPOTrainer (stock)"), ("erft_none", "EntropyControlGRPOTrainer none"),
+                       ("erft_clip_v", "EntropyControlGRPOTrainer clip_v"), ("native", "erft native trainer")))
     print(f"\nClipV overhead (time ratio clip_v / stock TRL): {med['erft_clip_v'] / med['trl']:.3f}  (target <= 1.05)")
     print(f"native speed-up, micro policy (steps/s native / stock TRL): {med['trl'] / med['native']:.2f}x  "
           "(issue C target >= 2x)")
@@ -238,10 +244,9 @@ def smollm2_cost(a: argparse.Namespace) -> None:
     n = (a.steps - 1) * a.rounds
     print(f"\nSmolLM2-135M-Instruct: step time, median of {n} steps each (4 prompts x 4 samples, <=32 new tokens, "
           f"fp32, one update per batch, 1 process, {a.threads} thread(s))")
-    print(f"{'engine':<44}{'s/step':>10}{'ratio vs TRL':>14}")
-    for k, label in (("trl", "TRL GRPOTrainer (stock)"), ("erft_none", "plug-in none"),
-                     ("erft_none_nodyn", "plug-in none, dynamics_metrics=False"), ("erft_clip_v", "plug-in clip_v")):
-        print(f"{label:<44}{med[k]:>10.3f}{med[k] / med['trl']:>14.3f}")
+    print_ratios(med, (("trl", "TRL GRPOTrainer (stock)"), ("erft_none", "plug-in none"),
+                       ("erft_none_nodyn", "plug-in none, dynamics_metrics=False"),
+                       ("erft_clip_v", "plug-in clip_v")), width=44, steps_per_s=False)
     print(json.dumps({"smollm2_step_s": med}))
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from entropy_rft.analysis.engine_logs import EngineLog, is_erft_path, read_engine_log
-from entropy_rft.analysis.law import fit_law, forecast, forecast_final, reliability_warning
+from entropy_rft.analysis.law import fit_and_forecast
 from entropy_rft.analysis.runs import RunData, expand_run_dirs, load_run
 from entropy_rft.common.errors import UserError
 
@@ -32,7 +32,7 @@ _METRIC_PATTERNS = (
     re.compile(r"^val/test_score/.+$"),
     re.compile(r"^(eval_reward|eval/reward|eval/pass@1)$"),
 )
-MIN_KEYS_SHOWN = 8
+KEYS_SHOWN = 8
 
 
 @dataclass
@@ -45,7 +45,7 @@ class Choice:
 
 
 def _shown(keys: list[str]) -> str:
-    return ", ".join(keys[:MIN_KEYS_SHOWN]) + (f", ... ({len(keys)} keys)" if len(keys) > MIN_KEYS_SHOWN else "")
+    return ", ".join(keys[:KEYS_SHOWN]) + (f", ... ({len(keys)} keys)" if len(keys) > KEYS_SHOWN else "")
 
 
 def _n_of(key: str) -> int:
@@ -112,19 +112,9 @@ def fit_engine_log(path: str | Path, *, source: str | None = None, entropy_key: 
     what = f"{log.path} ({choice.entropy_key} and {choice.metric_key} at the same steps)"
     if not steps:
         raise UserError(f"{what}: no step logs both; name the keys with --entropy-key and --metric")
-    fit = fit_law(hs, rs, what=what)
-    out: dict[str, Any] = {"run": str(path), "source": log.source, "entropy": choice.entropy_key,
-                           "metric": choice.metric_key, "other_metrics": choice.others, "skipped": log.skipped,
-                           "note": choice_note(log, choice), "fit": fit.to_dict(),
-                           "warning": reliability_warning(fit.n),
-                           "points": {"step": steps, "entropy": hs, "accuracy": rs},
-                           "final_forecast": forecast_final(steps, hs, rs)}
-    try:
-        out["forecast"] = forecast(steps, hs, rs, fit_frac, what=what).to_dict()
-        out["forecast_error"] = None
-    except UserError as e:
-        out["forecast"], out["forecast_error"] = None, str(e)
-    return out
+    return {"run": str(path), "source": log.source, "entropy": choice.entropy_key, "metric": choice.metric_key,
+            "other_metrics": choice.others, "skipped": log.skipped, "note": choice_note(log, choice),
+            **fit_and_forecast(steps, hs, rs, fit_frac, what)}
 
 
 def engine_run(path: str | Path, *, source: str | None = None, entropy_key: str | None = None,
@@ -149,7 +139,7 @@ def engine_run(path: str | Path, *, source: str | None = None, entropy_key: str 
         if len(row) > 1:
             rows.append(row)
     p = Path(path)
-    name = p.name if p.is_dir() or p.name not in ("trainer_state.json",) else p.parent.name
+    name = p.parent.name if p.name == "trainer_state.json" else p.name
     engine = log.source.split("-")[0]
     cfg = {"byo": {"source": log.source, "entropy_key": choice.entropy_key, "metric_key": choice.metric_key,
                    "reward_key": reward, "other_metrics": choice.others, "skipped": log.skipped,

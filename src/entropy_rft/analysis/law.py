@@ -250,17 +250,23 @@ def fit_run(run_dir: str | Path, *, fit_frac: float = 0.2, entropy: str = "eval"
     if not rows:
         raise UserError(f"{path}: empty; the run has not logged a step yet")
     steps, hs, rs = law_points(rows, entropy=entropy, metric=metric, what=str(path))
-    fit = fit_law(hs, rs, what=str(path))
-    out: dict[str, Any] = {"run": str(run_dir), "entropy": entropy, "metric": metric, "fit": fit.to_dict(),
-                           "warning": reliability_warning(fit.n),
-                           "points": {"step": steps, "entropy": hs, "accuracy": rs},
+    return {"run": str(run_dir), "entropy": entropy, "metric": metric,
+            **fit_and_forecast(steps, hs, rs, fit_frac, str(path))}
+
+
+def fit_and_forecast(steps: Sequence[int], hs: Sequence[float], rs: Sequence[float], fit_frac: float,
+                     what: str) -> dict[str, Any]:
+    """The law fitted to (H, R) pairs at ``steps``, its reliability warning, the pairs, the last score's
+    forecasts (``forecast_final``) and the forecast test at ``fit_frac`` (None with the reason when impossible)."""
+    fit = fit_law(hs, rs, what=what)
+    out: dict[str, Any] = {"fit": fit.to_dict(), "warning": reliability_warning(fit.n),
+                           "points": {"step": list(steps), "entropy": list(hs), "accuracy": list(rs)},
                            "final_forecast": forecast_final(steps, hs, rs)}
     try:
-        out["forecast"] = forecast(steps, hs, rs, fit_frac, what=str(path)).to_dict()
+        out["forecast"] = forecast(steps, hs, rs, fit_frac, what=what).to_dict()
         out["forecast_error"] = None
     except UserError as e:
         if not 0 < fit_frac < 1:
             raise
-        out["forecast"] = None
-        out["forecast_error"] = str(e)
+        out["forecast"], out["forecast_error"] = None, str(e)
     return out

@@ -87,11 +87,12 @@ def refusals(method: Method, args: Any, model_config: Any = None, delegated: boo
     "option (what to do)"; empty when the trainer can run. ``args`` None stands for GRPOConfig's defaults.
     Read from the config alone, so the trainer refuses before TRL loads a model. ``delegated``: the loss is
     TRL's own (``delegates_loss``), which runs everything TRL runs."""
-    if delegated:
-        return [f"entropy_coef / use_adaptive_entropy with method {method.name!r} (the method sets TRL's "
-                "entropy_coef itself; leave them at their defaults)"] if (
-            "entropy_coef" in method.loss_kwargs() and (bool(_get(args, "entropy_coef", 0.0))
-                                                        or bool(_get(args, "use_adaptive_entropy", False)))) else []
+    trl_entropy_term = bool(_get(args, "entropy_coef", 0.0)) or bool(_get(args, "use_adaptive_entropy", False))
+    if delegated:  # TRL's loss runs everything; only its entropy term would be set twice
+        if "entropy_coef" in method.loss_kwargs() and trl_entropy_term:
+            return [f"entropy_coef / use_adaptive_entropy with method {method.name!r} (the method sets TRL's "
+                    "entropy_coef itself; leave them at their defaults)"]
+        return []
     loss_type = _get(args, "loss_type", "dapo")
     pair = f"with method {method.name!r}"
     checks = [
@@ -105,8 +106,7 @@ def refusals(method: Method, args: Any, model_config: Any = None, delegated: boo
          f"top_entropy_quantile<1 {pair} (use method='high_entropy')"),
         (_get(args, "off_policy_mask_threshold") is not None, f"off_policy_mask_threshold {pair}"),
         (_get(args, "delta") is not None, f"delta {pair} (use dual_clip=...)"),
-        (bool(_get(args, "entropy_coef", 0.0)) or bool(_get(args, "use_adaptive_entropy", False)),
-         f"entropy_coef / adaptive entropy {pair} (use method='entropy_bonus')"),
+        (trl_entropy_term, f"entropy_coef / adaptive entropy {pair} (use method='entropy_bonus')"),
         (bool(_get(args, "use_vllm", False)) and bool(_get(args, "vllm_importance_sampling_correction", False)),
          f"vllm_importance_sampling_correction=True {pair} (set it to False)"),
         (bool(getattr(model_config, "output_router_logits", False)), f"MoE router aux loss {pair}"),
