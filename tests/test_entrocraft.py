@@ -1,7 +1,7 @@
 """Issue 39: Entrocraft (Li et al. 2026). Its band and switch against a transcription of the authors' released
 estimator (lblaoke/entrocraft, ``compute_grpo_range_linear_outcome_advantage`` and the RAFT++ / NSR / GRPO
-estimators it switches between), hand-computed bounds, and a run of ``erft train --method entrocraft`` whose
-mode and resume are read back from its metrics."""
+estimators it switches between) token by token, hand-computed bounds, and a run of ``erft train --method
+entrocraft`` whose mode and resume are read back from its metrics."""
 
 from __future__ import annotations
 
@@ -59,35 +59,44 @@ def test_band_is_linear_in_the_step_and_held_at_its_end():
 
 @pytest.mark.parametrize("entropy", [0.2, 0.45, 0.55, 0.64, 0.9])
 @pytest.mark.parametrize("step", [1, 4, 10])
-def test_switch_and_rejected_rollouts_match_the_released_estimator(entropy, step):
-    """±1 rewards (the released math reward), 4 groups of 4 of which two are mixed and two uniform. The
-    estimator the step switches to is the released one, the kept rollouts of the mixed groups are exactly those
-    with a non-zero released advantage (and of its sign), and the uniform groups train as GRPO trains them (not
-    at all): the stated deviation from RAFT++/NSR's raw rewards."""
-    rewards = torch.tensor([1., -1, 1, -1, 1, 1, -1, -1, 1, 1, 1, 1, -1, -1, -1, -1])
+def test_advantages_match_the_released_estimator_token_by_token(entropy, step):
+    """The released estimator on ±1 rewards (its math reward) against ours on the same rollouts scored 0/1 (the
+    default mapping (r − 0.5)·2) and on ±1 (reward_center 0, reward_scale 1): 4 groups of 4, two mixed, one
+    all correct and one all wrong (NSR trains the all-wrong group, GRPO does not), and a padded row. The
+    advantage each token trains with (the engine's GRPO plus the method's shift, as ``training.stages.select``
+    composes them) equals the released one."""
+    pm1 = torch.tensor([1., -1, 1, -1, 1, 1, -1, -1, 1, 1, 1, 1, -1, -1, -1, -1])
     index = [i // 4 for i in range(16)]
     mask = torch.ones(16, 5, dtype=torch.bool)
     mask[3, 3:] = False
     total, lb, ub = 10, (0.6, 0.4), (0.7, 0.5)
-    estimator, released = released_advantages(rewards, mask, index, entropy, step, total, lb, ub)
-    m = control.build_method("entrocraft", lower_start=lb[0], lower_end=lb[1], upper_start=ub[0], upper_end=ub[1],
-                             total_steps=total)
-    m._step = step - 1
-    stats = SimpleNamespace(entropy=torch.full((16, 5), entropy))
-    metrics = m.observe(stats, mask, "token-mean")
-    assert metrics["control/own_output"] == {"raftpp": LOWER, "nsr": RAISE, "grpo": HOLD}[estimator]
-    adv = grpo(rewards, 4)
-    shift = m.rollout_masks(stats, adv, mask).adv_shift
-    effective = adv[:, None] * mask if shift is None else adv[:, None] * mask + shift
-    mixed = torch.tensor([i < 8 for i in range(16)])[:, None] & mask
-    if estimator == "grpo":
-        assert shift is None
-        torch.testing.assert_close(effective, released, atol=1e-6, rtol=1e-6)  # the released GRPO
-    else:
-        assert torch.equal((effective != 0) & mixed, (released != 0) & mixed)
-        assert torch.equal(torch.sign(effective[mixed]), torch.sign(released[mixed]))
-        assert (effective[~mixed & mask] == 0).all()  # uniform groups: GRPO's A = 0 (deviation, stated)
-        assert (shift[~mask] == 0).all()
+    estimator, released = released_advantages(pm1, mask, index, entropy, step, total, lb, ub)
+    for rewards, mapping in (((pm1 + 1) / 2, {}), (pm1, {"reward_center": 0.0, "reward_scale": 1.0})):
+        m = control.build_method("entrocraft", lower_start=lb[0], lower_end=lb[1], upper_start=ub[0],
+                                 upper_end=ub[1], total_steps=total, **mapping)
+        m._step = step - 1
+        stats = SimpleNamespace(entropy=torch.full((16, 5), entropy))
+        metrics = m.observe(stats, mask, "token-mean")
+        assert metrics["control/own_output"] == {"raftpp": LOWER, "nsr": RAISE, "grpo": HOLD}[estimator]
+        adv = grpo(rewards, 4)  # the engine's GRPO advantages (the same for 0/1 and ±1 rewards)
+        own = m.rollout_advantages(rewards, adv, mask)
+        assert (own is None) == (estimator == "grpo")
+        effective = adv[:, None] * mask if own is None else own
+        torch.testing.assert_close(effective, released, atol=1e-5, rtol=1e-5)
+        assert m.rollout_masks(stats, adv, mask).adv_shift is None
+
+
+def test_a_fixed_band_at_a_setpoint_of_the_first_batch():
+    """``target='0.5x'``: the band is half the first batch's entropy ± half_width, held over the run."""
+    m = control.build_method("entrocraft", target="0.5x", half_width=0.05)
+    mask = torch.ones(2, 3, dtype=torch.bool)
+    first = m.observe(SimpleNamespace(entropy=torch.full((2, 3), 0.8)), mask, "token-mean")
+    assert (first["control/own_low"], first["control/own_high"]) == pytest.approx((0.35, 0.45))
+    assert first["control/own_output"] == LOWER
+    later = m.observe(SimpleNamespace(entropy=torch.full((2, 3), 0.3)), mask, "token-mean")
+    assert later["control/own_target"] == pytest.approx(0.4) and later["control/own_output"] == RAISE
+    inside = m.observe(SimpleNamespace(entropy=torch.full((2, 3), 0.42)), mask, "token-mean")
+    assert inside["control/own_output"] == HOLD
 
 
 def test_validation_names_the_bad_parameter():
@@ -97,6 +106,10 @@ def test_validation_names_the_bad_parameter():
         control.build_method("entrocraft", lower_start=0.8)
     with pytest.raises(ValueError, match="total_steps must be an integer"):
         control.build_method("entrocraft", total_steps=-1)
+    with pytest.raises(ValueError, match="target must be None, a number of nats"):
+        control.build_method("entrocraft", target="x0.5")
+    with pytest.raises(ValueError, match="reward_scale must be"):
+        control.build_method("entrocraft", reward_scale=-1.0)
     assert control.method_info("entrocraft")["engines"] == ["native"]
 
 

@@ -30,6 +30,8 @@ NATIVE = {
     # issue 39: Entrocraft's band and mode
     "entrocraft": {"method.name": "entrocraft", "probe.jvp_every": 0, "eval.every": 0,
                    "probe.counterfactual_every": 0, "train.max_steps": 2},
+    "aepo": {"method.name": "aepo", "method.params": "{prompt_frac: 1.0}", "probe.jvp_every": 0, "eval.every": 0,
+             "probe.counterfactual_every": 0, "train.max_steps": 2},
 }
 
 

@@ -91,9 +91,12 @@ METRICS: dict[str, Metric] = {
     "control/own_low": Metric("entrocraft: the band's lower bound at this step", "nats"),
     "control/own_high": Metric("entrocraft: the band's upper bound at this step", "nats"),
     "control/own_output": Metric("a controller method's output: the applied entropy coefficient "
-                                 "(adaptive_entropy), alpha (entropic), or entrocraft's mode (+1: above the band, "
-                                 "A<0 rollouts rejected; -1: below it, A>0 rejected; 0: GRPO)", "coef"),
+                                 "(adaptive_entropy), alpha (entropic), aepo's sampling temperature, or "
+                                 "entrocraft's mode (+1: above the band, RAFT++, correct rollouts only; -1: below "
+                                 "it, NSR, wrong ones only; 0: GRPO)", "coef"),
     "control/own_integral": Metric("EntroPIC's integral of the entropy error", "nats·steps"),
+    "control/spliced": Metric("aepo: rollouts sampled at the step's temperature swapped into the batch (A = 1)",
+                              "rollouts"),
     "control/weight_selected_frac": Metric("share of counted tokens in EntroPIC's adjustment (p > high_prob)",
                                            "fraction"),
     # probes

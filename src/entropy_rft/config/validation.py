@@ -85,6 +85,10 @@ def validate_method(cfg: Config) -> Method:
         raise UserError(f"config field 'method.name': method {method.name!r} runs on engine "
                         f"{' or '.join(map(repr, method.engines))} only (its terms are not in engine {cfg.engine!r}'s "
                         "loss path); use --engine native or another method (`erft methods` lists the engines)")
+    if cfg.algo.algorithm not in method.algorithms:
+        raise UserError(f"config field 'algo.algorithm': method {method.name!r} needs "
+                        f"{' or '.join(map(repr, method.algorithms))} (its rule reads group advantages), got "
+                        f"{cfg.algo.algorithm!r}; set algo.algorithm or use another method")
     if cfg.method.entropy_target is not None:
         from entropy_rft.control import autopilot
 

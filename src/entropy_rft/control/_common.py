@@ -115,3 +115,11 @@ def check_level(value: float | str | None, name: str, allow_none: bool = True) -
         raise ValueError(f"{name} must be {hint}a number of nats > 0 or a multiple of the first batch's entropy "
                          f"such as '0.9x', got {value!r}")
     return float(raw), rel
+
+
+def resolve_level(level: tuple[float, bool] | None, base: float | None) -> float | None:
+    """A checked ``check_level`` value in nats (relative levels times ``base``, the first measured entropy)."""
+    if level is None:
+        return None
+    value, relative = level
+    return value * base if relative else value

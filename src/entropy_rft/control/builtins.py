@@ -2,8 +2,8 @@
 the baseline and the papers' methods (:mod:`~entropy_rft.control.paper_methods`), the classic ones
 (:mod:`~entropy_rft.control.classic_methods`) and the field's methods of issue 28
 (:mod:`~entropy_rft.control.field_methods`, then STEER in :mod:`~entropy_rft.control.steer`) and issue 39's
-Entrocraft (:mod:`~entropy_rft.control.entrocraft`). Every name stays
-importable from here.
+Entrocraft (:mod:`~entropy_rft.control.entrocraft`), AEPO (:mod:`~entropy_rft.control.aepo`) and Flexible
+Entropy Control (:mod:`~entropy_rft.control.fec`). Every name stays importable from here.
 """
 
 from entropy_rft.control.paper_methods import (
@@ -51,16 +51,19 @@ from entropy_rft.control.entrocraft import (  # isort: skip
     Entrocraft,
     entrocraft_band,
     entrocraft_mode,
-    entrocraft_shift,
+    entrocraft_advantages,
 )
+
+from entropy_rft.control.aepo import AEPO, AEPOMethod, aepo_sample_num, aepo_splice, aepo_temperature  # isort: skip
 
 __all__ = [
     "PAPER_A", "PAPER_B", "DAPO", "EIGHTY_TWENTY", "ENTROPY_BONUS", "CHENG", "SKYWORK", "CE_GPPO", "CLIP_LOW",
-    "ENTROPIC", "STEER", "ENTROCRAFT",
+    "ENTROPIC", "STEER", "ENTROCRAFT", "AEPO",
     "NoControl", "ClipB", "ClipBPaper", "ClipV", "ClipVPaper", "ClipCov", "KLCov",
     "ClipHigher", "EntropyBonus", "HighEntropy", "GradMask",
-    "EntropyAdvantage", "AdaptiveEntropy", "CEGPPO", "ClipLow", "EntropicControl", "Steer", "Entrocraft",
+    "EntropyAdvantage", "AdaptiveEntropy", "CEGPPO", "ClipLow", "EntropicControl", "Steer", "Entrocraft", "AEPOMethod",
     "tiny_cap_message", "warn_tiny_cap", "entropy_advantage_shift", "adaptive_entropy_measure",
     "adaptive_entropy_step", "entropic_step", "steer_entropy_change", "steer_weights",
-    "entrocraft_band", "entrocraft_mode", "entrocraft_shift",
+    "entrocraft_band", "entrocraft_mode", "entrocraft_advantages", "aepo_temperature", "aepo_sample_num",
+    "aepo_splice",
 ]

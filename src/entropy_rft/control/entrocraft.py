@@ -1,7 +1,7 @@
 """Entrocraft (Li et al. 2026, issue 39): the batch entropy held inside a band that moves linearly over training,
-by rejecting rollouts of one advantage sign whenever the entropy leaves the band. The rule, its source and how far
-it was checked are in ``Entrocraft``'s docstring; the maths is in the pure functions ``entrocraft_band``,
-``entrocraft_mode`` and ``entrocraft_shift``.
+by training on one side of the reward only (RAFT++ or NSR) whenever the entropy leaves the band. The rule, its
+source and how far it was checked are in ``Entrocraft``'s docstring; the maths is in the pure functions
+``entrocraft_band``, ``entrocraft_mode`` and ``entrocraft_advantages``.
 """
 
 from __future__ import annotations
@@ -12,16 +12,16 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from torch import Tensor
 
-from entropy_rft.control._common import as_mask, broadcast_advantages, check_number
-from entropy_rft.control.registry import Masks, Method, param, register_method
+from entropy_rft.control._common import as_mask, check_level, check_number, resolve_level
+from entropy_rft.control.registry import Method, param, register_method
 
 if TYPE_CHECKING:
     from entropy_rft.core.dynamics import TokenStats
 
 ENTROCRAFT = ("Li et al. 2026, Entrocraft, arXiv 2604.26326 (code: github.com/lblaoke/entrocraft, advantage "
               "estimator grpo_range_linear)")
-# The modes of a step: the advantage sign whose rollouts are rejected.
-RAISE, HOLD, LOWER = -1, 0, 1  # below the band: reject A > 0 (NSR); inside: GRPO; above: reject A < 0 (RAFT++)
+# The modes of a step: below the band NSR (only wrong rollouts train), inside GRPO, above RAFT++ (only correct ones).
+RAISE, HOLD, LOWER = -1, 0, 1
 
 
 def entrocraft_band(step: int, total_steps: int, lower: tuple[float, float],
@@ -43,47 +43,51 @@ def entrocraft_mode(entropy: float, low: float, high: float) -> int:
     return HOLD
 
 
-def entrocraft_shift(advantages: Tensor, mask: Tensor, mode: int) -> Tensor | None:
-    """The advantage shift that rejects the rollouts of one sign: −A on the tokens of A < 0 (``LOWER``: only
-    positive rollouts train, which lowers entropy) or of A > 0 (``RAISE``: only negative ones train, which raises
-    it); zero elsewhere and on padding. None with ``HOLD``. A rejected token keeps its place in the loss's
-    normaliser, as the released code sets advantages to 0 rather than removing rollouts."""
+def entrocraft_advantages(rewards: Tensor, mask: Tensor, mode: int, center: float = 0.5,
+                         scale: float = 2.0) -> Tensor | None:
+    """The released estimator of a step outside the band, per token: the rollout's signal
+    s = (r − ``center``)·``scale`` (the released math reward is ±1, ``verl/utils/reward_score/math_verify.py``
+    line 40; the defaults map this project's 0/1 rewards onto it), RAFT++ above the band (``LOWER``:
+    max(s, 0), ``core_algos.py`` 264-271) and NSR below it (``RAISE``: min(s, 0), 465-472), with no group
+    normalisation, zero on padding. None with ``HOLD`` (the engine's GRPO advantages train)."""
     if mode == HOLD:
         return None
-    adv = broadcast_advantages(advantages, mask).to(torch.float32)
-    reject = (adv < 0) if mode == LOWER else (adv > 0)
-    return torch.where(reject & mask, -adv, torch.zeros_like(adv))
+    signal = (rewards.to(torch.float32) - center) * scale
+    signal = signal.clamp(min=0.0) if mode == LOWER else signal.clamp(max=0.0)
+    return torch.where(mask, signal[:, None].expand(mask.shape), torch.zeros((), dtype=torch.float32))
 
 
 @register_method
 @dataclass
 class Entrocraft(Method):
     """Entrocraft (Li et al. 2026): hold the batch entropy inside a band [lower, upper] whose bounds move
-    linearly over training, by rejecting rollouts.
+    linearly over training, by switching the advantage estimator.
 
     Each step, H = the token mean of the old policy's entropy over the rollout batch's training tokens (the
     released ``ray_trainer.py``: ``agg_loss(entropys, response_mask, "token-mean")`` from the logits before the
-    update). Above the band, negative-advantage rollouts are rejected (only A > 0 trains: RAFT++, entropy
-    falls); below it, positive ones (only A < 0 trains: NSR, entropy rises); inside it, plain GRPO. Rejected
-    tokens get advantage 0 (``Masks.adv_shift`` = −A) and stay in the loss's token count. The band
-    (``entrocraft_band``) starts at ``lower_start``/``upper_start`` and reaches ``lower_end``/``upper_end`` at
-    ``total_steps`` (0: the run's ``train.max_steps``). Released reference run (``grpo_range_linear``, Qwen3-4B-Base):
-    lower 0.6 → 0.4, upper 0.7 → 0.5, the defaults here.
+    update). Above the band the step trains with RAFT++ (only correct rollouts, advantage = the raw reward:
+    entropy falls); below it with NSR (only wrong rollouts, advantage = the raw negative reward: entropy rises);
+    inside it with the engine's GRPO advantages (``entrocraft_advantages``; released
+    ``compute_grpo_range_outcome_advantage``). The band (``entrocraft_band``) starts at
+    ``lower_start``/``upper_start`` and reaches ``lower_end``/``upper_end`` at ``total_steps`` (0: the run's
+    ``train.max_steps``). Released reference run (``grpo_range_linear``, Qwen3-4B-Base): lower 0.6 → 0.4, upper
+    0.7 → 0.5, the defaults here. The raw reward is the released ±1: this project's 0/1 rewards are mapped by
+    (r − ``reward_center``)·``reward_scale``.
 
-    Deviation, stated: the released RAFT++ and NSR estimators use the raw reward (±1 in its math task) as the
-    advantage, with no group normalisation; here the rejected sign's GRPO advantages are zeroed and the other
-    sign keeps its GRPO advantage (the paper's "rejecting rollouts", on this project's advantages). Native
-    engine only: the rule needs the rollout batch's entropy before the advantages reach the loss.
+    ``target`` (not in the released code) holds a fixed band ``target`` ± ``half_width`` instead of the moving
+    one, as the released fixed-band estimator ``grpo_range`` does, so that the rule can be compared with the
+    other controllers at a setpoint ('0.5x': half the first batch's entropy). Native engine only: the rule
+    needs the rollout batch's entropy and rewards before the advantages reach the loss.
     """
 
     name: ClassVar[str] = "entrocraft"
     paper: ClassVar[str] = ENTROCRAFT
-    summary: ClassVar[str] = "hold H in a linearly moving band: above it reject A<0 rollouts, below it A>0"
+    summary: ClassVar[str] = "hold H in a moving band: above it train on correct rollouts only, below on wrong only"
     stage: ClassVar[str] = "rollout"
-    quadrants: ClassVar[dict[str, str]] = {"neg_sneg": "zeroes A<0 when H is above the band",
-                                           "neg_spos": "zeroes A<0 when H is above the band",
-                                           "pos_spos": "zeroes A>0 when H is below the band",
-                                           "pos_sneg": "zeroes A>0 when H is below the band"}
+    quadrants: ClassVar[dict[str, str]] = {"neg_sneg": "zeroes A<0 when H is above the band; raw −1 below it",
+                                           "neg_spos": "zeroes A<0 when H is above the band; raw −1 below it",
+                                           "pos_spos": "zeroes A>0 when H is below the band; raw +1 above it",
+                                           "pos_sneg": "zeroes A>0 when H is below the band; raw +1 above it"}
     engines: ClassVar[tuple[str, ...]] = ("native",)
 
     lower_start: float = param(0.6, "the band's lower bound at the first step, nats (released run)")
@@ -91,19 +95,26 @@ class Entrocraft(Method):
     upper_start: float = param(0.7, "the band's upper bound at the first step, nats (released run)")
     upper_end: float = param(0.5, "the band's upper bound at total_steps, nats (released run)")
     total_steps: int = param(0, "steps over which the bounds move; 0 = the run's train.max_steps")
+    target: float | str | None = param(None, "a fixed band's centre in nats or '0.5x' (times the first batch's "
+                                             "entropy), in place of the moving band; None: the moving band")
+    half_width: float = param(0.05, "the fixed band's half width in nats (the released band is 0.1 wide)")
+    reward_center: float = param(0.5, "the reward mapped to 0 in the raw RAFT++/NSR advantage (0/1 rewards -> ±1)")
+    reward_scale: float = param(2.0, "the factor of the raw RAFT++/NSR advantage (r - reward_center)·reward_scale")
 
     def __post_init__(self) -> None:
-        self._step, self._mode = 0, HOLD
+        self._step, self._mode, self._base = 0, HOLD, None
         super().__post_init__()
 
     def validate(self) -> None:
-        for name in ("lower_start", "lower_end", "upper_start", "upper_end"):
+        for name in ("lower_start", "lower_end", "upper_start", "upper_end", "half_width", "reward_scale"):
             check_number(getattr(self, name), name, low=0.0)
+        check_number(self.reward_center, "reward_center")
         if self.lower_start > self.upper_start or self.lower_end > self.upper_end:
             raise ValueError(f"the lower bound must not exceed the upper one at either end, got lower "
                              f"{self.lower_start}->{self.lower_end}, upper {self.upper_start}->{self.upper_end}")
         if isinstance(self.total_steps, bool) or not isinstance(self.total_steps, int) or self.total_steps < 0:
             raise ValueError(f"total_steps must be an integer >= 0, got {self.total_steps!r}")
+        check_level(self.target, "target")
 
     def set_horizon(self, total_steps: int) -> None:
         if self.total_steps == 0:
@@ -116,18 +127,24 @@ class Entrocraft(Method):
             return {}
         self._step += 1
         h = float(stats.entropy.detach().to(torch.float64)[mask].mean())
-        low, high = entrocraft_band(self._step, max(self.total_steps, 1), (self.lower_start, self.lower_end),
-                                    (self.upper_start, self.upper_end))
+        if self._base is None:
+            self._base = h
+        centre = resolve_level(check_level(self.target, "target"), self._base)
+        if centre is None:
+            low, high = entrocraft_band(self._step, max(self.total_steps, 1), (self.lower_start, self.lower_end),
+                                        (self.upper_start, self.upper_end))
+        else:
+            low, high = centre - self.half_width, centre + self.half_width
         self._mode = entrocraft_mode(h, low, high)
         return {"control/own_entropy": h, "control/own_target": 0.5 * (low + high), "control/own_low": low,
                 "control/own_high": high, "control/own_output": float(self._mode)}
 
-    def rollout_masks(self, stats: TokenStats, advantages: Tensor, mask: Tensor) -> Masks:
-        return Masks(adv_shift=entrocraft_shift(advantages, as_mask(mask), self._mode))
+    def rollout_advantages(self, rewards: Tensor, advantages: Tensor, mask: Tensor) -> Tensor | None:
+        return entrocraft_advantages(rewards, as_mask(mask), self._mode, self.reward_center, self.reward_scale)
 
     def state_dict(self) -> dict[str, Any]:
         # not total_steps: a resumed run with a new train.max_steps moves the band over its new length
-        return {"step": self._step, "mode": self._mode}
+        return {"step": self._step, "mode": self._mode, "base": self._base}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._step, self._mode = int(state["step"]), int(state["mode"])
+        self._step, self._mode, self._base = int(state["step"]), int(state["mode"]), state.get("base")

@@ -15,7 +15,13 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from torch import Tensor
 
-from entropy_rft.control._common import broadcast_advantages, check_level, check_number, masked_mean_std
+from entropy_rft.control._common import (
+    broadcast_advantages,
+    check_level,
+    check_number,
+    masked_mean_std,
+    resolve_level,
+)
 from entropy_rft.control.registry import Masks, Method, param, register_method
 
 if TYPE_CHECKING:
@@ -30,14 +36,6 @@ CE_GPPO = ("Su et al. 2025, CE-GPPO: Coordinating Entropy via Gradient-Preservin
 CLIP_LOW = "Park et al. 2025, Clip-Low Increases Entropy and Clip-High Decreases Entropy, arXiv 2509.26114"
 ENTROPIC = ("Yang et al. 2025, EntroPIC: entropy stabilization with proportional-integral control, "
             "arXiv 2511.15248 (code: github.com/yk7333/EntroPIC)")
-
-
-def _resolve_level(level: tuple[float, bool] | None, base: float | None) -> float | None:
-    """A checked ``check_level`` value in nats (relative levels times ``base``, the first measured entropy)."""
-    if level is None:
-        return None
-    value, relative = level
-    return value * base if relative else value
 
 
 @register_method
@@ -164,7 +162,7 @@ class AdaptiveEntropy(Method):
             return {}
         if self._base is None:
             self._base = h
-        target = _resolve_level(target_level, self._base)
+        target = resolve_level(target_level, self._base)
         self._applied, self.coef = adaptive_entropy_step(self.coef, self._last_h, h, target, self.delta,
                                                          self.coef_min, self.coef_max)
         self._last_h = h
@@ -377,7 +375,7 @@ class EntropicControl(Method):
         h = float(aggregate(stats.entropy.detach().to(torch.float64), mask, agg))
         if self._base is None:
             self._base = h
-        target = _resolve_level(target_level, self._base)
+        target = resolve_level(target_level, self._base)
         self.alpha, self._integral = entropic_step(h, target, self._integral, self.kp, self.ki)
         return {"control/own_entropy": h, "control/own_target": target, "control/own_output": self.alpha,
                 "control/own_integral": self._integral}

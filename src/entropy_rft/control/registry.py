@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Masks",
     "Method",
+    "Resample",
     "param",
     "register_method",
     "build_method",
@@ -44,6 +45,16 @@ class Masks:
     kl_cov_select: Tensor | None = None  # tokens that get kl_cov_coef·|logp − old_logp| (KL-Cov)
     adv_shift: Tensor | None = None  # float, added to the advantage in the surrogate (entropy advantage shaping)
     weight_select: Tensor | None = None  # tokens of EntroPIC's sample-weight adjustment (p > threshold)
+
+
+@dataclass(frozen=True)
+class Resample:
+    """Extra rollouts a method asks for in a step (AEPO): the first ``prompt_frac`` of the step's prompts, rolled
+    out again (a group each) at ``temperature``; ``Method.splice_rows`` then picks those that replace the batch's
+    first rollouts."""
+
+    temperature: float
+    prompt_frac: float
 
 
 def param(default: Any, help: str, choices: tuple | None = None) -> Any:
@@ -69,6 +80,7 @@ class Method:
     # "all" stands for every quadrant.
     quadrants: ClassVar[dict[str, str]] = {}
     engines: ClassVar[tuple[str, ...]] = ("native", "trl", "verl")
+    algorithms: ClassVar[tuple[str, ...]] = ("grpo", "dr_grpo", "ppo")  # algo.algorithm values the rule fits
 
     def __post_init__(self) -> None:
         self.validate()
@@ -87,6 +99,23 @@ class Method:
     def rollout_masks(self, stats: TokenStats, advantages: Tensor, mask: Tensor) -> Masks:
         """Masks from the old-policy statistics of the whole rollout batch (once per rollout batch)."""
         return Masks()
+
+    def resample_plan(self) -> Resample | None:
+        """Extra rollouts for this step (AEPO: a temperature-adjusted second rollout of some prompts), asked once
+        per step after the batch is scored; None (the default): none."""
+        return None
+
+    def splice_rows(self, advantages: Tensor) -> tuple[Tensor, float]:
+        """Given the extra rollouts' sequence advantages [N] (group-normalised among themselves), the indices of
+        those that replace the batch's first rollouts, in order, and the advantage they train with."""
+        raise NotImplementedError(f"method {self.name!r} asks for no extra rollouts")
+
+    def rollout_advantages(self, rewards: Tensor, advantages: Tensor, mask: Tensor) -> Tensor | None:
+        """A method that is its own advantage estimator for this rollout batch (Entrocraft switches to RAFT++ or
+        NSR) returns the per-token advantages [B, T] from the rollouts' ``rewards`` [B]; None (the default) keeps
+        the engine's ``advantages``. Called once per rollout batch, after ``observe`` and before
+        ``rollout_masks``, which then sees these advantages."""
+        return None
 
     def observe(self, stats: TokenStats, mask: Tensor, agg: str) -> dict[str, Any]:
         """A controller method's own control law: read this rollout batch's old-policy statistics over the

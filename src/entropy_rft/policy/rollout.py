@@ -49,6 +49,30 @@ class RolloutBatch:
                             self.response_mask[idx_t], [self.responses[i] for i in idx_t.tolist()])
 
 
+def pad_token(tokenizer) -> int:
+    """The id padding takes: the tokenizer's pad token, else its EOS."""
+    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+
+
+def concat_batches(first: RolloutBatch, second: RolloutBatch, pad_id: int) -> RolloutBatch:
+    """``first``'s rows then ``second``'s, prompts left-padded and responses right-padded with ``pad_id`` (masked
+    out) to the wider of the two."""
+    def widen(ids: Tensor, mask: Tensor, width: int, left: bool) -> tuple[Tensor, Tensor]:
+        extra = width - ids.shape[1]
+        pad_ids = ids.new_full((ids.shape[0], extra), pad_id)
+        pad_mask = mask.new_zeros((mask.shape[0], extra))
+        if left:
+            return torch.cat([pad_ids, ids], 1), torch.cat([pad_mask, mask], 1)
+        return torch.cat([ids, pad_ids], 1), torch.cat([mask, pad_mask], 1)
+
+    p = max(first.prompt_ids.shape[1], second.prompt_ids.shape[1])
+    r = max(first.response_ids.shape[1], second.response_ids.shape[1])
+    parts = [(*widen(b.prompt_ids, b.prompt_mask, p, True), *widen(b.response_ids, b.response_mask, r, False))
+             for b in (first, second)]
+    a, b = parts
+    return RolloutBatch(*(torch.cat([x, y]) for x, y in zip(a, b)), first.responses + second.responses)
+
+
 def tokenize_prompts(tokenizer, prompts: list[str], device: torch.device | str = "cpu") -> tuple[Tensor, Tensor]:
     """Tokenise and left-pad prompts. Returns (ids [B, P], mask [B, P] bool).
 
@@ -64,7 +88,7 @@ def tokenize_prompts(tokenizer, prompts: list[str], device: torch.device | str =
         if key not in memo:
             memo[key] = encode_prompt(tokenizer, p)
         enc.append(memo[key])
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    pad = pad_token(tokenizer)
     width = max(len(e) for e in enc)
     ids = torch.tensor([[pad] * (width - len(e)) + e for e in enc], dtype=torch.long)
     mask = torch.tensor([[False] * (width - len(e)) + [True] * len(e) for e in enc], dtype=torch.bool)
@@ -174,7 +198,7 @@ def sample(model, tokenizer, prompts: list[str], *, max_new_tokens: int, tempera
     eos = tokenizer.eos_token_id
     if eos is None:
         raise ValueError("tokenizer: has no eos_token_id; set one so responses can end")
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
+    pad = pad_token(tokenizer)
     was_training = model.training
     model.eval()
     try:

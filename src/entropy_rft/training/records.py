@@ -27,6 +27,7 @@ class Scored:
     rollout: RolloutBatch
     rewards: Tensor  # [B] float32
     mask: Tensor  # [B, R] bool: response tokens that train (a uniform group's are dropped when configured)
+    seq_advantages: Tensor | None = None  # [B] fixed before a splice (AEPO); None: computed from the rewards
 
 
 @dataclass(frozen=True)

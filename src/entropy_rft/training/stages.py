@@ -24,10 +24,11 @@ from entropy_rft import control
 from entropy_rft.core import advantages as adv_lib
 from entropy_rft.core.loss import agg_weights, policy_loss, value_loss
 from entropy_rft.core.metrics import approx_kl, masked_mean
+from entropy_rft.core.tensor_checks import broadcast_advantages
 from entropy_rft.policy import evaluation
 from entropy_rft.policy.forward import PolicyOut, policy_forward
 from entropy_rft.policy.jvp import entropy_jvp
-from entropy_rft.policy.rollout import RolloutBatch, sample
+from entropy_rft.policy.rollout import RolloutBatch, concat_batches, pad_token, sample
 from entropy_rft.tasks.base import Example
 from entropy_rft.training.probe import agreement_metrics, probe_metrics, tabular_prediction
 from entropy_rft.training.records import OldPolicy, Probed, Rule, Scored, Selection, Update
@@ -83,11 +84,13 @@ def sample_prompts(run: Run) -> list[Example]:
     return examples
 
 
-def rollout(run: Run, prompts: list[str]) -> RolloutBatch:
-    """Stage 2: one sampled response per prompt (the sample generator)."""
+def rollout(run: Run, prompts: list[str], temperature: float | None = None) -> RolloutBatch:
+    """Stage 2: one sampled response per prompt (the sample generator), at ``rollout.temperature`` unless
+    ``temperature`` is given."""
     r = run.cfg.rollout
     with autocast(run):
-        return sample(run.model, run.tok, prompts, max_new_tokens=r.max_new_tokens, temperature=r.temperature,
+        return sample(run.model, run.tok, prompts, max_new_tokens=r.max_new_tokens,
+                      temperature=r.temperature if temperature is None else temperature,
                       top_p=r.top_p, backend=r.backend, generator=run.gens["sample"],
                       cuda_graphs=r.cuda_graphs, check_every=r.check_every)
 
@@ -101,6 +104,37 @@ def score(run: Run, group: list[Example], rb: RolloutBatch) -> Scored:
     if cfg.algo.drop_uniform_groups and cfg.algo.algorithm != "ppo":
         mask &= ~adv_lib.uniform_groups(rewards, cfg.rollout.group_size)[:, None]
     return Scored(group, rb, rewards, mask)
+
+
+def resample(run: Run, s: Scored) -> Scored:
+    """Stage 3': a method that asks for extra rollouts (AEPO, ``Method.resample_plan``) gets the first
+    ``prompt_frac`` of the step's prompts rolled out again at its temperature and scored; the rollouts it picks
+    (``Method.splice_rows``, from their own group advantages) replace the batch's first rows, with the advantage
+    it gives them, while the other rows keep the advantages of the batch before the swap (the released trainer
+    computes those first). ``s`` unchanged when the method asks for none or picks none."""
+    plan = run.method.resample_plan()
+    if plan is None:
+        return s
+    a, g = run.cfg.algo, run.cfg.rollout.group_size
+    n_rows = max(1, int(len(s.group) // g * plan.prompt_frac)) * g
+    extra = score(run, s.group[:n_rows], rollout(run, [ex.prompt for ex in s.group[:n_rows]], plan.temperature))
+    scale = a.algorithm == "grpo"
+    rows, value = run.method.splice_rows(adv_lib.grpo_advantages(extra.rewards, g, eps=a.adv_eps, scale_std=scale))
+    n = int(rows.numel())
+    if n == 0:
+        return s
+    own = adv_lib.grpo_advantages(s.rewards, g, eps=a.adv_eps, scale_std=scale)
+    rest = torch.arange(n, len(s.group), device=s.rewards.device)
+    rb = concat_batches(extra.rollout.select(rows.cpu()), s.rollout.select(rest.cpu()), pad_token(run.tok))
+    width = rb.response_ids.shape[1]
+    mask = torch.cat([_pad_cols(extra.mask[rows], width), _pad_cols(s.mask[rest], width)])
+    return Scored([extra.group[i] for i in rows.tolist()] + s.group[n:], rb,
+                  torch.cat([extra.rewards[rows], s.rewards[rest]]), mask & rb.response_mask,
+                  torch.cat([torch.full((n,), float(value), device=own.device), own[rest]]))
+
+
+def _pad_cols(m: torch.Tensor, width: int) -> torch.Tensor:
+    return torch.cat([m, m.new_zeros((m.shape[0], width - m.shape[1]))], 1)
 
 
 def live_forward(run: Run, s: Scored) -> PolicyOut:
@@ -124,9 +158,12 @@ def old_policy(run: Run, s: Scored, live: PolicyOut | None = None) -> OldPolicy:
             ref_logp = policy_forward(run.ref, s.rollout, run.cfg.rollout.temperature,
                                       fused=run.cfg.model.fused_logp).logp.detach()
     a = run.cfg.algo
-    adv, returns = adv_lib.token_advantages(s.rewards, s.mask, values, algorithm=a.algorithm,
-                                            group_size=run.cfg.rollout.group_size, adv_eps=a.adv_eps,
-                                            gamma=a.gamma, lam=a.lam)
+    if s.seq_advantages is not None:  # fixed before a splice (stage 3')
+        adv, returns = s.seq_advantages[:, None].expand_as(s.mask).float() * s.mask, None
+    else:
+        adv, returns = adv_lib.token_advantages(s.rewards, s.mask, values, algorithm=a.algorithm,
+                                                group_size=run.cfg.rollout.group_size, adv_eps=a.adv_eps,
+                                                gamma=a.gamma, lam=a.lam)
     return OldPolicy(out.logp.detach(), out.stats, adv, returns, ref_logp)
 
 
@@ -138,8 +175,13 @@ def select(run: Run, s: Scored, old: OldPolicy) -> Selection:
         control_m = run.autopilot.update(run.step, masked_mean(old.stats.entropy, s.rollout.response_mask))
     else:
         control_m = run.method.observe(old.stats, s.mask, run.cfg.algo.agg)
-    masks = run.method.rollout_masks(old.stats, old.adv, s.mask)
-    return Selection(masks.keep, control_m, masks.adv_shift, masks.weight_select)
+    own = run.method.rollout_advantages(s.rewards, old.adv, s.mask)  # a method that is its own estimator
+    masks = run.method.rollout_masks(old.stats, old.adv if own is None else own, s.mask)
+    shift = masks.adv_shift
+    if own is not None:  # the method's advantages enter the loss as a shift of the engine's
+        swap = torch.where(s.mask, own - broadcast_advantages(old.adv, s.mask), 0.0)
+        shift = swap if shift is None else shift + swap
+    return Selection(masks.keep, control_m, shift, masks.weight_select)
 
 
 # ----------------------------------------------------------------------------- stages 7-8

@@ -85,6 +85,8 @@ def train_step(run: Run, logger: Logger, note: Callable[[str], None] | None = No
     t_gen = time.perf_counter()
     # 3. score
     s = stages.score(run, group, rb)
+    # 3'. a method's extra rollouts at another temperature swapped into the batch (AEPO; others: s unchanged)
+    s = stages.resample(run, s)
     # 4-5. old-policy forward (TokenStats), reference log-probs, values and advantages; with one update per
     #      batch that forward keeps its graph for the update (not when the counterfactual first takes a
     #      vanilla update): ``live`` goes to both stages, the record holds only detached tensors

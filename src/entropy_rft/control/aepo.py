@@ -1,0 +1,137 @@
+"""AEPO (arXiv 2510.08141, issue 39): entropy held at a target by REINFORCE on rollouts sampled from a
+temperature-adjusted policy. The rule, its source and how far it was checked are in ``AEPO``'s docstring; the
+maths is in the pure functions ``aepo_temperature``, ``aepo_sample_num`` and ``aepo_splice``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+from torch import Tensor
+
+from entropy_rft.control._common import as_mask, check_level, check_number, masked_mean_std, resolve_level
+from entropy_rft.control.registry import Method, Resample, param, register_method
+
+if TYPE_CHECKING:
+    from entropy_rft.core.dynamics import TokenStats
+
+AEPO = ("Wang et al. 2025, AEPO: Arbitrary Entropy Policy Optimization, arXiv 2510.08141 (code: "
+        "github.com/597358816/AEPO, trainer.algorithm=AEPO)")
+
+
+def aepo_temperature(entropy: float, target: float, t_high: float, t_low: float) -> float:
+    """The temperature of the step's extra rollouts: ``t_high`` when the last measured entropy is at or below the
+    target, else ``t_low`` (released ``ray_trainer.py`` lines 786-790: ``entropy <= entropy_base``)."""
+    return t_high if entropy <= target else t_low
+
+
+def aepo_sample_num(entropy: float, target: float, selected: int, cap: int) -> int:
+    """How many selected rollouts enter the batch: min(cap, selected) at or below the target, half of it (floor)
+    above (released lines 803-806: ``min(reinforce_sample_num, len(entropy_controller))``, ``// 2``)."""
+    n = min(cap, selected)
+    return n if entropy <= target else n // 2
+
+
+def aepo_splice(advantages: Tensor, threshold: float, n_max: int | None = None) -> Tensor:
+    """Indices of the extra rollouts kept, in order: those whose group advantage is > ``threshold`` (released
+    ``_select_by_advantage(batch, threshold=0.05, absolute=False)``, lines 166-177, on ``advantages[:, 0]``),
+    the first ``n_max`` of them (all when None)."""
+    idx = torch.nonzero(advantages.reshape(-1) > threshold, as_tuple=False).reshape(-1)
+    return idx if n_max is None else idx[:n_max]
+
+
+@register_method
+@dataclass
+class AEPOMethod(Method):
+    """AEPO (arXiv 2510.08141): REINFORCE on temperature-adjusted rollouts as the entropy regulariser.
+
+    The released trainer (``verl/trainer/ray_trainer.py``, ``trainer.algorithm=AEPO``), per step: roll out the
+    batch and compute its GRPO advantages; then roll out the first quarter of the prompts again (``n`` samples
+    each) at temperature ``temperature_high`` (1.2) when the last step's entropy (``actor/entropy_loss``; 0 before
+    the first update) is at or below ``entropy_base`` (0.5), else at ``temperature_low`` (0.8); compute those
+    rollouts' GRPO advantages and keep the ones > 0.05 with advantage 1 on every token; the first
+    min(``reinforce_sample_num``, kept) of them (half of that above the target) replace the batch's first
+    rollouts, whose other rows keep the advantages of the batch before the swap; the update is the usual one
+    (log-probs at the training temperature). Defaults: ``verl/trainer/config.py`` lines 85-88 and
+    ``examples/config.yaml`` (reinforce_sample_num 60 of 512 prompts × 5 samples).
+
+    Here ``target`` is ``entropy_base`` (also as '0.5x', times the first batch's entropy, for the setpoints);
+    the entropy read is the old policy's token mean over the step's training tokens, the number the released
+    ``actor/entropy_loss`` takes in the update's first pass. Native engine with group advantages only (grpo or
+    dr_grpo): the rule needs a second rollout inside the step.
+    """
+
+    name: ClassVar[str] = "aepo"
+    paper: ClassVar[str] = AEPO
+    summary: ClassVar[str] = ("REINFORCE (A = 1) on correct rollouts sampled at T 1.2 below the target entropy, "
+                              "0.8 above it, swapped into the batch")
+    stage: ClassVar[str] = "rollout"
+    quadrants: ClassVar[dict[str, str]] = {"pos_spos": "adds rollouts sampled at T_high/T_low with A = 1",
+                                           "pos_sneg": "adds rollouts sampled at T_high/T_low with A = 1"}
+    engines: ClassVar[tuple[str, ...]] = ("native",)
+    algorithms: ClassVar[tuple[str, ...]] = ("grpo", "dr_grpo")
+
+    target: float | str = param(0.5, "entropy target in nats (released trainer.entropy_base) or '0.5x' (times "
+                                     "the first batch's entropy)")
+    temperature_high: float = param(1.2, "sampling temperature of the extra rollouts at or below the target "
+                                         "(released trainer.temperature_high)")
+    temperature_low: float = param(0.8, "sampling temperature of the extra rollouts above the target (released "
+                                        "trainer.temperature_low)")
+    reinforce_sample_num: int = param(60, "most extra rollouts swapped into a batch; half of it above the target "
+                                          "(released trainer.reinforce_sample_num)")
+    prompt_frac: float = param(0.25, "share of the step's prompts rolled out again (released: the first quarter)")
+    adv_threshold: float = param(0.05, "an extra rollout is kept when its group advantage is above this "
+                                       "(released _select_by_advantage threshold)")
+
+    def __post_init__(self) -> None:
+        self._last_h, self._base, self._temperature, self._spliced = 0.0, None, None, 0
+        super().__post_init__()
+
+    def validate(self) -> None:
+        check_level(self.target, "target", allow_none=False)
+        for name in ("temperature_high", "temperature_low"):
+            check_number(getattr(self, name), name, low=0.0, strict=True)
+        check_number(self.adv_threshold, "adv_threshold")
+        if not isinstance(self.prompt_frac, (int, float)) or isinstance(self.prompt_frac, bool) \
+                or not 0.0 < self.prompt_frac <= 1.0:
+            raise ValueError(f"prompt_frac must be a number in (0, 1], got {self.prompt_frac!r}")
+        n = self.reinforce_sample_num
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ValueError(f"reinforce_sample_num must be an integer >= 0, got {n!r}")
+
+    def _target(self) -> float:
+        level = check_level(self.target, "target", allow_none=False)
+        # before the first measurement a relative target has no base: the released first step (entropy 0)
+        # samples hot whatever the target, as here
+        return float("inf") if level[1] and self._base is None else resolve_level(level, self._base)
+
+    def resample_plan(self) -> Resample | None:
+        self._temperature = aepo_temperature(self._last_h, self._target(), self.temperature_high,
+                                             self.temperature_low)
+        return Resample(self._temperature, self.prompt_frac)
+
+    def splice_rows(self, advantages: Tensor) -> tuple[Tensor, float]:
+        kept = aepo_splice(advantages, self.adv_threshold)
+        n = aepo_sample_num(self._last_h, self._target(), int(kept.numel()), self.reinforce_sample_num)
+        self._spliced = n
+        return kept[:n], 1.0
+
+    def observe(self, stats: TokenStats, mask: Tensor, agg: str) -> dict[str, Any]:
+        mean, _, n = masked_mean_std(stats.entropy.detach(), as_mask(mask))
+        out: dict[str, Any] = {"control/spliced": self._spliced}
+        if self._temperature is not None:
+            out["control/own_output"] = self._temperature
+        if n:
+            self._last_h = float(mean)
+            if self._base is None:
+                self._base = self._last_h
+            out.update({"control/own_entropy": self._last_h, "control/own_target": self._target()})
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"last_h": self._last_h, "base": self._base}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._last_h, self._base = float(state["last_h"]), state["base"]
