@@ -34,9 +34,12 @@ run-real: $(STAMP)
 # Issue 17's comparison (not part of CI; about 2 h on 2 cores): every method at its preset and driven by the
 # autopilot to 0.5x / 0.65x / 0.8x of the first batch's entropy, 3 seeds, 300 steps, two runs at a time.
 # Issue 28 adds five methods (all of them at every setpoint) and the two controller methods under their own
-# published law at the same setpoints (CONTROLLERS); finished runs with unchanged settings are kept.
+# published law at the same setpoints (CONTROLLERS); issue 39 adds Entrocraft, AEPO and Flexible Entropy Control
+# (each with its own law at the setpoints); finished runs with unchanged settings are kept.
 CONTROLLERS = adaptive_entropy:target=0.5x,adaptive_entropy:target=0.65x,adaptive_entropy:target=0.8x,$\
-entropic:target=0.5x,entropic:target=0.65x,entropic:target=0.8x
+entropic:target=0.5x,entropic:target=0.65x,entropic:target=0.8x,$\
+entrocraft:target=0.5x,entrocraft:target=0.65x,entrocraft:target=0.8x,$\
+aepo:target=0.5x,aepo:target=0.65x,aepo:target=0.8x,fec:target=0.5x,fec:target=0.65x,fec:target=0.8x
 equal-entropy: $(STAMP)
 	.venv/bin/erft compare --methods all,$(CONTROLLERS) --entropy-targets preset,0.5x,0.65x,0.8x --seeds 3 --max-steps 300 \
 		--jobs 2 --set eval.every=10 --set eval.prompts=128 --set probe.jvp_every=0 --out runs/equal_entropy

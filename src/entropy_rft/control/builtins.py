@@ -55,15 +55,17 @@ from entropy_rft.control.entrocraft import (  # isort: skip
 )
 
 from entropy_rft.control.aepo import AEPO, AEPOMethod, aepo_sample_num, aepo_splice, aepo_temperature  # isort: skip
+from entropy_rft.control.fec import FEC, FlexibleEntropyControl, fec_bounds, fec_od_state, fec_width  # isort: skip
 
 __all__ = [
     "PAPER_A", "PAPER_B", "DAPO", "EIGHTY_TWENTY", "ENTROPY_BONUS", "CHENG", "SKYWORK", "CE_GPPO", "CLIP_LOW",
-    "ENTROPIC", "STEER", "ENTROCRAFT", "AEPO",
+    "ENTROPIC", "STEER", "ENTROCRAFT", "AEPO", "FEC",
     "NoControl", "ClipB", "ClipBPaper", "ClipV", "ClipVPaper", "ClipCov", "KLCov",
     "ClipHigher", "EntropyBonus", "HighEntropy", "GradMask",
     "EntropyAdvantage", "AdaptiveEntropy", "CEGPPO", "ClipLow", "EntropicControl", "Steer", "Entrocraft", "AEPOMethod",
+    "FlexibleEntropyControl",
     "tiny_cap_message", "warn_tiny_cap", "entropy_advantage_shift", "adaptive_entropy_measure",
     "adaptive_entropy_step", "entropic_step", "steer_entropy_change", "steer_weights",
     "entrocraft_band", "entrocraft_mode", "entrocraft_advantages", "aepo_temperature", "aepo_sample_num",
-    "aepo_splice",
+    "aepo_splice", "fec_width", "fec_bounds", "fec_od_state",
 ]

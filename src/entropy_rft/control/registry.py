@@ -45,6 +45,8 @@ class Masks:
     kl_cov_select: Tensor | None = None  # tokens that get kl_cov_coef·|logp − old_logp| (KL-Cov)
     adv_shift: Tensor | None = None  # float, added to the advantage in the surrogate (entropy advantage shaping)
     weight_select: Tensor | None = None  # tokens of EntroPIC's sample-weight adjustment (p > threshold)
+    eps_low: Tensor | None = None  # float, per-token clip widths replacing the loss's (Flexible Entropy Control)
+    eps_high: Tensor | None = None
 
 
 @dataclass(frozen=True)

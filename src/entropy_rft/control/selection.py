@@ -23,7 +23,7 @@ __all__ = ["MinibatchSelection", "combine_selection", "microbatch_loss_scale", "
 class MinibatchSelection(NamedTuple):
     """What ``select_minibatch`` chose for one optimizer minibatch (all shaped like its response mask)."""
 
-    masks: Masks  # keep = rollout keep ∧ the method's minibatch keep; zeroed; kl_cov_select
+    masks: Masks  # keep = rollout keep ∧ the method's minibatch keep; zeroed; kl_cov_select; per-token eps
     counted: Tensor  # mask ∧ keep: the tokens the minibatch's loss aggregates over
     method: Masks  # the method's own minibatch masks, before the rollout keep (for records and inspection)
 
@@ -66,7 +66,8 @@ def combine_selection(selected: Masks, mask: Tensor, keep: Tensor | None) -> Min
     if selected.keep is not None:
         kept = selected.keep if kept is None else kept & selected.keep
     counted = mask if kept is None else mask & kept
-    return MinibatchSelection(Masks(kept, selected.zeroed, selected.kl_cov_select), counted, selected)
+    masks = Masks(kept, selected.zeroed, selected.kl_cov_select, eps_low=selected.eps_low, eps_high=selected.eps_high)
+    return MinibatchSelection(masks, counted, selected)
 
 
 def microbatch_loss_scale(weights: Tensor, counted: Tensor, agg: str) -> float:

@@ -146,7 +146,14 @@ def value_loss(values: Tensor, returns: Tensor, mask: Tensor) -> Tensor:
     return (((values - returns) ** 2) * m).sum() / m.sum().clamp(min=1)
 
 
-def _check_eps(value: float | None, name: str) -> None:
+def _check_eps(value: float | Tensor | None, name: str, mask: Tensor | None = None) -> None:
+    """A clip width: None (that side unclipped), a number >= 0, or (with ``mask``) per-token widths >= 0 shaped
+    like the mask (Flexible Entropy Control's probability-dependent bounds)."""
+    if isinstance(value, Tensor) and mask is not None:
+        check_like(value, mask, name)
+        if not bool(((value >= 0) & torch.isfinite(value)).all()):
+            raise ValueError(f"{name} must be finite and >= 0 on every token")
+        return
     if value is not None and (not is_number(value) or not value >= 0):
         raise ValueError(f"{name} must be None or a number >= 0, got {value!r}")
 
@@ -168,8 +175,8 @@ def policy_loss(
     *,
     keep: Tensor | None = None,
     zeroed: Tensor | None = None,
-    eps_low: float | None = 0.2,
-    eps_high: float | None = 0.2,
+    eps_low: float | Tensor | None = 0.2,
+    eps_high: float | Tensor | None = 0.2,
     dual_clip: float | None = None,
     agg: str = "token-mean",
     kl_cov_select: Tensor | None = None,
@@ -189,7 +196,8 @@ def policy_loss(
     """The clipped policy-gradient loss with its optional terms, aggregated over the counted tokens.
 
     Token loss ℓ = max(−A·r, −A·clip(r, 1−eps_low, 1+eps_high)), r = exp(logp − old_logp) (PPO Eq. 7;
-    a None eps leaves that side unclipped, both None give the plain −A·r of KL-Cov). ``dual_clip = c``
+    a None eps leaves that side unclipped, both None give the plain −A·r of KL-Cov; an eps may be per-token
+    widths shaped like the mask, Flexible Entropy Control's probability-dependent bounds). ``dual_clip = c``
     (c > 1) bounds ℓ of A < 0 tokens by −A·c. Then ℓ gains kl_cov_coef·|logp − old_logp| on
     ``kl_cov_select`` (KL-Cov), ref_kl_coef·KL_est(logp, ref_logp) (times r, gradient through both, when
     ``ref_kl_ratio_weighted``: the importance-sampled KL of off-policy tokens, TRL's ``use_bias_correction_kl``)
@@ -241,8 +249,8 @@ def policy_loss(
     _check_coef(weight_alpha, "weight_alpha")
     if weight_alpha != 0 and weight_select is None:
         raise ValueError("weight_alpha is non-zero but weight_select is None (pass EntroPIC's token selection)")
-    _check_eps(eps_low, "eps_low")
-    _check_eps(eps_high, "eps_high")
+    _check_eps(eps_low, "eps_low", mask)
+    _check_eps(eps_high, "eps_high", mask)
     if dual_clip is not None and (not is_number(dual_clip) or not dual_clip > 1):
         raise ValueError(f"dual_clip must be None or a number > 1, got {dual_clip!r}")
     _check_agg(agg, mask)
@@ -276,6 +284,8 @@ def policy_loss(
     else:
         lo = None if eps_low is None else 1 - eps_low
         hi = None if eps_high is None else 1 + eps_high
+        if isinstance(lo, Tensor) or isinstance(hi, Tensor):  # per-token bounds: clamp's min and max as tensors
+            lo, hi = (None if b is None else torch.as_tensor(b, dtype=dt, device=r.device) for b in (lo, hi))
         pg = torch.maximum(pg1, -adv * torch.clamp(r, lo, hi))
     if dual_clip is not None:
         pg = torch.where(adv < 0, torch.minimum(pg, -adv * dual_clip), pg)

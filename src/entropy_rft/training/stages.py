@@ -245,6 +245,10 @@ def update_minibatch(run: Run, s: Scored, old: OldPolicy, keep: torch.Tensor | N
     for mi in micro:
         local = torch.tensor([pos[int(j)] for j in mi.tolist()])
         out = first if first is not None else forward(run, s.rollout.select(mi), with_entropy=need_ent)
+        kwargs = dict(rule.loss_kwargs)
+        for side in ("eps_low", "eps_high"):  # a method's per-token clip bounds (Flexible Entropy Control)
+            if getattr(mb_masks, side) is not None:
+                kwargs[side] = getattr(mb_masks, side)[local]
         loss, met = policy_loss(
             out.logp, old.logp[mi], old.adv[mi], s.mask[mi],
             keep=_rows(mb_masks.keep, local), zeroed=_rows(mb_masks.zeroed, local),
@@ -252,7 +256,7 @@ def update_minibatch(run: Run, s: Scored, old: OldPolicy, keep: torch.Tensor | N
             ref_logp=None if old.ref_logp is None else old.ref_logp[mi],
             adv_shift=None if extra is None else _rows(extra.adv_shift, mi),
             weight_select=None if extra is None else _rows(extra.weight_select, mi),
-            entropy=out.entropy, **rule.loss_kwargs)
+            entropy=out.entropy, **kwargs)
         if len(micro) > 1:  # re-weight so the accumulated gradient equals the whole minibatch's loss
             loss = loss * control.microbatch_loss_scale(mb_weights[local], counted[local], a.agg)
         if run.value_head is not None:
