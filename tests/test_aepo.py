@@ -105,7 +105,8 @@ def test_the_swapped_batch_is_the_released_one(entropy, cap, monkeypatch):
         assert torch.equal(out.rollout.response_mask[k], own) and torch.equal(out.mask[k], own)
     assert out.rollout.prompt_ids.shape == (64, 3) and not out.rollout.prompt_mask[len(rows) - 1, 0]
     n = sum(src == "extra" for src, _, _ in rows)
-    assert m.observe(SimpleNamespace(entropy=torch.full((64, 5), 0.4)), out.mask, "token-mean")["control/spliced"] == n
+    metrics = m.observe(SimpleNamespace(entropy=torch.full((64, 5), 0.4)), out.mask, "token-mean")
+    assert metrics["control/spliced_frac"] == n / 64
 
 
 def test_nothing_kept_leaves_the_batch(monkeypatch):
@@ -153,9 +154,9 @@ def test_erft_train_aepo_swaps_rollouts_logs_its_temperature_and_resumes(micro_m
     train = [r for r in read_jsonl(tmp_path / "full" / "metrics.jsonl") if r["step"] >= 1]
     assert [r["control/own_output"] for r in train] == [1.2] * 4
     assert all(r["control/own_target"] == 9.0 and math.isfinite(r["control/own_entropy"]) for r in train)
-    assert all(0 <= r["control/spliced"] <= 16 for r in train) and any(r["control/spliced"] > 0 for r in train)
+    assert all(0 <= r["control/spliced_frac"] <= 1 for r in train) and any(r["control/spliced_frac"] > 0 for r in train)
     start(load_config(None, micro_overrides(micro_model, **{**sets, "train.max_steps": 2})), tmp_path / "part")
     start_or_resume(load_config(None, micro_overrides(micro_model, **sets)), tmp_path / "part")
     resumed = [r for r in read_jsonl(tmp_path / "part" / "metrics.jsonl") if r["step"] >= 1]
-    keys = ("control/own_output", "control/spliced", "entropy/mean", "loss/total")
+    keys = ("control/own_output", "control/spliced_frac", "entropy/mean", "loss/total")
     assert [[r[k] for k in keys] for r in resumed] == [[r[k] for k in keys] for r in train]

@@ -107,7 +107,11 @@ def test_touched_fraction_rules():
     assert touched_frac("clip_v", rows) == pytest.approx(0.15)
     assert touched_frac("kl_cov", rows) == pytest.approx(0.03)
     assert touched_frac("entropy_bonus", rows) == 1.0
-    assert touched_frac("clip_higher", rows) is None
+    assert touched_frac("clip_higher", rows) is None and touched_frac("fec", rows) is None
+    # Entrocraft: the share of steps off GRPO (RAFT++ +1 or NSR -1); AEPO: the share of rollouts swapped in
+    modes = [{"control/own_output": m, "control/kept_frac": 1.0} for m in (1.0, 0.0, -1.0, 0.0)]
+    assert touched_frac("entrocraft", modes) == pytest.approx(0.5)
+    assert touched_frac("aepo", [{"control/spliced_frac": 0.05}, {"control/spliced_frac": 0.15}]) == pytest.approx(0.1)
 
 
 def test_setpoint_tracking_by_hand():

@@ -155,10 +155,18 @@ def touched_frac(method: str | None, train_rows: list[dict]) -> float | None:
 
     Masking methods (ClipB, ClipV, Clip-Cov, 80/20, grad_mask): the tokens they kept out of the gradient,
     1 − ``control/kept_frac``. KL-Cov: the tokens it penalised (``control/kl_cov_selected_frac``). The entropy
-    bonus changes every token's loss (1). Clip-higher moves the ratio bound and selects no token (None).
+    bonus changes every token's loss (1). Clip-higher and Flexible Entropy Control move the ratio bounds and select
+    no token (None). Entrocraft changes every token's advantage on the steps it leaves GRPO (RAFT++ or NSR: the
+    share of steps with ``control/own_output`` ≠ 0); AEPO the tokens of the rollouts it swaps in
+    (``control/spliced_frac``, per rollout).
     """
-    if method == "clip_higher":
+    if method in ("clip_higher", "fec"):
         return None
+    if method == "entrocraft":
+        modes = [r["control/own_output"] for r in train_rows if isinstance(r.get("control/own_output"), (int, float))]
+        return float(np.mean([m != 0 for m in modes])) if modes else None
+    if method == "aepo":
+        return _mean_of(train_rows, "control/spliced_frac")
     if method == "entropy_bonus":
         return 1.0
     if method == "kl_cov":

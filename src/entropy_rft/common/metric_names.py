@@ -95,8 +95,8 @@ METRICS: dict[str, Metric] = {
                                  "entrocraft's mode (+1: above the band, RAFT++, correct rollouts only; -1: below "
                                  "it, NSR, wrong ones only; 0: GRPO)", "coef"),
     "control/own_integral": Metric("EntroPIC's integral of the entropy error", "nats·steps"),
-    "control/spliced": Metric("aepo: rollouts sampled at the step's temperature swapped into the batch (A = 1)",
-                              "rollouts"),
+    "control/spliced_frac": Metric("aepo: share of the batch's rollouts swapped for ones sampled at the step's "
+                                   "temperature (A = 1)", "fraction"),
     "control/weight_selected_frac": Metric("share of counted tokens in EntroPIC's adjustment (p > high_prob)",
                                            "fraction"),
     # probes

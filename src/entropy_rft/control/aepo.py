@@ -120,7 +120,7 @@ class AEPOMethod(Method):
 
     def observe(self, stats: TokenStats, mask: Tensor, agg: str) -> dict[str, Any]:
         mean, _, n = masked_mean_std(stats.entropy.detach(), as_mask(mask))
-        out: dict[str, Any] = {"control/spliced": self._spliced}
+        out: dict[str, Any] = {"control/spliced_frac": self._spliced / max(int(mask.shape[0]), 1)}
         if self._temperature is not None:
             out["control/own_output"] = self._temperature
         if n:
