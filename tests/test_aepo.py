@@ -130,7 +130,7 @@ def test_validation_names_the_bad_parameter():
         with pytest.raises(ValueError, match=match):
             control.build_method("aepo", **bad)
     info = control.method_info("aepo")
-    assert info["engines"] == ["native"] and "2510.08141" in info["paper"]
+    assert info["engines"] == ["native"] and info["algorithms"] == ["grpo", "dr_grpo"] and "2510.08141" in info["paper"]
 
 
 @pytest.fixture(scope="module")

@@ -61,6 +61,8 @@ def render_blocks(infos: list[dict], width: int) -> str:
         lines += wrap(f"lens: {_fmt_quadrants(info, '; ')}")
         if info["engines"] != ["native", "trl", "verl"]:
             lines += wrap(f"engines: {', '.join(info['engines'])} only")
+        if sorted(info["algorithms"]) != ["dr_grpo", "grpo", "ppo"]:
+            lines += wrap(f"algorithms: {', '.join(info['algorithms'])} only")
         lines += wrap(f"paper: {info['paper']}")
         lines.append("")
     lines += wrap("Each parameter's help: erft methods --json NAME; one table: erft methods --wide.", "")

@@ -250,5 +250,6 @@ def method_info(name: str) -> dict[str, Any]:
         "params": params,
         "quadrants": quadrant_effects(cls.quadrants),
         "engines": list(cls.engines),
+        "algorithms": list(cls.algorithms),
         "doc": (cls.__doc__ or "").strip(),
     }
