@@ -16,6 +16,8 @@ from entropy_rft.config.loading import load_config
 from entropy_rft.control.entrocraft import HOLD, LOWER, RAISE, entrocraft_band, entrocraft_mode
 from entropy_rft.launch.run import start, start_or_resume
 from entropy_rft.rundir.files import read_jsonl
+from entropy_rft.training import stages
+from entropy_rft.training.records import OldPolicy, Scored
 from micro import make_micro_policy, micro_overrides
 
 
@@ -84,6 +86,25 @@ def test_advantages_match_the_released_estimator_token_by_token(entropy, step):
         effective = adv[:, None] * mask if own is None else own
         torch.testing.assert_close(effective, released, atol=1e-5, rtol=1e-5)
         assert m.rollout_masks(stats, adv, mask).adv_shift is None
+
+
+@pytest.mark.parametrize("entropy", [0.2, 0.65, 0.9])
+def test_the_trainer_trains_with_the_released_advantages(entropy):
+    """``training.stages.select`` composes the method's advantages into the loss's shift: the engine's GRPO
+    advantages plus the shift are the released ones on every training token (0/1 rewards, step 1 of 10)."""
+    pm1 = torch.tensor([1., -1, 1, -1, 1, 1, -1, -1, 1, 1, 1, 1, -1, -1, -1, -1])
+    mask = torch.ones(16, 5, dtype=torch.bool)
+    mask[3, 3:] = False
+    _, released = released_advantages(pm1, mask, [i // 4 for i in range(16)], entropy, 1, 10, (0.6, 0.4),
+                                      (0.7, 0.5))
+    adv = grpo((pm1 + 1) / 2, 4)[:, None] * mask
+    stats = SimpleNamespace(entropy=torch.full((16, 5), entropy))
+    run = SimpleNamespace(autopilot=None, cfg=SimpleNamespace(algo=SimpleNamespace(agg="token-mean")),
+                          method=control.build_method("entrocraft", total_steps=10))
+    s = Scored([], None, (pm1 + 1) / 2, mask)
+    sel = stages.select(run, s, OldPolicy(torch.zeros(16, 5), stats, adv))
+    effective = adv if sel.adv_shift is None else adv + sel.adv_shift
+    torch.testing.assert_close(effective, released, atol=1e-5, rtol=1e-5)
 
 
 def test_a_fixed_band_at_a_setpoint_of_the_first_batch():
