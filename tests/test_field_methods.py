@@ -626,7 +626,7 @@ def test_own_law_variants_get_their_own_row_at_their_setpoint(micro_model, tmp_p
 
     # the report groups the runs as their summaries do: the own law at its setpoint, not among the presets
     from entropy_rft.analysis.runs import assign_labels, load_run
-    from entropy_rft.report.equal_entropy_page import fig_controllers, series_by_setpoint
+    from entropy_rft.report.equal_entropy_page import controller_lines, fig_controllers, series_by_setpoint
     from entropy_rft.report.page import build_report
 
     runs = [load_run(tmp_path / label) for label in ("entropic:target=0.9x", "entropic@0.9x", "entropic")]
@@ -635,6 +635,13 @@ def test_own_law_variants_get_their_own_row_at_their_setpoint(micro_model, tmp_p
     assert {sp: sorted(g) for sp, g in groups.items()} == {"0.9x": ["entropic", "entropic (own law)"],
                                                           "preset": ["entropic"]}
     assert fig_controllers(runs, sums)[:4] == b"\x89PNG"
+    assert controller_lines(groups["0.9x"], "entropic") == [("entropic (own law)", "own law"),
+                                                            ("entropic", "autopilot")]
+    # a method without a knob (Entrocraft) is drawn next to the autopilot on the setpoint's other methods
+    block = {"entrocraft (own law)": [1], "clip_v": [1], "clip_cov": [1], "aepo (own law)": [1], "none": [1]}
+    assert controller_lines(block, "entrocraft") == [("entrocraft (own law)", "own law"),
+                                                     ("clip_cov", "autopilot on clip_cov"),
+                                                     ("clip_v", "autopilot on clip_v")]
     assert fig_controllers(runs[1:], sums[1:]) is None  # no own law at a setpoint: no figure
     build_report([tmp_path / label for label in ("entropic:target=0.9x", "entropic@0.9x", "entropic")],
                  tmp_path / "report")

@@ -135,6 +135,18 @@ def fig_entropy_by_setpoint(runs: Sequence[RunData], summaries: Sequence[dict]) 
     return figure_png(fig)
 
 
+def controller_lines(block: dict[str, list], method: str) -> list[tuple[str, str]]:
+    """What a controller panel draws for ``method`` at one setpoint (``block``: method name -> runs): its own law
+    (red), then the autopilot on its knob (blue); a method without a knob for the autopilot (Entrocraft, AEPO,
+    Flexible Entropy Control) is drawn next to the autopilot on every other method of the block instead (blues;
+    not the own laws, not GRPO). Returns (series name, legend) pairs, only those with runs."""
+    out = [(method + OWN, "own law")] if block.get(method + OWN) else []
+    if block.get(method):
+        return out + [(method, "autopilot")]
+    others = sorted(n for n in block if not n.endswith(OWN) and n != "none")
+    return out + [(n, f"autopilot on {n}") for n in others]
+
+
 def fig_controllers(runs: Sequence[RunData], summaries: Sequence[dict]) -> bytes | None:
     """A method's own control law against the autopilot driving its knob: one row per method that ran under
     its own law at a setpoint, one panel per setpoint, the training-batch entropy of each (mean over seeds,
@@ -155,10 +167,11 @@ def fig_controllers(runs: Sequence[RunData], summaries: Sequence[dict]) -> bytes
         for ax, sp in zip(row, sps):
             block = groups.get(sp, {})
             targets = []
-            for name, color, who in ((method + OWN, "tab:red", "own law"), (method, "tab:blue", "autopilot")):
-                rs = block.get(name)
-                if not rs:
-                    continue
+            lines = controller_lines(block, method)
+            blues = plt.cm.Blues(np.linspace(0.9, 0.5, max(len(lines) - 1, 1)))
+            for i, (name, who) in enumerate(lines):
+                rs = block[name]
+                color = "tab:red" if who == "own law" else ("tab:blue" if who == "autopilot" else blues[i - 1])
                 xs, ys = mean_series(rs, "entropy/mean")
                 vals = [v for v in band.get((sp, name), []) if isinstance(v, (int, float))]
                 share = f", in ±15%: {100 * float(np.mean(vals)):.0f}%" if vals else ""
@@ -187,8 +200,10 @@ ENTROPY_CAPTION = (
     "one line per method, GRPO (none) "
     "dashed; the setpoint (dotted, a fraction of each run's first-batch entropy) with its ±15% band shaded.")
 CONTROLLER_CAPTION = (
-    "A method that is itself a controller (the TRL/Skywork-OR1 adaptive entropy coefficient, EntroPIC) under its "
-    "own published law (red) and under the autopilot driving the same knob (blue), at the same setpoints: the "
+    "A method that is itself a controller (the TRL/Skywork-OR1 adaptive entropy coefficient, EntroPIC, Entrocraft, "
+    "AEPO, Flexible Entropy Control) under its own published law (red) and under the autopilot driving the same "
+    "knob (blue; a method without a knob: the autopilot on the other methods of the setpoint, in blues), at the "
+    "same setpoints: the "
     f"training-batch entropy, mean over seeds and a {SMOOTH}-step rolling mean, the target dotted and ±15% "
     "shaded. The table: after each run first reached the target, the share of steps with the batch entropy "
     "within ±15% and the worst relative excursion, mean ± std over seeds.")
