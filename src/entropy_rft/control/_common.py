@@ -41,6 +41,12 @@ def check_number(value: Any, name: str, *, low: float | None = None, strict: boo
         raise ValueError(f"{name} must be a finite number{bound}, got {value!r}")
 
 
+def check_count(value: Any, name: str) -> None:
+    """An integer >= 0 (not a bool): a number of steps or rollouts."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+
+
 def check_fraction(value: float, name: str) -> None:
     """A number in [0, 1]."""
     if not is_number(value) or not 0.0 <= value <= 1.0:

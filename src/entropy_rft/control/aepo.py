@@ -11,7 +11,14 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from torch import Tensor
 
-from entropy_rft.control._common import as_mask, check_level, check_number, masked_mean_std, resolve_level
+from entropy_rft.control._common import (
+    as_mask,
+    check_count,
+    check_level,
+    check_number,
+    masked_mean_std,
+    resolve_level,
+)
 from entropy_rft.control.registry import Method, Resample, param, register_method
 
 if TYPE_CHECKING:
@@ -97,9 +104,7 @@ class AEPOMethod(Method):
         if not isinstance(self.prompt_frac, (int, float)) or isinstance(self.prompt_frac, bool) \
                 or not 0.0 < self.prompt_frac <= 1.0:
             raise ValueError(f"prompt_frac must be a number in (0, 1], got {self.prompt_frac!r}")
-        n = self.reinforce_sample_num
-        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-            raise ValueError(f"reinforce_sample_num must be an integer >= 0, got {n!r}")
+        check_count(self.reinforce_sample_num, "reinforce_sample_num")
 
     def _target(self) -> float:
         level = check_level(self.target, "target", allow_none=False)

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from torch import Tensor
 
-from entropy_rft.control._common import as_mask, check_level, check_number, resolve_level
+from entropy_rft.control._common import as_mask, check_count, check_level, check_number, resolve_level
 from entropy_rft.control.registry import Method, param, register_method
 
 if TYPE_CHECKING:
@@ -112,13 +112,8 @@ class Entrocraft(Method):
         if self.lower_start > self.upper_start or self.lower_end > self.upper_end:
             raise ValueError(f"the lower bound must not exceed the upper one at either end, got lower "
                              f"{self.lower_start}->{self.lower_end}, upper {self.upper_start}->{self.upper_end}")
-        if isinstance(self.total_steps, bool) or not isinstance(self.total_steps, int) or self.total_steps < 0:
-            raise ValueError(f"total_steps must be an integer >= 0, got {self.total_steps!r}")
+        check_count(self.total_steps, "total_steps")
         check_level(self.target, "target")
-
-    def set_horizon(self, total_steps: int) -> None:
-        if self.total_steps == 0:
-            self.total_steps = int(total_steps)
 
     def observe(self, stats: TokenStats, mask: Tensor, agg: str) -> dict[str, Any]:
         mask = as_mask(mask)

@@ -14,6 +14,7 @@ from torch import Tensor
 
 from entropy_rft.control._common import (
     as_mask,
+    check_count,
     check_level,
     check_number,
     masked_mean_std,
@@ -135,13 +136,8 @@ class FlexibleEntropyControl(Method):
         if self.eps_min > self.eps_max:
             raise ValueError(f"eps_min must be <= eps_max, got {self.eps_min!r} > {self.eps_max!r}")
         check_number(self.od_min_frac, "od_min_frac", low=0.0)
-        if isinstance(self.total_steps, bool) or not isinstance(self.total_steps, int) or self.total_steps < 0:
-            raise ValueError(f"total_steps must be an integer >= 0, got {self.total_steps!r}")
+        check_count(self.total_steps, "total_steps")
         check_level(self.target, "target")
-
-    def set_horizon(self, total_steps: int) -> None:
-        if self.total_steps == 0:
-            self.total_steps = int(total_steps)
 
     def observe(self, stats: TokenStats, mask: Tensor, agg: str) -> dict[str, Any]:
         mean, _, n = masked_mean_std(stats.entropy.detach(), as_mask(mask))

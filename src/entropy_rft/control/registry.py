@@ -126,8 +126,10 @@ class Method:
         return {}
 
     def set_horizon(self, total_steps: int) -> None:
-        """The run's length in steps, told once before training (a method whose rule moves over training,
-        such as Entrocraft's band, reads it); nothing for the others."""
+        """The run's length in steps, told once before training: a method whose rule moves over training
+        (Entrocraft's band, FEC's schedule) has a ``total_steps`` parameter, and its 0 becomes the run's length."""
+        if getattr(self, "total_steps", None) == 0:
+            self.total_steps = int(total_steps)
 
     def state_dict(self) -> dict[str, Any]:
         """The own controller's state beyond the knob (checkpoints); empty for methods without one."""
