@@ -54,23 +54,24 @@ def pad_token(tokenizer) -> int:
     return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
 
+def pad_columns(t: Tensor, width: int, value: int | bool, left: bool = False) -> Tensor:
+    """``t`` [B, W] widened to ``width`` columns of ``value``, on the left (prompts) or the right (responses)."""
+    pad = t.new_full((t.shape[0], width - t.shape[1]), value)
+    return torch.cat([pad, t] if left else [t, pad], 1)
+
+
 def concat_batches(first: RolloutBatch, second: RolloutBatch, pad_id: int) -> RolloutBatch:
     """``first``'s rows then ``second``'s, prompts left-padded and responses right-padded with ``pad_id`` (masked
     out) to the wider of the two."""
-    def widen(ids: Tensor, mask: Tensor, width: int, left: bool) -> tuple[Tensor, Tensor]:
-        extra = width - ids.shape[1]
-        pad_ids = ids.new_full((ids.shape[0], extra), pad_id)
-        pad_mask = mask.new_zeros((mask.shape[0], extra))
-        if left:
-            return torch.cat([pad_ids, ids], 1), torch.cat([pad_mask, mask], 1)
-        return torch.cat([ids, pad_ids], 1), torch.cat([mask, pad_mask], 1)
-
     p = max(first.prompt_ids.shape[1], second.prompt_ids.shape[1])
     r = max(first.response_ids.shape[1], second.response_ids.shape[1])
-    parts = [(*widen(b.prompt_ids, b.prompt_mask, p, True), *widen(b.response_ids, b.response_mask, r, False))
-             for b in (first, second)]
-    a, b = parts
-    return RolloutBatch(*(torch.cat([x, y]) for x, y in zip(a, b)), first.responses + second.responses)
+
+    def both(name: str, width: int, value: int | bool, left: bool) -> Tensor:
+        return torch.cat([pad_columns(getattr(b, name), width, value, left) for b in (first, second)])
+
+    return RolloutBatch(both("prompt_ids", p, pad_id, True), both("prompt_mask", p, False, True),
+                        both("response_ids", r, pad_id, False), both("response_mask", r, False, False),
+                        first.responses + second.responses)
 
 
 def tokenize_prompts(tokenizer, prompts: list[str], device: torch.device | str = "cpu") -> tuple[Tensor, Tensor]:

@@ -28,7 +28,7 @@ from entropy_rft.core.tensor_checks import broadcast_advantages
 from entropy_rft.policy import evaluation
 from entropy_rft.policy.forward import PolicyOut, policy_forward
 from entropy_rft.policy.jvp import entropy_jvp
-from entropy_rft.policy.rollout import RolloutBatch, concat_batches, pad_token, sample
+from entropy_rft.policy.rollout import RolloutBatch, concat_batches, pad_columns, pad_token, sample
 from entropy_rft.tasks.base import Example
 from entropy_rft.training.probe import agreement_metrics, probe_metrics, tabular_prediction
 from entropy_rft.training.records import OldPolicy, Probed, Rule, Scored, Selection, Update
@@ -127,14 +127,10 @@ def resample(run: Run, s: Scored) -> Scored:
     rest = torch.arange(n, len(s.group), device=s.rewards.device)
     rb = concat_batches(extra.rollout.select(rows.cpu()), s.rollout.select(rest.cpu()), pad_token(run.tok))
     width = rb.response_ids.shape[1]
-    mask = torch.cat([_pad_cols(extra.mask[rows], width), _pad_cols(s.mask[rest], width)])
+    mask = torch.cat([pad_columns(extra.mask[rows], width, False), pad_columns(s.mask[rest], width, False)])
     return Scored([extra.group[i] for i in rows.tolist()] + s.group[n:], rb,
                   torch.cat([extra.rewards[rows], s.rewards[rest]]), mask & rb.response_mask,
                   torch.cat([torch.full((n,), float(value), device=own.device), own[rest]]))
-
-
-def _pad_cols(m: torch.Tensor, width: int) -> torch.Tensor:
-    return torch.cat([m, m.new_zeros((m.shape[0], width - m.shape[1]))], 1)
 
 
 def live_forward(run: Run, s: Scored) -> PolicyOut:
