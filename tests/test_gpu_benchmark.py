@@ -89,6 +89,7 @@ def test_trl_runs_pool_in_abccba_order(kernels):
     rows = {m: v for m, v, _t, _r in kernels.trl_rows("q", pooled)}
     assert rows["TRL q: none / stock s/step"].startswith("1.09x")
     assert rows["TRL q: clip_v / stock s/step"].startswith("1.27x")
+    assert rows["TRL q: stock against itself (runs 1 and 6)"].startswith("18.2%")  # (1.2 - 1.0) / 1.1
 
 
 def test_trl_pooling_keeps_a_failed_run_and_a_killed_part(kernels):

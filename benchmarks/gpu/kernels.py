@@ -75,10 +75,13 @@ if str(Path(__file__).resolve().parent) not in sys.path:
 from timing import extra_peak, median, sync, time_interleaved  # noqa: E402
 
 
-def host_syncs(fn, dev: str) -> int | None:
-    """Synchronising CUDA calls made by one call of ``fn`` (torch's sync debug mode, as warnings)."""
+def host_syncs(fn, dev: str) -> tuple[int | None, list[str]]:
+    """(synchronising CUDA calls made by one warm call of ``fn``, where each was made) from torch's sync debug
+    mode. ``fn`` runs once untimed first: a first call's one-off work (a compile, an allocation) is not the
+    call's cost, and the 2026-11-27 lease counted 2 syncs on the first call only."""
     if not dev.startswith("cuda"):
-        return None
+        return None, []
+    fn()
     sync(dev)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -87,7 +90,8 @@ def host_syncs(fn, dev: str) -> int | None:
             fn()
         finally:
             torch.cuda.set_sync_debug_mode("default")
-    return sum("synchroniz" in str(w.message) for w in caught)
+    sites = [f"{Path(w.filename).name}:{w.lineno}" for w in caught if "synchroniz" in str(w.message)]
+    return len(sites), sites
 
 
 def kernel_launches(fn, dev: str) -> int | None:
@@ -178,13 +182,36 @@ def bench_stats(a, dtype: torch.dtype, rows: int, vocab: int, temperature: float
            "bytes": nbytes, "t": tm, "ratio": tm["token_stats"] / tm["logsumexp"], "errors": errors,
            "bw_stats": nbytes / tm["token_stats"], "bw_copy": 2 * nbytes / tm["copy"],
            "extra_peak": extra_peak(lambda: token_stats(z, ids, t), dev),
-           "syncs": host_syncs(lambda: token_stats(z, ids, t), dev),
+           "syncs": None, "sync_sites": [],
            "launches": kernel_launches(lambda: token_stats(z, ids, t), dev),
            "launches_logsumexp": kernel_launches(lambda: torch.logsumexp(z, dim=-1), dev),
            "error_over_bound": accuracy(z, ids, t, st)}
+    res["syncs"], res["sync_sites"] = host_syncs(lambda: token_stats(z, ids, t), dev)
     res["copy_bw_fraction"] = res["bw_stats"] / res["bw_copy"]
     if "trl_logp_entropy" in tm:
         res["ratio_trl"] = tm["token_stats"] / tm["trl_logp_entropy"]
+    return res
+
+
+SWEEP = ((1024, 4), (1024, 8), (2048, 4), (2048, 8), (4096, 8), (4096, 16))  # (block, warps) tried
+
+
+def bench_sweep(a, rows: int) -> dict:
+    """The statistics kernel at each (block, warps) of ``SWEEP`` on bf16 [rows, V] logits at T 0.7, timed in the
+    same rounds as TRL's kernel: the data for ``kernels.stats.default_block`` / ``default_warps``."""
+    from entropy_rft.core.kernels.stats import row_stats
+
+    dev = a.device
+    g = torch.Generator(device=dev).manual_seed(0)
+    z = torch.randn(rows, a.vocab, generator=g, device=dev, dtype=torch.bfloat16) * 3
+    ids = torch.randint(0, a.vocab, (rows,), generator=g, device=dev)
+    fns = {f"{b}x{w}": (lambda b=b, w=w: row_stats(z, ids, 0.7, block=b, warps=w)) for b, w in SWEEP}
+    trl_fn, err = trl_stats_fn(z, ids, 0.7)
+    if trl_fn is not None:
+        fns["trl"] = trl_fn
+    res = {"shape": [rows, a.vocab], "t": time_interleaved(fns, dev, a.reps), "bytes": z.numel() * 2}
+    if err:
+        res["error"] = err
     return res
 
 
@@ -214,15 +241,25 @@ def head_fns(h, w, ids) -> dict:
     except ImportError as e:
         print(f"[head] TRL's fused head not importable: {e}", flush=True)
     try:
-        from liger_kernel.ops.fused_linear_scaled_cross_entropy import LigerFusedLinearScaledCrossEntropyFunction
+        from liger_kernel.ops.fused_linear_cross_entropy import LigerFusedLinearCrossEntropyFunction
 
-        def liger():
-            nll, _ent = LigerFusedLinearScaledCrossEntropyFunction.apply(h, w, ids, 1.0, -100, 1, True)
-            (-nll).sum().backward()
+        def liger():  # Liger's Triton head, per-token loss (reduction "none": an RL loss weights each token)
+            nll, *_ = LigerFusedLinearCrossEntropyFunction.apply(h, w, ids, None, None, -100, 0.0, 0.0, "none")
+            nll.sum().backward()
 
         fns["liger"] = liger
     except ImportError as e:
         print(f"[head] Liger not installed ({e}): carry the liger-kernel wheel (benchmarks/README.md)", flush=True)
+    try:  # Liger's head with entropy; on sm_90 it needs the CuTe DSL (nvidia-cutlass-dsl, ~95 MB: not carried)
+        from liger_kernel.ops.fused_linear_scaled_cross_entropy import LigerFusedLinearScaledCrossEntropyFunction
+
+        def liger_entropy():
+            nll, _ent = LigerFusedLinearScaledCrossEntropyFunction.apply(h, w, ids, 1.0, -100, 1, True)
+            nll.sum().backward()
+
+        fns["liger_entropy"] = liger_entropy
+    except ImportError:
+        pass
     return fns
 
 
@@ -255,7 +292,7 @@ def bench_head(a, dim: int) -> dict:
     with torch.no_grad():
         ref = torch.log_softmax((h @ w.T).float(), -1).gather(-1, ids.unsqueeze(-1)).squeeze(-1)
         res["max_abs_logp_err"] = float((fused_logp(h, w, ids).logp - ref).abs().max())
-    res["syncs"] = host_syncs(lambda: fns["ours"](), dev)
+    res["syncs"], res["sync_sites"] = host_syncs(lambda: fns["ours"](), dev)
     clear()
     return res
 
@@ -297,7 +334,9 @@ def child_trl(a) -> None:
     from trl import GRPOConfig, GRPOTrainer
 
     model, tok, extra = build_model(a.model, a.device)
-    prompts = [f"{i % 10}{(3 * i) % 10}{(7 * i) % 10}>{i % 50}:" for i in range(256)]
+    # every step the same shapes: prompts of one length, and (below) no end-of-sequence token, so completions
+    # run to max_completion_length; in the 2026-11-27 lease the third step took twice the others in every run
+    prompts = [f"{i % 10}{(3 * i) % 10}{(7 * i) % 10}>{i % 50:02d}:" for i in range(256)]
     data = Dataset.from_dict({"prompt": prompts})
 
     def reward(completions, **_):
@@ -348,7 +387,9 @@ def build_model(name: str, device: str):
             model = Qwen2ForCausalLM(Qwen2Config(**QWEN15_SHAPE, pad_token_id=tok.pad_token_id,
                                                  bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id))
         # the tokenizer covers the first ids only: never sample the others (same for every trainer)
-        extra = {"generation_kwargs": {"suppress_tokens": list(range(len(tok), QWEN15_SHAPE["vocab_size"]))}}
+        # and no end of sequence: every completion is max_completion_length tokens, every step the same shapes
+        extra = {"generation_kwargs": {"suppress_tokens": [tok.eos_token_id, *range(len(tok),
+                                                                                   QWEN15_SHAPE["vocab_size"])]}}
         return model, tok, extra
     if name.startswith("micro"):  # the smoke run's policy (tests/micro.py)
         sys.path.insert(0, str(ROOT / "tests"))
@@ -450,10 +491,19 @@ def table_rows(res: dict) -> list[tuple[str, str, str, str]]:
                          verdict(r["syncs"] <= 1)))
         worst = max(r["error_over_bound"].values())
         rows.append(("  worst error / bound vs float64 (H, S*, E_p[S])", f"{worst:.3f}", "<= 1", verdict(worst <= 1)))
+    sweep = res.get("stats_sweep")
+    if sweep:
+        n, v = sweep["shape"]
+        for cfg, sec in sweep["t"].items():
+            if cfg == "trl":
+                continue
+            vs = f" = {sec / sweep['t']['trl']:.2f}x TRL's kernel" if "trl" in sweep["t"] else ""
+            rows.append((f"  token_stats bf16 {n}x{v} T=0.7, block x warps {cfg}", f"{ms(sec)}{vs}, "
+                         f"{sweep['bytes'] / sec / 1e12:.2f} TB/s", "", "info"))
     for r in res.get("head", []):
         n, d, v = r["shape"]
         t, p = r["t"], r["peak"]
-        for other, target in (("trl", 1.1), ("liger", 1.1), ("baseline", None)):
+        for other, target in (("trl", 1.1), ("liger", 1.1), ("liger_entropy", 1.1), ("baseline", None)):
             if other not in t:
                 rows.append((f"head N{n} D{d} V{v}: ours / {other}", r["errors"].get(other, "not installed"), "",
                              "n/a"))
@@ -488,6 +538,11 @@ def trl_rows(model: str, runs: dict) -> list[tuple[str, str, str, str]]:
                          f"{r['s_step']:.3f} s ({r['min']:.3f} to {r['max']:.3f}), peak {mib(r['peak'])}", "",
                          "info"))
     stock = runs.get("stock")
+    own = [median(x["steps"][1:] or x["steps"]) for x in (stock or {}).get("runs", []) if "error" not in x]
+    if len(own) >= 2:  # the first and last run of the A-B-C-C-B-A order: the noise floor of the ratios below
+        spread = (max(own) - min(own)) / (sum(own) / len(own))
+        rows.append((f"TRL {model}: stock against itself (runs 1 and {len(TRL_ORDER)})", f"{spread:.1%} "
+                     f"({' / '.join(f'{x:.3f}' for x in own)} s)", "< 5%", verdict(spread < 0.05)))
     for method, target in (("none", 1.05), ("clip_v", 1.15)):
         r = runs.get(method)
         if r is None or stock is None:  # a part killed before these runs
@@ -556,6 +611,10 @@ def part_stats(a, res: dict, save) -> None:
         trl = f", {r['ratio_trl']:.2f}x TRL's kernel" if "ratio_trl" in r else ""
         print(f"[stats] {r['dtype']} {rows}x{a.vocab} T={temp}: {r['ratio']:.2f}x logsumexp{trl}", flush=True)
         empty_cache(a.device)
+    res["stats_sweep"] = bench_sweep(a, big)
+    save()
+    print("[stats] sweep: " + ", ".join(f"{k} {ms(v)}" for k, v in res["stats_sweep"]["t"].items()), flush=True)
+    empty_cache(a.device)
 
 
 def part_head(a, res: dict, save) -> None:

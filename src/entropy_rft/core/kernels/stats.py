@@ -27,11 +27,14 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-__all__ = ["RowStats", "block_partials", "default_block", "default_splits", "merge_partials", "row_stats"]
+__all__ = ["RowStats", "block_partials", "default_block", "default_splits", "default_warps", "merge_partials",
+           "row_stats"]
 
 FLAG_ROWS, FLAG_IDS, FLAG_TEMPERATURE = 0, 1, 2
-_MAX_BLOCK = 4096
+_MAX_BLOCK = 2048
 _MAX_SPLITS = 64
+LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)  # the sums are kept in base 2: one exp2 a column
+LN2: tl.constexpr = tl.constexpr(0.6931471805599453)
 
 
 class RowStats(NamedTuple):
@@ -47,56 +50,47 @@ class RowStats(NamedTuple):
 
 
 @triton.jit
-def _block_update(y, m, s0, s1, s2, s3):
-    """Fold one block of scaled logits ``y`` (masked lanes -inf) into the running (m, S0..S3)."""
-    m_new = tl.maximum(m, tl.max(y, 0))
-    shift = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that is -inf so far stays at zero mass
-    a = tl.exp(m - shift)
-    ad = tl.where(a > 0, a * (m - shift), 0.0)
-    e = tl.exp(y - shift)
-    d = tl.where(e > 0, y - shift, 0.0)  # -inf entries carry no mass: 0, not 0 * -inf
-    ed = e * d
-    s1 = a * s1 + ad * s0 + tl.sum(ed, 0)
-    s3 = a * a * s3 + a * ad * s2 + tl.sum(ed * e, 0)
-    s0 = a * s0 + tl.sum(e, 0)
-    s2 = a * a * s2 + tl.sum(e * e, 0)
-    return m_new, s0, s1, s2, s3
+def _rescale(m, m_new, s0, s1, s2, s3):
+    """The running sums, taken relative to the old max ``m``, made relative to the new ``m_new`` (base-2 units:
+    a = 2^(m - m_new)); a max that was -inf carried no mass and scales to zero."""
+    a = tl.exp2(m - m_new)
+    ad = tl.where(a > 0, a * (m - m_new), 0.0)
+    s1 = a * s1 + ad * s0
+    s3 = a * a * s3 + a * ad * s2
+    s0 = a * s0
+    s2 = a * a * s2
+    return s0, s1, s2, s3
 
 
 @triton.jit
 def _merge(m, s0, s1, s2, s3, mj, s0j, s1j, s2j, s3j):
-    """(m, S0..S3) of the union of two disjoint column sets, each given relative to its own max."""
+    """(m, S0..S3) of the union of two disjoint column sets, each given relative to its own max (base 2)."""
     m_new = tl.maximum(m, mj)
     shift = tl.where(m_new == float("-inf"), 0.0, m_new)
-    a = tl.exp(m - shift)
-    b = tl.exp(mj - shift)
-    ad = tl.where(a > 0, a * (m - shift), 0.0)
-    bd = tl.where(b > 0, b * (mj - shift), 0.0)
-    s1 = a * s1 + ad * s0 + b * s1j + bd * s0j
-    s3 = a * a * s3 + a * ad * s2 + b * b * s3j + b * bd * s2j
-    s0 = a * s0 + b * s0j
-    s2 = a * a * s2 + b * b * s2j
-    return m_new, s0, s1, s2, s3
+    s0, s1, s2, s3 = _rescale(m, shift, s0, s1, s2, s3)
+    s0j, s1j, s2j, s3j = _rescale(mj, shift, s0j, s1j, s2j, s3j)
+    return m_new, s0 + s0j, s1 + s1j, s2 + s2j, s3 + s3j
 
 
 @triton.jit
-def _finish(out_ptr, out_stride, row, m, s0, s1, s2, s3, zk, flags_ptr):
-    """Write (log p_k, H, S_k, E_p[S], lse) of one row from its moments; count a row with no finite mass."""
+def _finish(out_ptr, out_stride, row, m, s0, s1, s2, s3, dk, flags_ptr):
+    """Write (log p_k, H, S_k, E_p[S], lse) of one row from its base-2 moments (``dk``: id k's scaled logit
+    minus ``m``); count a row with no finite mass."""
     bad = (m != m) | (m == float("inf")) | (m == float("-inf")) | (s0 != s0) | (s1 != s1) | (s0 == float("inf"))
     tl.atomic_add(flags_ptr + 0, bad.to(tl.int32))
     log_s0 = tl.log(s0)
-    ybar = s1 / s0
+    ybar = s1 * LN2 / s0
     entropy = tl.maximum(log_s0 - ybar, 0.0)
-    yk = zk - m
+    yk = dk * LN2
     logp = yk - log_s0
     pk = tl.exp(logp)
     s_star = tl.where(pk > 0, pk * (yk - ybar), 0.0)
-    s_exp = (s3 - ybar * s2) / (s0 * s0)
+    s_exp = (s3 * LN2 - ybar * s2) / (s0 * s0)
     tl.store(out_ptr + row, logp)
     tl.store(out_ptr + out_stride + row, entropy)
     tl.store(out_ptr + 2 * out_stride + row, s_star)
     tl.store(out_ptr + 3 * out_stride + row, s_exp)
-    tl.store(out_ptr + 4 * out_stride + row, m + log_s0)
+    tl.store(out_ptr + 4 * out_stride + row, m * LN2 + log_s0)
 
 
 @triton.jit
@@ -126,23 +120,39 @@ def _load_id(ids_ptr, row, V: tl.constexpr, flags_ptr):
 
 
 @triton.jit
-def _sweep(x_ptr, off, t, k, start, V: tl.constexpr, SPAN: tl.constexpr, BLOCK: tl.constexpr):
-    """Moments of columns [start, start + SPAN) of one row, and the scaled logit of id k if it lies there."""
-    m = float("-inf")
-    s0 = 0.0
-    s1 = 0.0
-    s2 = 0.0
-    s3 = 0.0
-    zk = 0.0
+def _sweep(x_ptr, off, t, k, start, stop, SPAN: tl.constexpr, BLOCK: tl.constexpr):
+    """Base-2 moments of columns [start, stop) of one row (stop - start <= SPAN), and id k's scaled logit
+    relative to their max (0 when k lies outside).
+
+    The max is a scalar, taken per block; the four sums are BLOCK-wide vectors, rescaled only when a block
+    raises the max, and reduced once at the end: per column one exp2 and five multiply-adds."""
+    c = LOG2E / t
     lanes = tl.arange(0, BLOCK)
-    for c in range(0, SPAN, BLOCK):
-        cols = start + c + lanes
-        inside = (cols < V) & (c + lanes < SPAN)
-        y = tl.load(x_ptr + off + cols, mask=inside, other=float("-inf")).to(tl.float32) / t
-        hit = (cols == k) & inside
-        zk += tl.sum(tl.where(hit, y, 0.0), 0)
-        m, s0, s1, s2, s3 = _block_update(y, m, s0, s1, s2, s3)
-    return m, s0, s1, s2, s3, zk
+    m = float("-inf")  # max of c * x so far
+    shift = 0.0  # the sums' reference: m, or 0 while m is -inf (no mass yet)
+    s0 = tl.zeros([BLOCK], dtype=tl.float32)
+    s1 = tl.zeros([BLOCK], dtype=tl.float32)
+    s2 = tl.zeros([BLOCK], dtype=tl.float32)
+    s3 = tl.zeros([BLOCK], dtype=tl.float32)
+    for j in range(0, SPAN, BLOCK):
+        cols = start + j + lanes
+        x = tl.load(x_ptr + off + cols, mask=cols < stop, other=float("-inf")).to(tl.float32)
+        m_blk = tl.max(x, 0) * c
+        if m_blk > m:
+            s0, s1, s2, s3 = _rescale(m, m_blk, s0, s1, s2, s3)
+            m = m_blk
+            shift = m_blk
+        d = x * c - shift
+        e = tl.exp2(d)
+        ed = e * tl.maximum(d, -3.0e38)  # a -inf column: 0, not 0 * -inf (a NaN still reaches s0 through e)
+        s0 += e
+        s1 += ed
+        s2 += e * e
+        s3 += ed * e
+    own = (k >= start) & (k < stop)
+    xk = tl.load(x_ptr + off + tl.where(own, k, start)).to(tl.float32)
+    dk = tl.where(own, xk * c - shift, 0.0)
+    return m, tl.sum(s0, 0), tl.sum(s1, 0), tl.sum(s2, 0), tl.sum(s3, 0), dk
 
 
 @triton.jit
@@ -154,8 +164,8 @@ def _stats_rows_kernel(x_ptr, ids_ptr, t_ptr, t_scalar, out_ptr, flags_ptr, out_
     off = _row_offset(row, inner, stride_outer, stride_inner)
     t = _load_temperature(t_ptr, t_scalar, row, flags_ptr, PER_ROW)
     k = _load_id(ids_ptr, row, V, flags_ptr)
-    m, s0, s1, s2, s3, zk = _sweep(x_ptr, off, t, k, 0, V, SPAN, BLOCK)
-    _finish(out_ptr, out_stride, row, m, s0, s1, s2, s3, zk, flags_ptr)
+    m, s0, s1, s2, s3, dk = _sweep(x_ptr, off, t, k, 0, V, SPAN, BLOCK)
+    _finish(out_ptr, out_stride, row, m, s0, s1, s2, s3, dk, flags_ptr)
 
 
 @triton.jit
@@ -170,29 +180,30 @@ def _slice_temperature(t_ptr, t_scalar, row, PER_ROW: tl.constexpr):
 
 
 @triton.jit
-def _store_partial(part_ptr, row, j, SPLITS: tl.constexpr, m, s0, s1, s2, s3, zk):
-    """Slice j's six partials (m, S0..S3, z_k) of a row, at part[row, j, :]."""
+def _store_partial(part_ptr, row, j, SPLITS: tl.constexpr, m, s0, s1, s2, s3, dk):
+    """Slice j's six partials (m, S0..S3 in base 2, id k's logit minus m) of a row, at part[row, j, :]."""
     base = part_ptr + (row.to(tl.int64) * SPLITS + j) * 6
     tl.store(base + 0, m)
     tl.store(base + 1, s0)
     tl.store(base + 2, s1)
     tl.store(base + 3, s2)
     tl.store(base + 4, s3)
-    tl.store(base + 5, zk)
+    tl.store(base + 5, dk)
 
 
 @triton.jit
 def _stats_split_kernel(x_ptr, ids_ptr, t_ptr, t_scalar, part_ptr, flags_ptr, inner, stride_outer,
                         stride_inner, V: tl.constexpr, SPAN: tl.constexpr, SPLITS: tl.constexpr,
                         BLOCK: tl.constexpr, PER_ROW: tl.constexpr):
-    """Program (row, j) sweeps columns [j SPAN, (j+1) SPAN) and writes its 6 partials (m, S0..S3, z_k)."""
+    """Program (row, j) sweeps columns [j SPAN, (j+1) SPAN) and writes its 6 partials."""
     row = tl.program_id(0)
     j = tl.program_id(1)
     off = _row_offset(row, inner, stride_outer, stride_inner)
     t = _slice_temperature(t_ptr, t_scalar, row, PER_ROW)
     k = tl.load(ids_ptr + row).to(tl.int64)
-    m, s0, s1, s2, s3, zk = _sweep(x_ptr, off, t, k, j * SPAN, V, SPAN, BLOCK)
-    _store_partial(part_ptr, row, j, SPLITS, m, s0, s1, s2, s3, zk)
+    start = j * SPAN
+    m, s0, s1, s2, s3, dk = _sweep(x_ptr, off, t, k, start, tl.minimum(start + SPAN, V), SPAN, BLOCK)
+    _store_partial(part_ptr, row, j, SPLITS, m, s0, s1, s2, s3, dk)
 
 
 @triton.jit
@@ -203,8 +214,8 @@ def _stats_block_kernel(x_ptr, stride_x, ids_ptr, col0, t_ptr, t_scalar, part_pt
     row = tl.program_id(0)
     t = _slice_temperature(t_ptr, t_scalar, row, PER_ROW)
     k = tl.load(ids_ptr + row).to(tl.int64) - col0
-    m, s0, s1, s2, s3, zk = _sweep(x_ptr, row.to(tl.int64) * stride_x, t, k, 0, NCOLS, SPAN, BLOCK)
-    _store_partial(part_ptr, row, j, SPLITS, m, s0, s1, s2, s3, zk)
+    m, s0, s1, s2, s3, dk = _sweep(x_ptr, row.to(tl.int64) * stride_x, t, k, 0, NCOLS, SPAN, BLOCK)
+    _store_partial(part_ptr, row, j, SPLITS, m, s0, s1, s2, s3, dk)
 
 
 @triton.jit
@@ -224,13 +235,19 @@ def _merge_kernel(part_ptr, ids_ptr, t_ptr, out_ptr, flags_ptr, out_stride, V: t
         p = base + j * 6
         m, s0, s1, s2, s3 = _merge(m, s0, s1, s2, s3, tl.load(p), tl.load(p + 1), tl.load(p + 2),
                                    tl.load(p + 3), tl.load(p + 4))
-    zk = tl.load(base + (k // SPAN) * 6 + 5)
-    _finish(out_ptr, out_stride, row, m, s0, s1, s2, s3, zk, flags_ptr)
+    own = base + (k // SPAN) * 6
+    dk = tl.load(own + 5) + (tl.load(own) - m)  # id k's logit, from its slice's max to the row's
+    _finish(out_ptr, out_stride, row, m, s0, s1, s2, s3, dk, flags_ptr)
 
 
 def default_block(vocab: int) -> int:
-    """Columns per block: the vocabulary's next power of two, at most 4096."""
+    """Columns per block: the vocabulary's next power of two, at most 2048."""
     return min(_MAX_BLOCK, triton.next_power_of_2(max(vocab, 16)))
+
+
+def default_warps(block: int) -> int:
+    """Warps per program: 8 from 2048 columns a block, else 4."""
+    return 8 if block >= 2048 else 4
 
 
 def default_splits(rows: int, vocab: int, block: int, device: torch.device) -> int:
@@ -266,14 +283,15 @@ def _rows_view(logits: Tensor) -> tuple[Tensor, int, int, int]:
 
 
 def row_stats(logits: Tensor, token_ids: Tensor, temperature: float | Tensor = 1.0, *,
-              block: int | None = None, splits: int | None = None, out: Tensor | None = None,
-              flags: Tensor | None = None) -> RowStats:
+              block: int | None = None, splits: int | None = None, warps: int | None = None,
+              out: Tensor | None = None, flags: Tensor | None = None) -> RowStats:
     """The five per-row statistics of ``softmax(logits / temperature)`` in float32, in one read of the logits.
 
     logits: [..., V] float32, bfloat16 or float16; token_ids: [...] integer; temperature: a float (checked by
     the caller) or a float tensor of shape [...] (one per row, checked here, on the device).
-    block / splits: columns per block and vocabulary slices per row (defaults: ``default_block``,
-    ``default_splits``); results are reproducible bit for bit for fixed values of both.
+    block / splits / warps: columns per block, vocabulary slices per row and warps per program (defaults:
+    ``default_block``, ``default_splits``, ``default_warps``); results are reproducible bit for bit for fixed
+    values of all three.
     out / flags: optional destinations, a float32 [5, rows] view with a unit last stride (rows of a larger
     buffer, as the fused head's token chunks write them) and an int32 [4] counter that is added to.
     Nothing is synchronised: the caller reads ``flags`` (bad rows, bad ids, bad temperatures).
@@ -294,7 +312,7 @@ def row_stats(logits: Tensor, token_ids: Tensor, temperature: float | Tensor = 1
     t_scalar = 1.0 if per_row else float(temperature)
     blk = int(block) if block is not None else default_block(vocab)
     n_split = int(splits) if splits is not None else default_splits(rows, vocab, blk, dev)
-    warps = 8 if blk >= 2048 else 4
+    warps = int(warps) if warps is not None else default_warps(blk)
     if n_split <= 1:
         _stats_rows_kernel[(rows,)](x, ids, t_tensor, t_scalar, out, flags, out.stride(0), inner, s_outer,
                                     s_inner, V=vocab, SPAN=triton.cdiv(vocab, blk) * blk, BLOCK=blk,
@@ -323,7 +341,7 @@ def block_partials(z: Tensor, ids: Tensor, col0: int, temperature: float | Tenso
     t_tensor = temperature.reshape(-1) if per_row else part
     _stats_block_kernel[(rows,)](z, z.stride(0), ids, col0, t_tensor, 1.0 if per_row else float(temperature), part,
                                  j, NCOLS=ncols, SPAN=triton.cdiv(ncols, blk) * blk, SPLITS=part.shape[1],
-                                 BLOCK=blk, PER_ROW=per_row, num_warps=8 if blk >= 2048 else 4)
+                                 BLOCK=blk, PER_ROW=per_row, num_warps=default_warps(blk))
 
 
 def merge_partials(part: Tensor, ids: Tensor, vocab: int, span: int, temperature: float | Tensor, out: Tensor,
