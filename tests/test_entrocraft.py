@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from entropy_rft import control
+from entropy_rft.common.errors import UserError
 from entropy_rft.config.loading import load_config
 from entropy_rft.control.entrocraft import HOLD, LOWER, RAISE, entrocraft_band, entrocraft_mode
 from entropy_rft.launch.run import start, start_or_resume
@@ -132,6 +133,17 @@ def test_validation_names_the_bad_parameter():
     with pytest.raises(ValueError, match="reward_scale must be"):
         control.build_method("entrocraft", reward_scale=-1.0)
     assert control.method_info("entrocraft")["engines"] == ["native"]
+
+
+def test_refused_with_the_uniform_group_filter():
+    """The filter would drop the all-correct groups the released rule trains with +1 above the band and the
+    all-wrong ones with -1 below it (issue 50): one line naming the field, before anything runs."""
+    with pytest.raises(UserError, match=r"^config field 'algo.drop_uniform_groups': method 'entrocraft' reads "
+                                        r"the all-correct and all-wrong groups.*set algo.drop_uniform_groups=false"):
+        load_config(overrides=["method.name=entrocraft", "algo.drop_uniform_groups=true"])
+    assert load_config(overrides=["method.name=entrocraft"]).algo.drop_uniform_groups is False
+    assert load_config(overrides=["method.name=clip_v", "algo.drop_uniform_groups=true"]).algo.drop_uniform_groups
+    assert control.method_info("entrocraft")["allows_group_filter"] is False
 
 
 @pytest.fixture(scope="module")

@@ -89,6 +89,10 @@ def validate_method(cfg: Config) -> Method:
         raise UserError(f"config field 'algo.algorithm': method {method.name!r} needs "
                         f"{' or '.join(map(repr, method.algorithms))} (its rule reads group advantages), got "
                         f"{cfg.algo.algorithm!r}; set algo.algorithm or use another method")
+    if cfg.algo.drop_uniform_groups and not method.allows_group_filter:
+        raise UserError(f"config field 'algo.drop_uniform_groups': method {method.name!r} reads the all-correct and "
+                        "all-wrong groups the filter drops (its released rule trains on them), so the two together "
+                        "are not the released method; set algo.drop_uniform_groups=false or use another method")
     if cfg.method.entropy_target is not None:
         from entropy_rft.control import autopilot
 

@@ -77,7 +77,9 @@ class Entrocraft(Method):
     ``target`` (not in the released code) holds a fixed band ``target`` ± ``half_width`` instead of the moving
     one, as the released fixed-band estimator ``grpo_range`` does, so that the rule can be compared with the
     other controllers at a setpoint ('0.5x': half the first batch's entropy). Native engine only: the rule
-    needs the rollout batch's entropy and rewards before the advantages reach the loss.
+    needs the rollout batch's entropy and rewards before the advantages reach the loss. Refused with
+    ``algo.drop_uniform_groups``: the filter would drop the all-correct groups RAFT++ trains on (+1) and the
+    all-wrong ones NSR trains on (−1), and the method would no longer be the released one.
     """
 
     name: ClassVar[str] = "entrocraft"
@@ -89,6 +91,8 @@ class Entrocraft(Method):
                                            "pos_spos": "zeroes A>0 when H is below the band; raw +1 above it",
                                            "pos_sneg": "zeroes A>0 when H is below the band; raw +1 above it"}
     engines: ClassVar[tuple[str, ...]] = ("native",)
+    # the released estimator gives an all-correct group +1 above the band and an all-wrong one -1 below it
+    allows_group_filter: ClassVar[bool] = False
 
     lower_start: float = param(0.6, "the band's lower bound at the first step, nats (released run)")
     lower_end: float = param(0.4, "the band's lower bound at total_steps, nats (released run)")

@@ -83,6 +83,8 @@ class Method:
     quadrants: ClassVar[dict[str, str]] = {}
     engines: ClassVar[tuple[str, ...]] = ("native", "trl", "verl")
     algorithms: ClassVar[tuple[str, ...]] = ("grpo", "dr_grpo", "ppo")  # algo.algorithm values the rule fits
+    # False: the rule reads all-correct and all-wrong groups, so algo.drop_uniform_groups would change it
+    allows_group_filter: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         self.validate()
@@ -253,5 +255,6 @@ def method_info(name: str) -> dict[str, Any]:
         "quadrants": quadrant_effects(cls.quadrants),
         "engines": list(cls.engines),
         "algorithms": list(cls.algorithms),
+        "allows_group_filter": cls.allows_group_filter,
         "doc": (cls.__doc__ or "").strip(),
     }
