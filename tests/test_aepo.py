@@ -15,7 +15,7 @@ import torch
 from entropy_rft import control
 from entropy_rft.common.errors import UserError
 from entropy_rft.config.loading import load_config
-from entropy_rft.control.aepo import aepo_sample_num, aepo_splice, aepo_temperature
+from entropy_rft.control.aepo import AEPOMethod, aepo_sample_num, aepo_splice, aepo_temperature
 from entropy_rft.launch.run import start, start_or_resume
 from entropy_rft.policy.rollout import RolloutBatch
 from entropy_rft.rundir.files import read_jsonl
@@ -122,6 +122,67 @@ def test_pure_rules_by_hand():
     assert aepo_sample_num(0.4, 0.5, 7, 60) == 7 and aepo_sample_num(0.6, 0.5, 7, 60) == 3
     assert aepo_sample_num(0.4, 0.5, 70, 60) == 60 and aepo_sample_num(0.6, 0.5, 70, 60) == 30
     assert aepo_splice(torch.tensor([0.05, 0.06, -1.0, 2.0]), 0.05).tolist() == [1, 3]
+
+
+def released_entropy_loss(micro: list[tuple[torch.Tensor, torch.Tensor]]) -> float:
+    """Transcribed from the released AEPO (597358816/AEPO @ b353a05): ``dp_actor.py`` line 322,
+    ``entropy_loss = -VF.masked_mean(log_probs, response_mask)`` appended per micro-batch to
+    ``metrics["actor/entropy_loss"]``, reduced by the mean, and read by ``ray_trainer.py`` lines 844-845 as the
+    next step's entropy. ``masked_mean`` is verl's: ``(values * mask).sum() / (mask.sum() + 1e-8)``."""
+    values = []
+    for log_probs, response_mask in micro:
+        m = response_mask.float()
+        values.append(float(-((log_probs * m).sum() / (m.sum() + 1e-8))))
+    return sum(values) / len(values)
+
+
+def test_the_switch_reads_the_released_sampled_entropy():
+    """Issue 50's minimal case: target 0.5, true entropy 0.4, sampled tokens at log p -0.7. The released trainer
+    reads 0.7 (above the target: T 0.8, half the swaps); the true entropy reads 0.4 (T 1.2, all of them)."""
+    g = torch.Generator().manual_seed(0)
+    micro = [(torch.full((4, 6), -0.7), torch.rand(4, 6, generator=g) > 0.3) for _ in range(3)]
+    stats = SimpleNamespace(entropy=torch.full((12, 6), 0.4))
+    mask = torch.ones(12, 6, dtype=torch.bool)
+    for source, want_t, want_n in (("sampled", 0.8, 3), ("true", 1.2, 7)):
+        m = control.build_method("aepo", target=0.5, entropy=source) if source == "true" else \
+            control.build_method("aepo", target=0.5)  # the default is the released reading
+        m.observe(stats, mask, "token-mean")
+        for logp, mk in micro:
+            m.observe_update(logp, mk)
+        assert m.resample_plan().temperature == want_t
+        assert aepo_sample_num(m._last_h, 0.5, 7, 60) == want_n
+    # any log-probs: the reading is the released mean over micro-batches, not the token mean over the update
+    m = control.build_method("aepo")
+    micro = [(torch.randn(2 + i, 5, generator=g) - 1, torch.rand(2 + i, 5, generator=g) > 0.5) for i in range(4)]
+    for logp, mk in micro:
+        m.observe_update(logp, mk)
+    m.resample_plan()
+    assert m._last_h == pytest.approx(released_entropy_loss(micro), rel=1e-6)
+    with pytest.raises(ValueError, match="entropy must be 'sampled' or 'true'"):
+        control.build_method("aepo", entropy="mean")
+
+
+def test_the_trainer_hands_every_update_micro_batch_to_the_switch(micro_model, tmp_path, monkeypatch):
+    """Two micro-batches a minibatch and two minibatches: each step's four readings reach the next step's switch,
+    which logs the released mean of them as its entropy."""
+    seen: list[list[float]] = []
+    original = AEPOMethod.observe_update
+
+    def spy(self, logp, mask):
+        if not seen or len(seen[-1]) == 4:
+            seen.append([])
+        seen[-1].append(released_entropy_loss([(logp, mask)]))
+        original(self, logp, mask)
+
+    monkeypatch.setattr(AEPOMethod, "observe_update", spy)
+    sets = {"eval.every": 0, "train.max_steps": 3, "probe.counterfactual_every": 0, "probe.jvp_every": 0,
+            "algo.grad_accum": 2, "algo.minibatches": 2, "method.name": "aepo", "method.params": "{target: 9.0}"}
+    start(load_config(None, micro_overrides(micro_model, **sets)), tmp_path / "run")
+    rows = [r for r in read_jsonl(tmp_path / "run" / "metrics.jsonl") if r["step"] >= 1]
+    assert [len(x) for x in seen] == [4, 4, 4]
+    assert rows[0]["control/own_entropy"] == 0.0  # released: no update yet
+    for k in (1, 2):
+        assert rows[k]["control/own_entropy"] == pytest.approx(sum(seen[k - 1]) / 4, rel=1e-6)
 
 
 def test_validation_names_the_bad_parameter():

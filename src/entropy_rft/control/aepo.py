@@ -36,9 +36,18 @@ def aepo_temperature(entropy: float, target: float, t_high: float, t_low: float)
 
 def aepo_sample_num(entropy: float, target: float, selected: int, cap: int) -> int:
     """How many selected rollouts enter the batch: min(cap, selected) at or below the target, half of it (floor)
-    above (released lines 803-806: ``min(reinforce_sample_num, len(entropy_controller))``, ``// 2``)."""
+    above (released lines 804-807: ``min(reinforce_sample_num, len(entropy_controller))``, ``// 2``)."""
     n = min(cap, selected)
     return n if entropy <= target else n // 2
+
+
+def sampled_entropy(logp: Tensor, mask: Tensor) -> float:
+    """−mean log p of the sampled tokens under ``mask``: a sampled estimate of the entropy, what the released
+    actor logs as ``actor/entropy_loss`` for one micro-batch (``dp_actor.py`` line 322,
+    ``-masked_mean(log_probs, response_mask)``); 0 for an empty mask."""
+    m = mask.to(torch.float64)
+    n = float(m.sum())
+    return -float((logp.detach().to(torch.float64) * m).sum()) / n if n else 0.0
 
 
 def aepo_splice(advantages: Tensor, threshold: float, n_max: int | None = None) -> Tensor:
@@ -64,10 +73,17 @@ class AEPOMethod(Method):
     (log-probs at the training temperature). Defaults: ``verl/trainer/config.py`` lines 85-88 and
     ``examples/config.yaml`` (reinforce_sample_num 60 of 512 prompts × 5 samples).
 
-    Here ``target`` is ``entropy_base`` (also as '0.5x', times the first batch's entropy, for the setpoints);
-    the entropy read is the old policy's token mean over the step's training tokens, the number the released
-    ``actor/entropy_loss`` takes in the update's first pass. Native engine with group advantages only (grpo or
-    dr_grpo): the rule needs a second rollout inside the step.
+    Here ``target`` is ``entropy_base`` (also as '0.5x', times the first batch's entropy, for the setpoints).
+    The entropy the rule reads (``entropy``) is by default the released one: ``actor/entropy_loss``, which the released
+    trainer takes from the last update's metrics (``ray_trainer.py`` lines 844-845) and its actor computes per
+    micro-batch as ``-masked_mean(log_probs, response_mask)`` (``dp_actor.py`` line 322), averaged over every
+    micro-batch of the update: minus the mean log-prob of the sampled tokens under the policy being updated
+    (``sampled_entropy``, read through ``observe_update``). It is a sampled estimate of the entropy, not the
+    entropy: after a swap, rows drawn at T ≠ 1 move it (for p = (0.9, 0.1), H = 0.325 while tokens drawn at
+    T 1.2 give 0.409 in expectation). ``entropy='true'`` reads instead the old policy's −Σ p log p, token mean
+    over the step's training tokens. When no extra rollout passes
+    ``adv_threshold`` the released branch fails; here the batch trains unswapped. Native engine with group
+    advantages only (grpo or dr_grpo): the rule needs a second rollout inside the step.
     """
 
     name: ClassVar[str] = "aepo"
@@ -91,9 +107,13 @@ class AEPOMethod(Method):
     prompt_frac: float = param(0.25, "share of the step's prompts rolled out again (released: the first quarter)")
     adv_threshold: float = param(0.05, "an extra rollout is kept when its group advantage is above this "
                                        "(released _select_by_advantage threshold)")
+    entropy: str = param("sampled", "the entropy the switch reads: 'sampled' (released actor/entropy_loss: "
+                                    "−mean log p of the sampled tokens over the last update's micro-batches) or "
+                                    "'true' (the old policy's −Σ p log p over the step's training tokens)")
 
     def __post_init__(self) -> None:
         self._last_h, self._base, self._temperature, self._spliced = 0.0, None, None, 0
+        self._update_h: list[float] = []  # this step's update, one reading a micro-batch
         super().__post_init__()
 
     def validate(self) -> None:
@@ -105,6 +125,8 @@ class AEPOMethod(Method):
                 or not 0.0 < self.prompt_frac <= 1.0:
             raise ValueError(f"prompt_frac must be a number in (0, 1], got {self.prompt_frac!r}")
         check_count(self.reinforce_sample_num, "reinforce_sample_num")
+        if self.entropy not in ("sampled", "true"):
+            raise ValueError(f"entropy must be 'sampled' or 'true', got {self.entropy!r}")
 
     def _target(self) -> float:
         level = check_level(self.target, "target", allow_none=False)
@@ -112,7 +134,14 @@ class AEPOMethod(Method):
         # samples hot whatever the target, as here
         return float("inf") if level[1] and self._base is None else resolve_level(level, self._base)
 
+    def observe_update(self, logp: Tensor, mask: Tensor) -> None:
+        if self.entropy == "sampled":
+            self._update_h.append(sampled_entropy(logp, mask))
+
     def resample_plan(self) -> Resample | None:
+        if self._update_h:  # the last update's actor/entropy_loss: the mean over its micro-batches
+            self._last_h = sum(self._update_h) / len(self._update_h)
+            self._update_h = []
         self._temperature = aepo_temperature(self._last_h, self._target(), self.temperature_high,
                                              self.temperature_low)
         return Resample(self._temperature, self.prompt_frac)
@@ -128,15 +157,17 @@ class AEPOMethod(Method):
         out: dict[str, Any] = {"control/spliced_frac": self._spliced / max(int(mask.shape[0]), 1)}
         if self._temperature is not None:
             out["control/own_output"] = self._temperature
-        if n:
+        if n and self._base is None:  # a setpoint's base: the first batch's entropy, as for every method
+            self._base = float(mean)
+        if n and self.entropy == "true":
             self._last_h = float(mean)
-            if self._base is None:
-                self._base = self._last_h
+        if n:  # the reading the switch uses
             out.update({"control/own_entropy": self._last_h, "control/own_target": self._target()})
         return out
 
     def state_dict(self) -> dict[str, Any]:
-        return {"last_h": self._last_h, "base": self._base}
+        return {"last_h": self._last_h, "base": self._base, "update_h": list(self._update_h)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._last_h, self._base = float(state["last_h"]), state["base"]
+        self._update_h = [float(x) for x in state.get("update_h", [])]

@@ -114,6 +114,11 @@ class Method:
         those that replace the batch's first rollouts, in order, and the advantage they train with."""
         raise NotImplementedError(f"method {self.name!r} asks for no extra rollouts")
 
+    def observe_update(self, logp: Tensor, mask: Tensor) -> None:
+        """Called for every micro-batch of every optimizer update with its detached log-probs of the sampled
+        tokens [b, T] under the policy being updated and its training mask (AEPO reads the released
+        ``actor/entropy_loss`` from them); the default reads nothing."""
+
     def rollout_advantages(self, rewards: Tensor, advantages: Tensor, mask: Tensor) -> Tensor | None:
         """A method that is its own advantage estimator for this rollout batch (Entrocraft switches to RAFT++ or
         NSR) returns the per-token advantages [B, T] from the rollouts' ``rewards`` [B]; None (the default) keeps

@@ -260,6 +260,7 @@ def update_minibatch(run: Run, s: Scored, old: OldPolicy, keep: torch.Tensor | N
             loss = loss + a.value_coef * vloss * (len(mi) / len(idx))
             value_loss_total += float(vloss.detach()) * len(mi) / len(idx)
         loss.backward()
+        rule.method.observe_update(out.logp.detach(), s.mask[mi])
         metrics.append(met)
     gn = None
     if cfg.optim.max_grad_norm is not None:
