@@ -205,7 +205,8 @@ def bench_sweep(a, rows: int) -> dict:
     g = torch.Generator(device=dev).manual_seed(0)
     z = torch.randn(rows, a.vocab, generator=g, device=dev, dtype=torch.bfloat16) * 3
     ids = torch.randint(0, a.vocab, (rows,), generator=g, device=dev)
-    fns = {f"{b}x{w}": (lambda b=b, w=w: row_stats(z, ids, 0.7, block=b, warps=w)) for b, w in SWEEP}
+    configs = SWEEP[:1] if a.quick else SWEEP  # the interpreter: one, to keep the smoke run short
+    fns = {f"{b}x{w}": (lambda b=b, w=w: row_stats(z, ids, 0.7, block=b, warps=w)) for b, w in configs}
     trl_fn, err = trl_stats_fn(z, ids, 0.7)
     if trl_fn is not None:
         fns["trl"] = trl_fn
