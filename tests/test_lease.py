@@ -321,3 +321,16 @@ def test_next_and_shrink_read_a_partial_wave_and_a_wave_where_nothing_fits(tmp_p
                                                        "run the plan again")
     with pytest.raises(SystemExit, match="has changed since"):
         shrink.shrink(realm2, tmp_path)
+
+
+def test_a_run_not_measured_yet_borrows_the_pace_of_those_that_are(tmp_path):
+    import realm_wave
+
+    def runner(p=None, row0=None):
+        return realm_wave.Runner("r", "none", None, 0.0, tmp_path, t_row0=row0, pace=p)
+
+    got = realm_wave.borrowed_paces([runner(pace.Pace(5.0, 2.0, 10.0, 3, 1)), runner(pace.Pace(6.0, 4.0, 20.0, 2, 1)),
+                                     runner(row0=1.0), runner()])
+    # the medians of 2 and 4 s a step, 10 and 20 s an evaluation; the third has logged its step-0 evaluation
+    assert got[2:] == [pace.Pace(0.0, 3.0, 15.0, 0, 1), pace.Pace(0.0, 3.0, 15.0, 0, 0)]
+    assert realm_wave.borrowed_paces([runner()]) == [None]

@@ -21,9 +21,9 @@ the committed runs', in one line.
 
 ``--paced`` (the lease's train section; issue 49): the last seed's unfinished runs start at once, each its own
 process, and the wave keeps only as many as can finish by ``--deadline-s`` at the pace they show, in the methods'
-order, killing the others at once (``wave.py``; the pace figures ``pace.py``); ``--wave-json`` gets its record,
-with the smaller setting that fits when not one run can. No summary is copied in this mode (each run is its own
-``erft compare``): ``erft compare`` over the committed runs writes it afterwards, on a CPU, training nothing.
+order, killing the others at once (``realm_wave.py``; the pace figures ``pace.py``); ``--wave-json`` gets its
+record, with the smaller setting that fits when not one run can. No summary is copied in this mode (each run is
+its own ``erft compare``): the summary of all waves is made afterwards, on a CPU (docs/results-smollm2-gpu.md).
 
 Exit status: 0 when every run is finished and reported, 3 when runs are left (call again), else compare's.
 The CPU smoke test (tests/test_gpu_config.py) runs this with tiny --set overrides on SmolLM2.
@@ -130,10 +130,10 @@ def run_compare(args: argparse.Namespace) -> int:
 
 
 def run_paced(args: argparse.Namespace) -> int:
-    """The last seed's runs not finished in ``--runs`` as one paced wave (wave.py); its exit status (0: all
+    """The last seed's runs not finished in ``--runs`` as one paced wave (realm_wave.py); its exit status (0: all
     finished, 3: runs left)."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from wave import train_wave
+    from realm_wave import train_wave
 
     seed = args.seeds - 1
     missing = [m for m in args.methods.split(",") if not _finished(args.runs / f"{m}-s{seed}")]
@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
                    "(a lease wave: the report of all waves is made afterwards, on a CPU).")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--paced", action="store_true", help="Train the last seed's unfinished runs as a wave that "
-                   "keeps only the runs that can finish by --deadline-s at their measured pace (wave.py).")
+                   "keeps only the runs that can finish by --deadline-s at their measured pace (realm_wave.py).")
     p.add_argument("--wave-json", type=Path, help="--paced: where the wave's record goes.")
     p.add_argument("--window-s", type=float, default=90.0, help="--paced: read the pace once each run has logged "
                    "a training step, or after this long.")

@@ -141,6 +141,18 @@ def _paces(runners: list[Runner]) -> dict:
     return {r.name: r.pace.to_dict() for r in runners if r.pace is not None}
 
 
+def borrowed_paces(live: list[Runner]) -> list[Pace | None]:
+    """Each run's pace; a run that has not logged a training step yet borrows the median step and evaluation of
+    those that have (the wave's runs share every setting but the method), with its own progress."""
+    import statistics
+
+    read = [r.pace for r in live if r.pace is not None]
+    if not read:
+        return [None] * len(live)
+    step, ev = statistics.median(p.step_s for p in read), statistics.median(p.eval_s for p in read)
+    return [r.pace or Pace(0.0, step, ev, 0, int(r.t_row0 is not None)) for r in live]
+
+
 def cut(wave: Wave, live: list[Runner], rem: list[float], left: float, pending: list[str], seeds: int,
         say) -> int:
     """The first decision: how many of the running runs go on (at least the first; :func:`pace.runs_that_fit`);
@@ -201,7 +213,7 @@ def train_wave(args, seeds: int, missing: list[str], env: dict, say) -> int:
             measured = all(r.pace is not None for r in live)
             if not (measured or now - wave.t0 >= args.window_s):
                 continue
-            rem = [remaining_s(r.pace, n, every) if r.pace else float("inf") for r in live]
+            rem = [remaining_s(p, n, every) if p else float("inf") for p in borrowed_paces(live)]
             if args.budget_runs is not None:  # the CPU rehearsal's slow device: a budget of so many runs
                 ref = [x for x in rem[: int(args.budget_runs) + 1] if x != float("inf")]
                 budget_end = now + args.budget_runs / len(live) * FIT_MARGIN * (max(ref) if ref else 0.0)
