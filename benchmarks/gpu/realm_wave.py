@@ -261,7 +261,11 @@ def finish(wave: Wave, runners: list[Runner], settings: dict, share: int) -> int
     for r in runners:
         if r.ended is None:
             rc = r.proc.wait()
-            r.ended = "finished" if rc == 0 else f"failed (exit {rc}; see {r.folder.parent / 'logs' / r.name}.log)"
+            log = r.folder.parent / "logs" / f"{r.name}.log"
+            r.ended = "finished" if rc == 0 else f"failed (exit {rc}; see {log})"
+            if rc:
+                tail = log.read_text(errors="replace").splitlines()[-8:] if log.is_file() else []
+                wave.say(f"wave: {r.name} failed (exit {rc}); the end of its log:\n" + "\n".join(tail))
         r.look(time.monotonic())
     from realm import _finished
 
@@ -274,8 +278,14 @@ def finish(wave: Wave, runners: list[Runner], settings: dict, share: int) -> int
     wave.data.update(finished=finished, ended={r.name: r.ended for r in runners}, paces=_paces(runners),
                      wall_s=wave.at())
     n, every = settings["train.max_steps"], settings["eval.every"]
+    failed = [r.name for r in runners if r.ended.startswith("failed")]
+    if failed:
+        wave.data["failed"] = failed
     if len(finished) == total:
         wave.data["verdict"] = "all finished"
+    elif failed and not finished:
+        wave.data["verdict"] = "failed"
+        wave.say(f"wave: {', '.join(failed)} failed (their logs are above): mend here before another lease")
     elif finished:
         wave.data["verdict"] = "partial"
         wave.say(f"wave: {len(finished)} of {total} run(s) finished ({', '.join(finished)}); the next lease "
@@ -289,7 +299,7 @@ def finish(wave: Wave, runners: list[Runner], settings: dict, share: int) -> int
         else:
             need = run_s(first.pace, n, every)
             prop = propose(first.pace, settings, wave.data["budget_s"])
-            alone = any(x["step"] > first.cut_step for x in first.rows)
+            alone = first.cut_step > 0 and any(x["step"] > first.cut_step for x in first.rows)
             wave.data.update(pace=first.pace.to_dict(), pace_run=first.name,
                              pace_share=share if alone else len(runners),
                              needed_s=round(need, 1), proposal=prop)
@@ -299,5 +309,5 @@ def finish(wave: Wave, runners: list[Runner], settings: dict, share: int) -> int
                      + (f"proposal: {prop['sets']} (one run {prop['predicted_s']:.0f} s)" if prop["sets"] else
                         f"even the smallest setting needs {prop['predicted_s']:.0f} s"))
     wave.save()
-    return 0 if len(finished) == total else 3
+    return 0 if len(finished) == total else 2 if failed else 3
 

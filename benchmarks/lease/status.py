@@ -79,6 +79,9 @@ def wave_advice(plan: Plan, wave: dict, settings_now: dict | None, committed: li
     if verdict == "partial":
         return [f"the last lease of {plan.name} finished {', '.join(wave.get('finished', []))}; "
                 f"stopped or not started: " + "; ".join(f"{k} ({v})" for k, v in wave.get("stopped", {}).items())]
+    if verdict == "failed":
+        return [f"the last lease of {plan.name}: {', '.join(wave.get('failed', []))} failed (the record's log has "
+                "the end of each one's log): mend here, rehearse, then run the plan again"]
     if verdict != "nothing fits":
         return []
     pace = wave.get("pace")
