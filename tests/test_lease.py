@@ -214,3 +214,123 @@ def _rows(out: Path) -> list[dict]:
     from entropy_rft.rundir.files import read_step_log
 
     return read_step_log(out / "metrics.jsonl")
+
+
+# Issue 49: a realm wave paces itself; the figures below are worked by hand.
+sys.path.insert(0, str(ROOT / "benchmarks" / "gpu"))
+import pace  # noqa: E402
+import shrink  # noqa: E402
+
+SETTINGS = {"train.max_steps": 60, "eval.every": 8, "eval.prompts": 128, "rollout.max_new_tokens": 128}
+
+
+def test_a_runs_pace_is_read_off_its_rows():
+    assert pace.eval_steps(60, 8) == [0, 8, 16, 24, 32, 40, 48, 56, 60]
+    assert pace.eval_steps(4, 0) == []
+    rows = [{"step": 0, "eval/pass@1": 0.1},
+            {"step": 1, "time/step": 5.0}, {"step": 2, "time/step": 3.0}, {"step": 3, "time/step": 4.0},
+            {"step": 4, "time/step": 16.0, "time/eval": 12.0, "eval/pass@1": 0.2}]
+    p = pace.measure(rows, startup_s=7.0, eval0_s=9.0)
+    # steps 5, 3, 4, 4 (16 - 12): median 4; the one timed evaluation 12 (the step-0 one, timed outside, not used)
+    assert (p.step_s, p.eval_s, p.steps, p.evals, p.startup_s) == (4.0, 12.0, 4, 2, 7.0)
+    # after a cut at step 2, only steps 3 and 4 count: median of 4 and 4
+    assert pace.measure(rows, 7.0, 9.0, since_step=2).step_s == 4.0
+    assert pace.measure(rows[:2], 7.0, 9.0).eval_s == 9.0  # no timed evaluation yet: the step-0 one
+    assert pace.measure(rows[:1], 7.0, 9.0) is None  # no training step yet
+    # 60 steps, 9 evaluations: 56 steps x 4 + 7 evaluations x 12 left; from the launch 7 + 240 + 108
+    assert pace.remaining_s(p, 60, 8) == 56 * 4.0 + 7 * 12.0
+    assert pace.run_s(p, 60, 8) == 7.0 + 60 * 4.0 + 9 * 12.0
+
+
+def test_a_wave_keeps_the_runs_that_can_finish_in_the_methods_order():
+    # five runs measured sharing the device, 100 s each to go: k of them need 100 k / 5 s, times 1.1
+    assert pace.runs_that_fit([100.0] * 5, 5, 50.0) == 2  # 44 s fits, 66 s does not
+    assert pace.runs_that_fit([100.0] * 5, 5, 120.0) == 5  # 110 s
+    assert pace.runs_that_fit([100.0] * 5, 5, 21.0) == 0  # one alone needs 22 s
+    assert pace.runs_that_fit([100.0, 300.0, 100.0], 3, 120.0) == 1  # the second cannot, so not the third
+    assert pace.runs_that_fit([100.0, 100.0, float("inf")], 3, 1e9) == 2  # a run with no pace is not kept
+    # once cut: each at its own pace, stopped when over what is left by more than 15 %
+    assert pace.runs_to_keep([10.0, 30.0, 5.0], 20.0) == 1
+    assert pace.runs_to_keep([10.0, 22.0], 20.0) == 2
+    assert pace.runs_to_keep([24.0], 20.0) == 0
+
+
+def test_when_no_run_fits_the_least_smaller_setting_that_does_is_proposed():
+    p = pace.Pace(startup_s=20.0, step_s=3.0, eval_s=20.0, steps=4, evals=1)
+    # as set: 20 + 60 x 3 + 9 x 20 = 380 s. Half the prompts: 20 + 180 + 90 = 290 (x 1.1 = 319 > 300);
+    # a quarter: 20 + 180 + 45 = 245 (x 1.1 = 269.5 <= 300)
+    assert pace.propose(p, SETTINGS, 300.0) == {"sets": {"eval.prompts": 32}, "predicted_s": 245.0,
+                                                "budget_s": 300.0}
+    # 200 s: 48 steps (every 6: still 9 evaluations): 20 + 144 + 45 = 209, x 1.1 > 200; 40 steps (every 5):
+    # 20 + 120 + 45 = 185, x 1.1 = 203.5 > 200; 30 steps (every 4, 0..28 and 30: 9): 20 + 90 + 45 = 155
+    assert pace.propose(p, SETTINGS, 200.0)["sets"] == {"eval.prompts": 32, "train.max_steps": 30,
+                                                        "eval.every": 4}
+    # shorter responses scale the steps and evaluations: 20 + (90 + 45) x 1/2 = 87.5 at the smallest
+    none = pace.propose(p, SETTINGS, 90.0)
+    assert none["sets"] is None and none["predicted_s"] == 87.5
+    assert none["smallest"]["rollout.max_new_tokens"] == 64
+
+
+def _lease_record(root: Path, plan: str, wave: dict, stamp: str = "2026-12-01-1200") -> Path:
+    rec = root / "benchmarks" / "results" / f"lease-{plan}-{stamp}.json"
+    rec.parent.mkdir(parents=True, exist_ok=True)
+    rec.write_text(json.dumps({"calls": [{"call": 1, "sections": []}, {"call": 2, "sections": [], "wave": wave}]}))
+    return rec
+
+
+def test_next_and_shrink_read_a_partial_wave_and_a_wave_where_nothing_fits(tmp_path):
+    realm2 = plans.PLANS["realm-2"]
+    (tmp_path / "configs").mkdir()
+    (tmp_path / plans.REALM_CONFIG).write_text((ROOT / plans.REALM_CONFIG).read_text())
+    for m in plans.REALM_METHODS:
+        _finished_run(tmp_path / "results" / "smollm2-gpu" / f"{m}-s0")
+    for m in plans.REALM_METHODS[:2]:
+        _finished_run(tmp_path / "results" / "smollm2-gpu" / f"{m}-s1")
+    _lease_record(tmp_path, "realm-2", {"verdict": "partial", "finished": ["none-s1", "clip_b-s1"],
+                                        "stopped": {"clip_v-s1": "cut at 40 s: 5 runs measured, 2 kept"}})
+    assert status.missing_runs(1, tmp_path) == ["clip_v-s1", "clip_cov-s1", "kl_cov-s1"]
+    lines = status.plan_state(realm2, tmp_path)
+    assert lines[0] == ("2 of 5 runs of realm-2 are committed (none-s1, clip_b-s1): this lease trains the others "
+                        "(clip_v-s1, clip_cov-s1, kl_cov-s1)")
+    assert "clip_v-s1 (cut at 40 s: 5 runs measured, 2 kept)" in lines[1]
+    wave = {"verdict": "nothing fits", "settings": status.config_settings(tmp_path), "budget_s": 200.0,
+            "pace": {"startup_s": 20.0, "step_s": 3.0, "eval_s": 20.0, "steps": 4, "evals": 1},
+            "pace_run": "none-s1", "pace_share": 1, "needed_s": 380.0,
+            "proposal": {"sets": {"eval.prompts": 32, "train.max_steps": 30, "eval.every": 4},
+                         "predicted_s": 155.0, "budget_s": 200.0}}
+    _lease_record(tmp_path, "realm-2", wave, "2026-12-02-1200")
+    advice = status.plan_state(realm2, tmp_path)[1:]
+    assert advice[0].startswith("the last lease of realm-2 finished no run: none-s1 needs 380 s (20 s to start, "
+                                "3.00 s a step, 20.00 s an evaluation, measured with 1 run(s) on the device); "
+                                "the budget was 200 s")
+    assert "eval.prompts 128 -> 32, train.max_steps 60 -> 30, eval.every 8 -> 4 (one run 155 s of 200 s)" in advice[1]
+    assert "7 run(s) are committed under the old settings" in advice[2]
+    with pytest.raises(SystemExit, match="7 run.s. are committed under the current setting"):
+        shrink.shrink(realm2, tmp_path)
+    import shutil
+
+    shutil.rmtree(tmp_path / "results")
+    assert shrink.shrink(realm2, tmp_path) == wave["proposal"]["sets"]
+    after = (tmp_path / plans.REALM_CONFIG).read_text()
+    before = (ROOT / plans.REALM_CONFIG).read_text()
+    assert status.config_settings(tmp_path) == {**SETTINGS, "eval.prompts": 32, "train.max_steps": 30,
+                                                "eval.every": 4}
+    changed = [a for a, b in zip(after.splitlines(), before.splitlines()) if a != b]
+    assert len(changed) == 3 and all("lease-realm-2-2026-12-02-1200.json" in line for line in changed)
+    assert status.plan_state(realm2, tmp_path)[-1] == ("configs/smollm2-gpu.yaml has changed since that lease: "
+                                                       "run the plan again")
+    with pytest.raises(SystemExit, match="has changed since"):
+        shrink.shrink(realm2, tmp_path)
+
+
+def test_a_run_not_measured_yet_borrows_the_pace_of_those_that_are(tmp_path):
+    import realm_wave
+
+    def runner(p=None, row0=None):
+        return realm_wave.Runner("r", "none", None, 0.0, tmp_path, t_row0=row0, pace=p)
+
+    got = realm_wave.borrowed_paces([runner(pace.Pace(5.0, 2.0, 10.0, 3, 1)), runner(pace.Pace(6.0, 4.0, 20.0, 2, 1)),
+                                     runner(row0=1.0), runner()])
+    # the medians of 2 and 4 s a step, 10 and 20 s an evaluation; the third has logged its step-0 evaluation
+    assert got[2:] == [pace.Pace(0.0, 3.0, 15.0, 0, 1), pace.Pace(0.0, 3.0, 15.0, 0, 0)]
+    assert realm_wave.borrowed_paces([runner()]) == [None]

@@ -19,6 +19,12 @@ from the committed results and trains seed N-1, with ``--no-report`` and ``--set
 is resumed across leases, so no checkpoint is written); ``erft compare`` refuses a wave whose settings differ from
 the committed runs', in one line.
 
+``--paced`` (the lease's train section; issue 49): the last seed's unfinished runs start at once, each its own
+process, and the wave keeps only as many as can finish by ``--deadline-s`` at the pace they show, in the methods'
+order, killing the others at once (``realm_wave.py``; the pace figures ``pace.py``); ``--wave-json`` gets its
+record, with the smaller setting that fits when not one run can. No summary is copied in this mode (each run is
+its own ``erft compare``): the summary of all waves is made afterwards, on a CPU (docs/results-smollm2-gpu.md).
+
 Exit status: 0 when every run is finished and reported, 3 when runs are left (call again), else compare's.
 The CPU smoke test (tests/test_gpu_config.py) runs this with tiny --set overrides on SmolLM2.
 """
@@ -123,6 +129,20 @@ def run_compare(args: argparse.Namespace) -> int:
         return INCOMPLETE
 
 
+def run_paced(args: argparse.Namespace) -> int:
+    """The last seed's runs not finished in ``--runs`` as one paced wave (realm_wave.py); its exit status (0: all
+    finished, 3: runs left)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from realm_wave import train_wave
+
+    seed = args.seeds - 1
+    missing = [m for m in args.methods.split(",") if not _finished(args.runs / f"{m}-s{seed}")]
+    if not missing:
+        print(f"run_gpu: every run of seed {seed} is finished already", flush=True)
+        return 0
+    return train_wave(args, args.seeds, missing, _env(), lambda text: print(text, flush=True))
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--config", default=str(ROOT / "configs" / "smollm2-gpu.yaml"))
@@ -139,15 +159,27 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-report", action="store_true", help="Leave out erft report when every run is finished "
                    "(a lease wave: the report of all waves is made afterwards, on a CPU).")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--paced", action="store_true", help="Train the last seed's unfinished runs as a wave that "
+                   "keeps only the runs that can finish by --deadline-s at their measured pace (realm_wave.py).")
+    p.add_argument("--wave-json", type=Path, help="--paced: where the wave's record goes.")
+    p.add_argument("--window-s", type=float, default=90.0, help="--paced: read the pace once each run has logged "
+                   "a training step, or after this long.")
+    p.add_argument("--at-once", type=int, default=5, help="--paced: runs started at once (the rest start as "
+                   "runs end, when one can still finish).")
+    p.add_argument("--check-s", type=float, default=10.0, help="--paced: check the kept runs this often.")
+    p.add_argument("--budget-runs", type=float, help="--paced, the CPU rehearsal only: once the pace is read, the "
+                   "budget is what this many runs need at it, shared as measured (a slow device on demand).")
     args = p.parse_args(argv)
     t0 = time.monotonic()
     restored = restore(args.results, args.runs)
     if restored:
         print(f"run_gpu: kept {len(restored)} run(s) already in {args.results}: {', '.join(restored)}", flush=True)
-    rc = run_compare(args)
+    rc = run_paced(args) if args.paced else run_compare(args)
     exported = export(args.runs, args.results)
     complete = rc == 0
-    if complete:
+    if complete and args.paced:
+        print("run_gpu: every run finished; the summary: `erft compare` over the results, on a CPU", flush=True)
+    elif complete:
         for name in SUMMARY:
             shutil.copy2(args.runs / name, args.results / name)
         report = args.results / "report"

@@ -161,8 +161,26 @@ def collect_realm(plan: Plan, folders: list[Path], root: Path, force: bool) -> l
     return written
 
 
+def report_wave(plan: Plan, folders: list[Path], root: Path) -> None:
+    """What the wave decided (each call's lease.json, ``wave``): the runs a partial wave left for the next lease
+    of the plan, or the pace and the smaller setting when nothing fitted (status.wave_advice)."""
+    from status import committed_runs, missing_runs, wave_advice
+
+    for f in folders:
+        wave = (_read_json(f / "lease.json") or {}).get("wave")
+        if isinstance(wave, dict) and wave.get("verdict"):
+            print(f"  the wave: {wave['verdict']}")
+            for line in wave_advice(plan, wave, None, committed_runs(root)):
+                print(f"  {line}")
+    left = missing_runs(plan.seed, root)
+    if left:
+        print(f"collect: {plan.name} still needs {', '.join(left)}: `kit.py next` offers it again")
+
+
 def collect(plan: Plan, folders: list[Path], root: Path = ROOT, force: bool = False) -> list[Path]:
     """Put what ``folders`` (each the files one call returned) hold where it is committed; returns the paths."""
     written = [lease_record(plan, folders, root)]
     written += collect_realm(plan, folders, root, force) if plan.realm else collect_kernels(folders, root)
+    if plan.realm:
+        report_wave(plan, folders, root)
     return written

@@ -39,10 +39,12 @@ sys.path.insert(0, str(ROOT / "benchmarks" / "gpu"))
 from realm import SHIPPED  # noqa: E402  (the files a run ships: one list)
 
 # configs/smollm2-gpu.yaml at tiny sizes on the CPU (tests/test_gpu_config.py's sizes)
-REHEARSAL_SETS = ("model.device=cpu", "rollout.prompts_per_step=2", "rollout.group_size=2",
-                  "rollout.max_new_tokens=4", "eval.every=1", "eval.prompts=2", "eval.samples=2",
-                  "eval.batch_size=4", "probe.records_every=1", "train.threads=1", "train.tensorboard=false",
-                  "train.samples_every=1")
+REHEARSAL_SETS = ("model.device=cpu", "rollout.prompts_per_step=1", "rollout.group_size=2",
+                  "rollout.max_new_tokens=4", "eval.every=2", "eval.prompts=2", "eval.samples=2",
+                  "eval.batch_size=4", "algo.minibatches=1", "probe.enabled=false", "train.threads=1",
+                  "train.tensorboard=false", "train.samples_every=1")
+REHEARSAL_AT_ONCE = 2  # runs started at once on the CPU (each holds ~3 GB; the device starts all five)
+REHEARSAL_STEPS = 2  # a wave can be cut while its runs are half-way
 STOP_WAIT_S = 30  # SIGTERM to the runs at the deadline, then this long before SIGKILL
 RESERVE_S = 5  # kept back from each section's budget for lease.json and the log
 
@@ -218,15 +220,25 @@ def section_train(lease: Lease, budget: float) -> int:
         lease.say("the runs use the eager sampler (rollout.cuda_graphs=false): the graph path did not draw the "
                   "eager sampler's tokens, or an earlier wave ran without it")
     sets = ["train.checkpoints=false", f"rollout.cuda_graphs={str(graphs).lower()}"]
+    wave = lease.state / "tmp" / "wave.json"
+    wave.unlink(missing_ok=True)
     argv = [py(), "benchmarks/gpu/realm.py", "--seeds", str(lease.plan.seed + 1), "--deadline-s", f"{deadline:.0f}",
-            "--stop-wait-s", str(STOP_WAIT_S), "--no-report", "--methods", ",".join(REALM_METHODS)]
+            "--stop-wait-s", str(STOP_WAIT_S), "--no-report", "--methods", ",".join(REALM_METHODS), "--paced",
+            "--wave-json", str(wave)]
     if lease.rehearsal:
         sets += list(REHEARSAL_SETS)
-        argv += ["--jobs", "2", "--max-steps", "1"]
+        argv += ["--max-steps", str(REHEARSAL_STEPS), "--at-once", str(REHEARSAL_AT_ONCE), "--window-s", "300",
+                 "--check-s", "2"]
+        if os.environ.get("ERFT_LEASE_BUDGET_RUNS"):  # the rehearsal's slow device (rehearse.py)
+            argv += ["--budget-runs", os.environ["ERFT_LEASE_BUDGET_RUNS"]]
     for s in sets:
         argv += ["--set", s]
     rc = lease.run(argv, deadline + STOP_WAIT_S + RESERVE_S)
-    return 0 if rc in (0, 3) else rc  # 3: runs left at the deadline; what finished is shipped
+    try:
+        lease.record["wave"] = json.loads(wave.read_text())
+    except (OSError, ValueError):
+        lease.record["wave"] = {"verdict": "no record (the wave did not start)"}
+    return 0 if rc in (0, 3) else rc  # 3: runs left (the wave's record says why); what finished is shipped
 
 
 def section_ship(lease: Lease, budget: float) -> int:

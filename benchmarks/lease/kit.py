@@ -5,6 +5,7 @@ Here (the checkout's .venv):
     python benchmarks/lease/kit.py show PLAN              # one plan's calls: carry, command, timeout_s, returns
     python benchmarks/lease/kit.py pack PLAN              # build its carry in .lease/ (wheels, GGUF parts); sizes
     python benchmarks/lease/kit.py collect PLAN DIR [DIR] # what the calls returned -> benchmarks/results/, results/
+    python benchmarks/lease/kit.py shrink PLAN            # the smaller setting a lease proposed -> the config
     python benchmarks/lease/kit.py rehearse [PLAN ...]    # every plan on the CPU under the device's conditions
 On the GPU machine (the call's command; the image's python3):
     PYTHONUNBUFFERED=1 python3 benchmarks/lease/kit.py call PLAN N
@@ -60,6 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     sp.add_argument("plan")
     sp.add_argument("folders", nargs="+", type=Path, help="each call's returned files (the tool's files_at)")
     sp.add_argument("--force", action="store_true", help="realm-1: commit the runs even if the task misses")
+    sp = sub.add_parser("shrink", help="write the smaller setting a realm lease proposed into the config, once")
+    sp.add_argument("plan")
     sp = sub.add_parser("rehearse", help="every plan (or those named) on the CPU, as on the device")
     sp.add_argument("plans", nargs="*")
     sp.add_argument("--work", type=Path, default=ROOT / ".lease" / "rehearsal")
@@ -88,8 +91,12 @@ def main(argv: list[str] | None = None) -> int:
                 said = f"failed: {', '.join(failed)}" if failed else "every section ok"
                 print(f"  {rec.relative_to(ROOT)}: {said}")
             return 0
+        from status import plan_state
+
         plan = next_plan()
         print(describe(plan) if plan else "every plan has run: nothing needs a GPU lease")
+        for line in plan_state(plan) if plan else []:
+            print(f"  NOTE: {line}")
         return 0
     if a.cmd == "show":
         print(describe(get_plan(a.plan)))
@@ -101,6 +108,17 @@ def main(argv: list[str] | None = None) -> int:
         for k, v in sizes.items():
             print(f"{a.plan} {k}: {v / MIB:.1f} MiB with the working tree (limit {CARRY_LIMIT / MIB:.0f} MiB)")
         print(describe(get_plan(a.plan)))
+        return 0
+    if a.cmd == "shrink":
+        from shrink import shrink
+
+        plan = get_plan(a.plan)
+        if not plan.realm:
+            print(f"shrink: {plan.name} is not a realm plan", file=sys.stderr)
+            return 2
+        sets = shrink(plan)
+        print(f"configs/smollm2-gpu.yaml: {sets}; say so in docs/results-smollm2-gpu.md, commit, and run "
+              f"{plan.name} at the next lease")
         return 0
     if a.cmd == "collect":
         from collect import collect

@@ -82,7 +82,8 @@ REALM_WHEELS = ("reasoning-gym", "gguf", "pytz")
 def _realm(n: int) -> Plan:
     model = Section("model", 150, (), "join the GGUF's two parts, check its sha256, build SmolLM2 once")
     sampler = Section("sampler", 100, ("sampler.json",), "graph vs eager sampler: same tokens, speed; update norms")
-    train = Section("train", 0, (), "erft compare of the five methods, this wave's seed, until the deadline")
+    train = Section("train", 0, (), "this seed's missing runs as a paced wave: only those that can finish by the "
+                    "deadline go on, in the methods' order (benchmarks/gpu/realm_wave.py)")
     ship = Section("ship", 30, ("runs.tar.gz",), "each run's metrics.jsonl, config.yaml, run.json, samples.jsonl")
     second = (model, sampler, train, ship) if n == 1 else (model, train, ship)
     return Plan(f"realm-{n}", 34, f"seed {n - 1} of GRPO, ClipB, ClipV, Clip-Cov and KL-Cov from SmolLM2-135M",

@@ -38,6 +38,7 @@ from plans import (
     PLANS,
     ROOT,
     Plan,
+    realm_run_names,
 )
 
 NAME_OK = re.compile(r"^[A-Za-z0-9._-]+$")
@@ -102,18 +103,19 @@ def check_out(out: Path) -> list[str]:
     return problems
 
 
-def call_env(venv_py: Path, out: Path, state: Path, deadline_s: float | None = None) -> dict:
+def call_env(venv_py: Path, out: Path, state: Path, deadline_s: float | None = None,
+             extra: dict | None = None) -> dict:
     """The device's conditions: the image's python3 first on PATH, no package index, no hub, the tiny sizes."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "PYTHON", "VIRTUAL_ENV", "ERFT_"))}
     env.update(PATH=f"{venv_py.parent}{os.pathsep}{env.get('PATH', '')}", OUT=str(out), HF_HUB_OFFLINE="1",
                PIP_NO_INDEX="1", PIP_CONFIG_FILE=os.devnull, ERFT_LEASE_REHEARSAL="1", ERFT_LEASE_STATE=str(state))
     if deadline_s is not None:
         env["ERFT_LEASE_DEADLINE_S"] = str(deadline_s)
-    return env
+    return {**env, **(extra or {})}
 
 
 def run_call(plan: Plan, n: int, copy: Path, venv_py: Path, out: Path, state: Path,
-             kill_after_section: str | None = None) -> tuple[int, float]:
+             kill_after_section: str | None = None, extra: dict | None = None) -> tuple[int, float]:
     """Call ``n`` of ``plan`` by its documented command in ``copy``; ``kill_after_section``: SIGKILL the call's
     process group once that section has ended. Returns (exit status, seconds)."""
     if out.exists():
@@ -121,7 +123,7 @@ def run_call(plan: Plan, n: int, copy: Path, venv_py: Path, out: Path, state: Pa
     out.mkdir(parents=True)
     cmd = plan.calls[n - 1].command(plan.name, n)
     t = time.monotonic()
-    proc = subprocess.Popen(["bash", "-c", cmd], cwd=copy, env=call_env(venv_py, out, state),
+    proc = subprocess.Popen(["bash", "-c", cmd], cwd=copy, env=call_env(venv_py, out, state, extra=extra),
                             start_new_session=True)
     limit = t + CALL_DEADLINE_S + 60
     while proc.poll() is None:
@@ -144,8 +146,59 @@ def _section_ended(out: Path, name: str) -> bool:
     return any(s["name"] == name and "status" in s for s in rec["sections"])
 
 
+def one_call(plan: Plan, n: int, copy: Path, venv_py: Path, out: Path, state: Path,
+             extra: dict | None = None) -> list[str]:
+    """Call ``n`` of ``plan`` as on the device; its failures (exit status, the tool's limits, files missing)."""
+    failures = []
+    rc, secs = run_call(plan, n, copy, venv_py, out, state, extra=extra)
+    rec = json.loads((out / "lease.json").read_text())
+    status = ", ".join(f"{s['name']} {s['status']} ({s.get('wall_s', 0):.0f} s)" for s in rec["sections"])
+    print(f"   call {n}{' ' + str(extra) if extra else ''}: exit {rc} in {secs:.0f} s: {status}", flush=True)
+    if rc:
+        failures.append(f"{plan.name} call {n}: exit {rc} ({status}); see {out / 'log.txt'}")
+    failures += [f"{plan.name} call {n}: {p}" for p in check_out(out)]
+    for s in plan.calls[n - 1].sections:
+        failures += [f"{plan.name} call {n}: {f} missing" for f in s.files if not (out / f).is_file()]
+    return failures
+
+
+REALM_CALLS = 5  # the calls a realm wave may take on the CPU: each must commit at least one of its five runs
+PACED_PLAN = "realm-2"  # the plan whose rehearsal also plays a slow device's two leases (no sampler section)
+
+
+def rehearse_slow_leases(plan: Plan, copy: Path, venv_py: Path, work: Path, state: Path,
+                         first: list[Path]) -> list[str]:
+    """Issue 49 on the CPU, before the plan's ordinary last call: a lease whose budget holds half a run (nothing
+    fits: its record gives the pace, the budget one run needs and the smaller setting; nothing is committed),
+    then one whose budget holds three runs run two at a time (the first two are committed, the others are
+    left for the next call, which the caller makes)."""
+    from status import missing_runs, plan_state
+
+    failures, n = [], len(plan.calls)
+    names = realm_run_names(plan.seed)
+    for budget, want in (("0.5", 0), ("3", 2)):
+        out = work / f"out-{plan.name}-{n}-budget-{budget}"
+        failures += one_call(plan, n, copy, venv_py, out, state, extra={"ERFT_LEASE_BUDGET_RUNS": budget})
+        wave = json.loads((out / "lease.json").read_text()).get("wave", {})
+        collect(plan, [*first, out], root=copy, force=True)
+        got = [x for x in names if x not in missing_runs(plan.seed, copy)]
+        print(f"   budget of {budget} run(s): {wave.get('verdict')}; committed {got}", flush=True)
+        if got != names[:want]:
+            failures.append(f"{plan.name}, budget of {budget} run(s): committed {got}, not {names[:want]}")
+        if want == 0 and not (wave.get("verdict") == "nothing fits" and wave.get("pace", {}).get("step_s")
+                              and wave.get("needed_s", 0) > 0 and "proposal" in wave):
+            failures.append(f"{plan.name}, budget of {budget} run(s): the record lacks the verdict, pace or "
+                            f"proposal: {json.dumps(wave)[:400]}")
+        if want == 2 and wave.get("verdict") != "partial":
+            failures.append(f"{plan.name}, budget of {budget} run(s): verdict {wave.get('verdict')}, not partial")
+        print("   kit.py next would add: " + " | ".join(plan_state(plan, copy)), flush=True)
+    return failures
+
+
 def rehearse(names: list[str], work: Path) -> list[str]:
     """Rehearse the plans ``names`` in ``work``; returns the failures (empty: every plan passed)."""
+    from status import missing_runs
+
     failures: list[str] = []
     venv_py = build_venv(work / "venv")
     version = subprocess.run([str(venv_py), "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
@@ -172,18 +225,29 @@ def rehearse(names: list[str], work: Path) -> list[str]:
             print(f"   killed after env ({secs:.0f} s): returned {sorted(p.name for p in out.iterdir())}", flush=True)
             shutil.rmtree(state, ignore_errors=True)
         for n in range(1, len(plan.calls) + 1):
+            if name == PACED_PLAN and n == len(plan.calls):  # the slow device's leases first (issue 49)
+                failures += rehearse_slow_leases(plan, copy, venv_py, work, state, folders[:1])
             out = work / f"out-{name}-{n}"
-            rc, secs = run_call(plan, n, copy, venv_py, out, state)
-            rec = json.loads((out / "lease.json").read_text())
-            status = ", ".join(f"{s['name']} {s['status']} ({s.get('wall_s', 0):.0f} s)" for s in rec["sections"])
-            print(f"   call {n}: exit {rc} in {secs:.0f} s: {status}", flush=True)
-            if rc:
-                failures.append(f"{name} call {n}: exit {rc} ({status}); see {out / 'log.txt'}")
-            failures += [f"{name} call {n}: {p}" for p in check_out(out)]
-            for s in plan.calls[n - 1].sections:
-                failures += [f"{name} call {n}: {f} missing" for f in s.files if not (out / f).is_file()]
+            left = missing_runs(plan.seed, copy) if plan.realm else []
+            failures += one_call(plan, n, copy, venv_py, out, state)
             folders.append(out)
         written = collect(plan, folders, root=copy, force=True)
+        if plan.realm and missing_runs(plan.seed, copy) == left:
+            failures.append(f"{name}: call {len(plan.calls)} committed no run while {len(left)} were left (issue 49)")
+        for again in range(2, REALM_CALLS + 1) if plan.realm else ():  # a wave the CPU could not finish at once
+            before = missing_runs(plan.seed, copy)
+            if not before:
+                break
+            print(f"   {len(before)} run(s) left: call {len(plan.calls)} again ({again} of {REALM_CALLS})", flush=True)
+            out = work / f"out-{name}-{len(plan.calls)}-again-{again}"
+            failures += one_call(plan, len(plan.calls), copy, venv_py, out, state)
+            written += collect(plan, [folders[0], out], root=copy, force=True)
+            if missing_runs(plan.seed, copy) == before:
+                failures.append(f"{name}: a call committed no run while {len(before)} were left (issue 49)")
+                break
+        if plan.realm and missing_runs(plan.seed, copy):
+            failures.append(f"{name}: {', '.join(missing_runs(plan.seed, copy))} not committed after "
+                            f"{REALM_CALLS} calls")
         print("   collected: " + ", ".join(str(p.relative_to(copy)) for p in written), flush=True)
         if plan.realm and not any(p.parent.name == "smollm2-gpu" and p.is_dir() for p in written):
             failures.append(f"{name}: no finished run was collected")

@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from plans import KERNEL_RESULTS, PLANS, REALM_RESULTS, ROOT, Plan, realm_run_names
+from plans import KERNEL_RESULTS, PLANS, REALM_CONFIG, REALM_RESULTS, ROOT, Plan, realm_run_names
 
 sys.path.insert(0, str(ROOT / "benchmarks" / "gpu"))
 from realm import _finished  # noqa: E402  (one definition of a finished run)
@@ -47,3 +47,85 @@ def plan_done(plan: Plan, root: Path = ROOT) -> bool:
 def next_plan(root: Path = ROOT) -> Plan | None:
     """The first plan, in order, that has not run (None: all have)."""
     return next((p for p in PLANS.values() if not plan_done(p, root)), None)
+
+
+def last_wave(plan: Plan, root: Path = ROOT) -> tuple[Path, dict] | None:
+    """The newest committed lease record of a realm plan (``lease-<plan>-*.json``) and its wave's record (the
+    train section's ``wave`` in call 2's lease.json); None when no lease of the plan recorded a wave."""
+    for p in sorted((root / KERNEL_RESULTS).glob(f"lease-{plan.name}-*.json"), reverse=True):
+        try:
+            calls = json.loads(p.read_text())["calls"]
+        except (OSError, ValueError, KeyError):
+            continue
+        waves = [c["wave"] for c in calls if isinstance(c.get("wave"), dict) and "verdict" in c["wave"]]
+        if waves:
+            return p, waves[-1]
+    return None
+
+
+def config_settings(root: Path = ROOT) -> dict:
+    """The four settings a wave's pace depends on, as configs/smollm2-gpu.yaml has them now."""
+    import yaml
+
+    cfg = yaml.safe_load((root / REALM_CONFIG).read_text())
+    return {"train.max_steps": cfg["train"]["max_steps"], "eval.every": cfg["eval"]["every"],
+            "eval.prompts": cfg["eval"]["prompts"], "rollout.max_new_tokens": cfg["rollout"]["max_new_tokens"]}
+
+
+def wave_advice(plan: Plan, wave: dict, settings_now: dict | None, committed: list[str]) -> list[str]:
+    """What a holder reads of a wave's record: the runs a partial wave left; for a wave where nothing fits, the
+    pace, the budget one run needs and the smaller setting (while ``settings_now`` still equals the wave's)."""
+    verdict = wave.get("verdict")
+    if verdict == "partial":
+        return [f"the last lease of {plan.name} finished {', '.join(wave.get('finished', []))}; "
+                f"stopped or not started: " + "; ".join(f"{k} ({v})" for k, v in wave.get("stopped", {}).items())]
+    if verdict == "failed":
+        return [f"the last lease of {plan.name}: {', '.join(wave.get('failed', []))} failed (the record's log has "
+                "the end of each one's log): mend here, rehearse, then run the plan again"]
+    if verdict != "nothing fits":
+        return []
+    pace = wave.get("pace")
+    if not pace:
+        return [f"the last lease of {plan.name} finished no run, and no run logged a training step "
+                f"({wave.get('why', '')}): no pace was read; look at the record's log"]
+    lines = [f"the last lease of {plan.name} finished no run: {wave['pace_run']} needs {wave['needed_s']:.0f} s "
+             f"({pace['startup_s']:.0f} s to start, {pace['step_s']:.2f} s a step, {pace['eval_s']:.2f} s an "
+             f"evaluation, measured with {wave['pace_share']} run(s) on the device); the budget was "
+             f"{wave['budget_s']:.0f} s"]
+    if settings_now is not None and settings_now != wave.get("settings"):
+        return lines + ["configs/smollm2-gpu.yaml has changed since that lease: run the plan again"]
+    prop = wave.get("proposal") or {}
+    if not prop.get("sets"):
+        return lines + [f"even the smallest setting ({prop.get('smallest')}) needs {prop.get('predicted_s')} s: "
+                        "this plan cannot run in a lease on that device; train fewer methods per call, or mend here"]
+    was = wave["settings"]
+    lines.append("proposal, once for all 15 runs (configs/smollm2-gpu.yaml; say so in docs/results-smollm2-gpu.md): "
+                 + ", ".join(f"{k} {was[k]} -> {v}" for k, v in prop["sets"].items() if was.get(k) != v)
+                 + f" (one run {prop['predicted_s']:.0f} s of {prop['budget_s']:.0f} s): "
+                 f".venv/bin/python benchmarks/lease/kit.py shrink {plan.name}")
+    if committed:
+        lines.append(f"{len(committed)} run(s) are committed under the old settings ({', '.join(committed)}): "
+                     "shrink refuses until they are removed, so that all 15 runs share one setting")
+    return lines
+
+
+def committed_runs(root: Path = ROOT) -> list[str]:
+    """Every run folder committed in results/smollm2-gpu/ (any seed)."""
+    folder = root / REALM_RESULTS
+    return sorted(p.name for p in folder.iterdir() if (p / "run.json").is_file()) if folder.is_dir() else []
+
+
+def plan_state(plan: Plan, root: Path = ROOT) -> list[str]:
+    """``kit.py next``'s lines about a realm plan partly done, or whose last lease finished nothing."""
+    if not plan.realm:
+        return []
+    missing = missing_runs(plan.seed, root)
+    done = [n for n in realm_run_names(plan.seed) if n not in missing]
+    lines = [f"{len(done)} of {len(missing) + len(done)} runs of {plan.name} are committed ({', '.join(done)}): "
+             f"this lease trains the others ({', '.join(missing)})"] if done and missing else []
+    last = last_wave(plan, root)
+    if last is not None:
+        path, wave = last
+        advice = wave_advice(plan, wave, config_settings(root), committed_runs(root))
+        lines += [f"{line} [{path.relative_to(root)}]" if i == 0 else line for i, line in enumerate(advice)]
+    return lines
