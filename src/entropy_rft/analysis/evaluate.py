@@ -94,11 +94,23 @@ def load_model(spec: dict[str, Any], device: str, dtype: str):
                         "an existing folder or a reachable hub id") from None
 
 
-def default_datasets(runs: list[Path]) -> list[tuple[str, dict]]:
+def default_datasets(runs: list[Path], task_params: dict[str, Any] | None = None) -> list[tuple[str, dict]]:
+    """The first run's own task (or champ). A recorded import path (the task's, a reward function's) is refused
+    in one line unless ``task_params`` (the command line's ``--task-param``) names the same path again: code is
+    named by the person who runs erft, never by a run folder (``--dataset PATH`` names a task again)."""
     from entropy_rft.rundir.checkpoints import load_run_config
+    from entropy_rft.tasks import untrusted_code
 
     if runs:
         cfg = load_run_config(runs[0])
+        given = {f"task.params.{k}": v for k, v in (task_params or {}).items()}
+        bad = untrusted_code(cfg.task.name, cfg.task.params, given)
+        if bad:
+            field, path = bad[0]
+            again = (f"--dataset {path}" if field == "task.name" else
+                     f"--task-param {field.removeprefix('task.params.')}={path}")
+            raise UserError(f"--run {runs[0]}: its config.yaml records code to import ({field} {path!r}); erft "
+                            f"imports only code you name: if you trust it, pass {again}")
         return [(cfg.task.name, dict(cfg.task.params))]
     return [("champ", {})]
 
@@ -121,7 +133,7 @@ def plan(models: list[str], runs: list[Path], checkpoints: bool, datasets: list[
         specs += run_models(r, checkpoints)
     if not specs:
         raise UserError("nothing to evaluate: pass --model NAME_OR_PATH and/or --run DIR")
-    named = [(d, {}) for d in datasets] or default_datasets(runs)
+    named = [(d, {}) for d in datasets] or default_datasets(runs, task_params)
     tasks = []
     for name, params in named:
         params = {**params, **task_params}

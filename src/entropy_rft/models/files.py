@@ -43,6 +43,27 @@ def _env_true(name: str) -> bool:
     return os.environ.get(name, "").strip().upper() in {"1", "ON", "YES", "TRUE"}
 
 
+TRUST_REMOTE_CODE_ENV = "ERFT_TRUST_REMOTE_CODE"
+
+
+def trust_remote_code() -> bool:
+    """Whether a model or tokenizer folder may run its own code (``auto_map``: transformers'
+    ``trust_remote_code``): only when the person running erft opts in with ``ERFT_TRUST_REMOTE_CODE=1``. Every
+    ``from_pretrained`` of erft passes this value explicitly, so transformers never asks (its interactive
+    "run the custom code? [y/N]")."""
+    return _env_true(TRUST_REMOTE_CODE_ENV)
+
+
+def remote_code_refused(name: str, e: BaseException) -> str | None:
+    """The one-line refusal of a model folder whose files ask to run their own code, when ``e`` is
+    transformers' refusal of it (None otherwise)."""
+    if "trust_remote_code" not in str(e):
+        return None
+    return (f"--model {name!r}: its files ask to run their own code (auto_map in config.json or "
+            f"tokenizer_config.json); erft runs no code from a model folder unless you set "
+            f"{TRUST_REMOTE_CODE_ENV}=1 for a folder you trust")
+
+
 def hub_offline() -> bool:
     """Whether the hub must not be asked: ``HF_HUB_OFFLINE`` (or ``TRANSFORMERS_OFFLINE``) set now or at import."""
     from huggingface_hub import constants
