@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from entropy_rft.common.errors import UserError
+from entropy_rft.common.text import visible
 
 
 @dataclass(frozen=True)
@@ -195,8 +196,9 @@ def evaluate(specs: list[dict[str, Any]], tasks: list[tuple[str, Any, list]], s:
                    "distinct_correct": m["distinct_correct"], "seconds": time.perf_counter() - t0,
                    "examples": m["samples"][:3]}
             results.append(res)
-            print(f"{spec['label']} on {name}: " + ", ".join(f"{k} {100 * v:.2f}" for k, v in metrics.items())
-                  + f" ({len(examples)} questions, {res['seconds']:.1f} s)", flush=True)
+            scores = ", ".join(f"{k} {100 * v:.2f}" for k, v in metrics.items())
+            print(visible(f"{spec['label']} on {name}: {scores} ({len(examples)} questions, {res['seconds']:.1f} s)"),
+                  flush=True)
             if on_result is not None:
                 on_result(results)
         del model
@@ -210,7 +212,9 @@ def markdown_table(results: list[dict[str, Any]], ks: list[int], n: int) -> str:
     datasets = list(dict.fromkeys(r["dataset"] for r in results))
     models = list(dict.fromkeys(r["model"] for r in results))
     cols = [f"avg@{n}"] + [f"pass@{k}" for k in ks] + [f"maj@{n}"]
-    head = "| model | " + " | ".join(f"{d} {c}" for d in datasets for c in cols) + " |"
+    from entropy_rft.common.text import table_cell
+
+    head = "| model | " + " | ".join(f"{table_cell(d)} {c}" for d in datasets for c in cols) + " |"
     lines = [head, "|" + "---|" * (1 + len(datasets) * len(cols))]
     by = {(r["model"], r["dataset"]): r for r in results}
     for m in models:
@@ -218,7 +222,7 @@ def markdown_table(results: list[dict[str, Any]], ks: list[int], n: int) -> str:
         for d in datasets:
             r = by.get((m, d))
             cells += [f"{100 * r['metrics'][c]:.2f}" if r else "" for c in cols]
-        lines.append(f"| {m} | " + " | ".join(cells) + " |")
+        lines.append(f"| {table_cell(m)} | " + " | ".join(cells) + " |")
     qs = ", ".join(f"{d}: {next(r['questions'] for r in results if r['dataset'] == d)}" for d in datasets)
     lines.append("")
     lines.append(f"Percentages. n = {n} samples per question; questions per dataset: {qs}.")

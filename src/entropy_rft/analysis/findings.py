@@ -13,6 +13,7 @@ import numpy as np
 from entropy_rft.analysis.law import fit_law, forecast_final, law_points, reliability_warning
 from entropy_rft.analysis.runs import QUADRANT_LABELS, RunData, methods_in_order, series
 from entropy_rft.common.errors import UserError
+from entropy_rft.common.text import table_cell
 from entropy_rft.control.autopilot import tracking
 from entropy_rft.control.lens import QUADRANTS
 
@@ -205,7 +206,7 @@ def quadrant_table_md(rows: Sequence[dict[str, Any]]) -> str:
         for q in QUADRANTS:
             v = r["dH_change"][q]
             cells.append(r["effects"][q] + ("" if v is None else f"; ΔH {v:+.2e}"))
-        lines.append(f"| {r['label']} | " + " | ".join(cells) + " |")
+        lines.append(f"| {table_cell(r['label'])} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 

@@ -139,8 +139,10 @@ def cached_build(final: Path, build: Callable[[Path], None], *, timeout: float =
             problem = checksum_problem(final)
             if problem is None:
                 return final
-            print(f"erft: warning: the cached model {final}: {problem}; building it again", file=sys.stderr,
-                  flush=True)
+            from entropy_rft.common.text import visible
+
+            print(f"erft: warning: the cached model {visible(final)}: {visible(problem)}; building it again",
+                  file=sys.stderr, flush=True)
         for stale in final.parent.glob(f".tmp-{final.name}-*"):
             shutil.rmtree(stale, ignore_errors=True)
         if final.exists():  # an incomplete folder not made by us (e.g. a file deleted by hand)

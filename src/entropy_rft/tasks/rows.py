@@ -219,7 +219,10 @@ def rows_to_pairs(rows: list[Any], *, source: str, prompt_key: str = "prompt", a
         if on_bad_rows == "error":
             raise UserError(report.message() + "; fix those rows or set task.params.on_bad_rows=skip")
         if not quiet:
-            print(f"warning: {report.message()}; skipped them (task.params.on_bad_rows=skip)", file=sys.stderr)
+            from entropy_rft.common.text import visible
+
+            print(f"warning: {visible(report.message())}; skipped them (task.params.on_bad_rows=skip)",
+                  file=sys.stderr)
     if not out:
         raise UserError(f"dataset '{source}' has no usable rows (of {len(rows)}); check "
                         f"task.params.prompt_key='{prompt_key}' and answer_key='{answer_key}'")
