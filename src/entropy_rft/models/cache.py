@@ -67,7 +67,13 @@ def is_complete(folder: Path) -> bool:
 def read_build_info(folder: str | os.PathLike) -> dict[str, Any]:
     """The ``erft_build.json`` of a cached folder (``{}`` if it has none)."""
     path = Path(folder) / INFO_FILE
-    return json.loads(path.read_text()) if path.is_file() else {}
+    from entropy_rft.common.streams import parse_json
+
+    try:
+        data = parse_json(path.read_text()) if path.is_file() else {}
+    except ValueError:  # damaged: a build with no record, checked as one
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 def write_build_info(folder: Path, info: dict[str, Any]) -> None:

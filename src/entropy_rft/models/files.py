@@ -6,12 +6,12 @@ here, and ``huggingface_hub`` is imported only when a hub id is looked up.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
 
 from entropy_rft.common.errors import UserError
+from entropy_rft.common.streams import parse_json
 
 # Built-in policy names (built by ``entropy_rft.training.sft`` and ``entropy_rft.models.loading.build_smollm2``).
 DEFAULT_NAME = "default"
@@ -96,7 +96,7 @@ def _safetensors_problem(path: Path) -> str | None:
             if n > min(size - 8, _SAFETENSORS_MAX_HEADER):
                 return (f"{path} is truncated or corrupt (its header claims {n} bytes in a {size}-byte file); "
                         "re-save or re-download it")
-            header = json.loads(f.read(n))
+            header = parse_json(f.read(n))
         end = max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"), default=0)
     except OSError as e:
         return f"{path} cannot be read ({first_line(e)})"
@@ -112,7 +112,7 @@ def _safetensors_problem(path: Path) -> str | None:
 
 def _read_json(path: Path, what: str) -> tuple[Any, str | None]:
     try:
-        return json.loads(path.read_text(encoding="utf-8")), None
+        return parse_json(path.read_text(encoding="utf-8")), None
     except OSError as e:
         return None, f"{path} cannot be read ({first_line(e)})"
     except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
