@@ -162,3 +162,19 @@ def test_a_line_over_the_bound_is_skipped_without_being_held(tmp_path):
     with open(path, "rb") as f:
         got = [line.decode() for line in lines(f, counts, max_line=1 << 20)]
     assert got == body and counts.too_long == 1 and counts.unfinished == 0
+
+
+# ----------------------------------------------------------------------------- 4. what the law cannot fit
+
+
+@pytest.mark.parametrize("scale", [1000.0, 720.0])
+def test_law_refuses_a_summed_entropy_naming_the_key(tmp_path, capsys, scale):
+    """An entropy summed over ~1000 tokens (the issue's ~1000 nats: LinAlgError before) and one just past the
+    bound (exp(H) near float64's overflow): one line naming the key and the likely mistake."""
+    log = tmp_path / "verl.log"
+    rows = [f"step:{s} - actor/entropy_sum:{scale + h_of(s):.6f} - val-core/d/acc/mean@1:{r_of(h_of(s)):.6f}"
+            for s in range(1, 13)]
+    log.write_text("\n".join(rows) + "\n")
+    rc, out, err = erft(capsys, "fit-law", log, "--entropy-key", "actor/entropy_sum")
+    assert rc == 2 and len(err) == 1, err
+    assert "actor/entropy_sum" in err[0] and "summed" in err[0] and "overflows" in err[0]
