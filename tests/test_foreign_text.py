@@ -84,3 +84,34 @@ def test_model_name_of_a_shared_run_is_shown_visibly(tmp_path, capsys):
     rc, out, err = erft(capsys, "train", "--resume", run)
     assert rc == 2 and len(err.strip().splitlines()) == 1, err
     assert "no/such\\x1b]0;pwned\\x07model" in err and not raw_controls(out + err)
+
+
+# ----------------------------------------------------------------------------- 5. one line, and the text that is
+
+
+def test_report_of_foreign_runs_names_the_pass_at_k_it_has(tmp_path, capsys):
+    logs = [console_log(tmp_path / f"run{i}.log", "val-core/d/acc/mean@1") for i in (1, 2)]
+    rc, out, err = erft(capsys, "report", *logs, "--out", tmp_path / "rep")
+    assert rc == 0, err
+    assert "pass@None" not in out and "At the final evaluation pass@1 was " in out
+
+
+def test_a_chat_template_that_fails_is_one_line():
+    import pytest
+
+    from entropy_rft.common.errors import UserError
+    from entropy_rft.models.loading import build_char_tokenizer
+    from entropy_rft.tasks.prompts import ChatPrompt, encode_prompt
+
+    tok = build_char_tokenizer()
+    tok.chat_template = "{{ messages.__class__.__mro__ }}"  # the sandbox refuses it: SecurityError
+    with pytest.raises(UserError, match="chat template cannot render a prompt.*SecurityError") as e:
+        encode_prompt(tok, ChatPrompt("hello"))
+    assert "\n" not in str(e.value)
+
+
+def test_braces_inside_a_dataset_question_are_kept():
+    from entropy_rft.tasks.prompts import MATH_TEMPLATE, format_question
+
+    text = format_question("Is {{}} the empty set {} here?", MATH_TEMPLATE)
+    assert text.startswith("Is {{}} the empty set {} here?") and text.endswith("within \\boxed{}.")

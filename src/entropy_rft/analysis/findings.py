@@ -111,14 +111,17 @@ def summary_paragraph(runs: Sequence[RunData], summaries: Sequence[dict], lens: 
     if acc:
         base1 = _mean([s.get("base/pass@1") for s in summaries])
         basek = _mean([s.get(f"base/pass@{k}") for s in summaries]) if k else None
-        bits = [f"{lab} {fmt(p1)}/{fmt(pk)}" for lab, (p1, pk) in acc.items()]
-        txt = f"At the final evaluation pass@1/pass@{k} was " + _join(bits)
+        # the pass@K the runs logged, or pass@1 alone (another engine's runs: one validation score)
+        pair = (lambda one, kk: f"{fmt(one)}/{fmt(kk)}") if k else (lambda one, kk: fmt(one))
+        bits = [f"{lab} {pair(p1, pk)}" for lab, (p1, pk) in acc.items()]
+        txt = f"At the final evaluation pass@1{f'/pass@{k}' if k else ''} was " + _join(bits)
         if base1 is not None:
-            txt += f" (base model: {fmt(base1)}/{fmt(basek)})"
+            txt += f" (base model: {pair(base1, basek)})"
         parts.append(txt + ".")
         if len(acc) >= 2:
-            parts.append(_best_sentence({x: v[0] for x, v in acc.items()}, "pass@1", kind) + " "
-                         + _best_sentence({x: v[1] for x, v in acc.items() if v[1] is not None}, f"pass@{k}", kind))
+            best_k = _best_sentence({x: v[1] for x, v in acc.items() if v[1] is not None}, f"pass@{k}", kind) \
+                if k else ""
+            parts.append((_best_sentence({x: v[0] for x, v in acc.items()}, "pass@1", kind) + " " + best_k).strip())
         if basek is not None:
             below = [lab for lab, (_, pk) in acc.items() if pk is not None and pk < basek]
             if below:
