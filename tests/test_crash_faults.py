@@ -246,8 +246,8 @@ def test_a_tampered_checkpoint_executes_nothing_and_is_refused_in_one_line(micro
     assert f"step_000004: {name} would run code to load (posix.system)" in err[0] and "refused" in err[0]
     assert (out / "metrics.jsonl").read_text() == before
 
-    assert main(["eval", "--run", str(out), "--checkpoints", "--samples", "2", "--limit", "2", "--max-new-tokens",
-                 "2", "--out", str(tmp_path / "ev")]) == 2
+    assert main(["eval", "--run", str(out), "--dataset", "micro:DigitTask", "--checkpoints", "--samples", "2",
+                 "--limit", "2", "--max-new-tokens", "2", "--out", str(tmp_path / "ev")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"{name} would run code to load" in err[0], err
     assert not marker.exists()
@@ -381,8 +381,8 @@ def test_eval_checkpoints_skips_one_a_live_run_pruned_meanwhile(micro_model, tmp
 
     monkeypatch.setattr(checkpoints, "load_checkpoint", pruned_first)
     capsys.readouterr()
-    assert main(["eval", "--run", str(out), "--checkpoints", "--samples", "2", "--limit", "2", "--max-new-tokens",
-                 "2", "--out", str(tmp_path / "ev")]) == 0
+    assert main(["eval", "--run", str(out), "--dataset", "micro:DigitTask", "--checkpoints", "--samples", "2",
+                 "--limit", "2", "--max-new-tokens", "2", "--out", str(tmp_path / "ev")]) == 0
     err = capsys.readouterr().err
     assert f"{out / 'checkpoints' / 'step_000002'} was removed while erft eval ran" in err, err
     got = [r["model"] for r in json.loads((tmp_path / "ev" / "eval.json").read_text())["results"]]
