@@ -99,3 +99,15 @@ class ChatDigitTask(DigitTask):
 
 # Renders only the user's text, so every character stays in the micro tokenizer's vocabulary.
 CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+
+
+def again(run) -> list[str]:
+    """``--task PATH`` when a run's recorded task is an import path (a micro task): a resume names the code again,
+    since erft imports no code that a run folder names. Empty when the run has no readable config."""
+    import yaml
+
+    try:
+        name = yaml.safe_load((Path(run) / "config.yaml").read_text())["task"]["name"]
+    except (OSError, TypeError, KeyError, yaml.YAMLError):
+        return []
+    return ["--task", name] if isinstance(name, str) and ":" in name and not name.startswith("rg:") else []

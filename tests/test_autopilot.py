@@ -17,7 +17,7 @@ from entropy_rft.control.autopilot import Autopilot, parse_target
 from entropy_rft.launch.run import start
 from entropy_rft.launch.variants import parse_variant
 from entropy_rft.rundir.files import read_jsonl
-from micro import make_micro_policy, micro_overrides
+from micro import again, make_micro_policy, micro_overrides
 
 # Written by hand from the papers / method docs, not read from the registry: +1 when raising the knob
 # raises entropy. Smaller mu drops more of the entropy-lowering tokens; more Clip-Cov/KL-Cov tokens, a larger
@@ -273,7 +273,7 @@ def test_trainer_logs_control_and_resume_is_exact(micro_model, tmp_path):
     # Interrupted at 3 (a checkpoint) and resumed: identical to the uninterrupted run, controller included.
     part = tmp_path / "part"
     start(load_config(None, micro_overrides(micro_model, **{**sets, "train.max_steps": 3})), part)
-    assert main(["train", "--resume", str(part), "--max-steps", "6"]) == 0
+    assert main(["train", "--resume", str(part), *again(part), "--max-steps", "6"]) == 0
     assert stable(read_jsonl(part / "metrics.jsonl")) == stable(rows)
 
 
@@ -353,5 +353,5 @@ def test_train_flag_entropy_target(micro_model, tmp_path, capsys):
     # linear over the run's 2 steps: 1.0x the first batch's entropy at step 1, 0.8x at step 2.
     base = rows[0]["control/entropy_smoothed"]
     assert [r["control/entropy_target"] for r in rows] == pytest.approx([base, 0.8 * base])
-    assert main(["train", "--resume", str(out), "--entropy-target", "0.5"]) == 2
+    assert main(["train", "--resume", str(out), *again(out), "--entropy-target", "0.5"]) == 2
     assert "--entropy-target" in capsys.readouterr().err

@@ -18,7 +18,7 @@ from entropy_rft.config.fields import range_rule
 from entropy_rft.config.loading import load_config
 from entropy_rft.config.schema import Config
 from entropy_rft.control.paper_methods import ClipV
-from micro import make_micro_policy, micro_overrides
+from micro import again, make_micro_policy, micro_overrides
 
 
 def _error(*sets: str) -> str:
@@ -145,5 +145,5 @@ def test_erft_train_builds_the_method_once(micro_model, tmp_path, monkeypatch):
     assert built[0] == 1
     assert (out / "metrics.jsonl").is_file()
     built[0] = 0
-    assert main(["train", "--resume", str(out), "--max-steps", "2"]) == 0
+    assert main(["train", "--resume", str(out), *again(out), "--max-steps", "2"]) == 0
     assert built[0] == 1

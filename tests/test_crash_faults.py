@@ -26,7 +26,7 @@ from entropy_rft.config.loading import load_config
 from entropy_rft.launch.run import start
 from entropy_rft.rundir import checkpoints
 from entropy_rft.rundir.files import read_jsonl
-from micro import make_micro_policy, micro_overrides
+from micro import again, make_micro_policy, micro_overrides
 
 TESTS = Path(__file__).parent
 VOLATILE = ("time/", "perf/")
@@ -81,7 +81,7 @@ def test_sigkill_at_a_fixed_point_resumes_exactly(micro_model, tmp_path, referen
     assert read_jsonl(out / "metrics.jsonl")[-1]["step"] == int(fault.split(":")[1])
     if fault.endswith(":2"):
         assert checkpoints.checkpoint_dirs(out) == []  # no checkpoint at all: the run that was stuck for good
-    assert main(["train", "--resume", str(out)]) == 0
+    assert main(["train", "--resume", str(out), *again(out)]) == 0
     err = capsys.readouterr().err
     if fault.endswith(":2"):
         assert "no checkpoint yet" in err and "starting again from step 0" in err
@@ -150,7 +150,7 @@ def test_a_full_disk_inside_torch_save_is_one_line_and_the_run_resumes(micro_mod
     assert "optim.pt" in err[0] and "internal error" not in err[0]
     assert read_jsonl(out / "metrics.jsonl")[-1]["step"] == full_at
     monkeypatch.undo()  # space freed
-    assert main(["train", "--resume", str(out)]) == 0
+    assert main(["train", "--resume", str(out), *again(out)]) == 0
     assert stable(read_jsonl(out / "metrics.jsonl")) == reference[1]
 
 
@@ -173,7 +173,7 @@ def test_a_full_disk_in_the_final_export_is_one_line_and_the_resume_finishes(mic
     assert not list(out.glob(".final_*")) and not (out / "final").exists()
     rows = (out / "metrics.jsonl").read_text()
     monkeypatch.undo()
-    assert main(["train", "--resume", str(out)]) == 0
+    assert main(["train", "--resume", str(out), *again(out)]) == 0
     assert (out / "final" / "model.safetensors").stat().st_size > 1000
     assert (out / "metrics.jsonl").read_text() == rows
     assert json.loads((out / "run.json").read_text())["status"] == "finished"
@@ -240,14 +240,14 @@ def test_a_tampered_checkpoint_executes_nothing_and_is_refused_in_one_line(micro
     before = (out / "metrics.jsonl").read_text()
     capsys.readouterr()
 
-    assert main(["train", "--resume", str(out), "--max-steps", "6"]) == 2  # before: exit 0, and the marker
+    assert main(["train", "--resume", str(out), *again(out), "--max-steps", "6"]) == 2  # before: exit 0, and the marker
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("erft train: error: checkpoint "), err
     assert f"step_000004: {name} would run code to load (posix.system)" in err[0] and "refused" in err[0]
     assert (out / "metrics.jsonl").read_text() == before
 
-    assert main(["eval", "--run", str(out), "--checkpoints", "--samples", "2", "--limit", "2", "--max-new-tokens",
-                 "2", "--out", str(tmp_path / "ev")]) == 2
+    assert main(["eval", "--run", str(out), "--dataset", "micro:DigitTask", "--checkpoints", "--samples", "2",
+                 "--limit", "2", "--max-new-tokens", "2", "--out", str(tmp_path / "ev")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"{name} would run code to load" in err[0], err
     assert not marker.exists()
@@ -289,7 +289,7 @@ def test_an_old_format_checkpoint_is_refused_not_unpickled(micro_model, tmp_path
     tamper_manifest["files"]["rng.pt"] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
     (ck / "manifest.json").write_text(json.dumps(tamper_manifest))
     capsys.readouterr()
-    assert main(["train", "--resume", str(out), "--max-steps", "4"]) == 2
+    assert main(["train", "--resume", str(out), *again(out), "--max-steps", "4"]) == 2
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert "rng.pt would run code to load (numpy." in line and "--overwrite" in line
     shutil.rmtree(out)
@@ -325,7 +325,7 @@ def test_trl_resume_skips_an_incomplete_checkpoint(micro_model, tmp_path, capsys
     shutil.rmtree(out / "final")  # the run was killed: no final policy, status running
     (out / "run.json").write_text(json.dumps({"schema": "erft.run/1", "status": "running", "max_steps": 3}))
     capsys.readouterr()
-    assert main(["train", "--resume", str(out)]) == 0
+    assert main(["train", "--resume", str(out), *again(out)]) == 0
     err = capsys.readouterr().err
     assert f"{newest} is incomplete" in err and f"resuming from {ckpts[-2].name}" in err, err
     assert stable(read_jsonl(out / "metrics.jsonl")) == reference
@@ -381,8 +381,8 @@ def test_eval_checkpoints_skips_one_a_live_run_pruned_meanwhile(micro_model, tmp
 
     monkeypatch.setattr(checkpoints, "load_checkpoint", pruned_first)
     capsys.readouterr()
-    assert main(["eval", "--run", str(out), "--checkpoints", "--samples", "2", "--limit", "2", "--max-new-tokens",
-                 "2", "--out", str(tmp_path / "ev")]) == 0
+    assert main(["eval", "--run", str(out), "--dataset", "micro:DigitTask", "--checkpoints", "--samples", "2",
+                 "--limit", "2", "--max-new-tokens", "2", "--out", str(tmp_path / "ev")]) == 0
     err = capsys.readouterr().err
     assert f"{out / 'checkpoints' / 'step_000002'} was removed while erft eval ran" in err, err
     got = [r["model"] for r in json.loads((tmp_path / "ev" / "eval.json").read_text())["results"]]

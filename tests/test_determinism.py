@@ -31,7 +31,7 @@ from entropy_rft.models.loading import build_char_tokenizer, llama_config, load_
 from entropy_rft.policy.forward import policy_forward
 from entropy_rft.policy.rollout import RolloutBatch
 from entropy_rft.rundir.files import read_jsonl
-from micro import micro_overrides
+from micro import again, micro_overrides
 
 TESTS = Path(__file__).parent
 VOLATILE = ("time/", "perf/")
@@ -133,8 +133,8 @@ def test_sigkill_then_resume_at_two_threads_is_exact(wide_model, tmp_path):
     proc.send_signal(signal.SIGKILL)
     assert proc.wait() == -signal.SIGKILL
     proc.stderr.close()
-    resumed = subprocess.run([sys.executable, "-m", "entropy_rft.cli", "train", "--resume", str(out)], env=env,
-                             capture_output=True, text=True, timeout=300)
+    resumed = subprocess.run([sys.executable, "-m", "entropy_rft.cli", "train", "--resume", str(out), *again(out)],
+                             env=env, capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr
     got = stable(read_jsonl(out / "metrics.jsonl"))
     diff = first_difference(got, expected)

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from entropy_rft.cli.main import main
-from micro import make_micro_policy, micro_overrides
+from micro import again, make_micro_policy, micro_overrides
 
 TESTS = Path(__file__).parent
 
@@ -78,7 +78,7 @@ def test_lock_linked_out_of_the_run_is_refused_and_the_outside_file_kept(micro_r
     outside.write_text("keep me\n")
     (d / ".erft.lock").unlink()
     (d / ".erft.lock").symlink_to(outside)
-    rc, err = erft(capsys, "train", "--resume", d, "--max-steps", "3")
+    rc, err = erft(capsys, "train", "--resume", d, *again(d), "--max-steps", "3")
     assert rc == 2, err
     assert outside.read_text() == "keep me\n"
     assert len(err) == 1 and ".erft.lock" in err[0] and "link" in err[0], err
@@ -104,7 +104,7 @@ def test_damaged_lines_file_linked_out_of_the_run_is_refused(micro_run, tmp_path
     with open(d / "metrics.jsonl", "a") as f:
         f.write("not json\n" + json.dumps({"step": 1}) + "\n")  # a damaged line that a resume sets aside
     (d / "metrics.jsonl.damaged").symlink_to(outside)
-    rc, err = erft(capsys, "train", "--resume", d, "--max-steps", "3")
+    rc, err = erft(capsys, "train", "--resume", d, *again(d), "--max-steps", "3")
     assert rc == 2, err
     assert outside.read_text() == "keep me\n"
     assert "metrics.jsonl.damaged" in err[-1] and "link" in err[-1], err
@@ -117,7 +117,7 @@ def test_checkpoints_folder_on_another_disk_is_followed(micro_run, tmp_path, cap
     elsewhere.parent.mkdir()
     shutil.move(d / "checkpoints", elsewhere)
     (d / "checkpoints").symlink_to(elsewhere)
-    rc, err = erft(capsys, "train", "--resume", d, "--max-steps", "3")
+    rc, err = erft(capsys, "train", "--resume", d, *again(d), "--max-steps", "3")
     assert rc == 0, err
     assert (elsewhere / "step_000003").is_dir()
     assert (d / "checkpoints").is_symlink()
@@ -253,7 +253,7 @@ def with_deep_line(run: Path, to: Path) -> Path:
 def test_metrics_line_nested_100k_deep_is_set_aside(micro_run, tmp_path, capsys, command):
     d = with_deep_line(micro_run, tmp_path / "run")
     argv = {"report": ["report", d, "--out", tmp_path / "report"], "fit-law": ["fit-law", d],
-            "resume": ["train", "--resume", d, "--max-steps", "3"]}[command]
+            "resume": ["train", "--resume", d, *again(d), "--max-steps", "3"]}[command]
     rc, err = erft(capsys, *argv)
     assert not any("internal error" in line for line in err), err
     assert any("metrics.jsonl:2" in line for line in err), err
@@ -302,7 +302,7 @@ def test_run_files_follow_the_umask(micro_run, tmp_path, capsys):
     d = copy_run(micro_run, tmp_path / "run")
     old = os.umask(0o022)
     try:
-        rc, err = erft(capsys, "train", "--resume", d, "--max-steps", "3")
+        rc, err = erft(capsys, "train", "--resume", d, *again(d), "--max-steps", "3")
     finally:
         os.umask(old)
     assert rc == 0, err

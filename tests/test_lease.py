@@ -202,7 +202,7 @@ def test_no_checkpoint_and_no_final_policy_when_train_checkpoints_is_false(micro
         assert json.loads((out / "run.json").read_text())["status"] == "stopped"
         assert not (out / "checkpoints").exists()
         monkeypatch.undo()
-        launch.resume(out)
+        launch.resume(out, given={"task.name": "micro:DigitTask"})  # the recorded import path, named again
     else:
         start(cfg, out)
     assert [r["step"] for r in _rows(out)] == [0, 1, 2]

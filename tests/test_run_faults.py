@@ -18,7 +18,7 @@ from entropy_rft.cli.main import main
 from entropy_rft.config.loading import load_config
 from entropy_rft.launch.run import start
 from entropy_rft.rundir.files import read_jsonl, truncate_jsonl
-from micro import make_micro_policy, micro_overrides
+from micro import again, make_micro_policy, micro_overrides
 
 TESTS = Path(__file__).parent
 VOLATILE = ("time/", "perf/")
@@ -74,7 +74,7 @@ def test_damaged_middle_line_is_rewritten_from_an_older_checkpoint(micro_model, 
     assert json.loads(ls[7])["step"] == 7  # line 8 holds step 7 (step 0 is the base evaluation)
     ls[7] = ls[7][:25] + "\x00garbage\n"
     m.write_text("".join(ls))
-    assert main(["train", "--resume", str(out), "--max-steps", "12"]) == 0
+    assert main(["train", "--resume", str(out), *again(out), "--max-steps", "12"]) == 0
     err = capsys.readouterr().err
     assert "lacks step(s) 7" in err and "step_000006" in err
     got = stable(read_jsonl(m))
@@ -91,7 +91,7 @@ def test_damaged_line_before_every_checkpoint_keeps_every_intact_row(micro_model
     ls = lines(m)
     ls[4] = "{not json\n"  # step 4: older than every kept checkpoint (6, 8, 10)
     m.write_text("".join(ls))
-    assert main(["train", "--resume", str(out), "--max-steps", "12"]) == 0
+    assert main(["train", "--resume", str(out), *again(out), "--max-steps", "12"]) == 0
     err = capsys.readouterr().err
     assert f"{m}:5" in err and "set aside" in err and "stay missing" in err
     rows = read_jsonl(m)
@@ -105,7 +105,7 @@ def test_log_cut_short_before_the_checkpoint_is_written_again(micro_model, tmp_p
     m = out / "metrics.jsonl"
     m.write_text("".join(lines(m)[:8]))  # steps 0..7 survive; the checkpoint is at 10
     (out / "run.json").write_text(json.dumps({"schema": "erft.run/1", "status": "running", "max_steps": 10}))
-    assert main(["train", "--resume", str(out)]) == 0
+    assert main(["train", "--resume", str(out), *again(out)]) == 0
     assert "lacks step(s) 8, 9, 10" in capsys.readouterr().err
     assert stable(read_jsonl(m)) == reference
 
@@ -141,7 +141,7 @@ def test_damaged_checkpoint_falls_back_to_the_newest_intact_one(micro_model, tmp
         (ck / "optim.pt").write_bytes(b"")
     else:
         (ck / "optim.pt").unlink()
-    assert main(["train", "--resume", str(out), "--max-steps", "10"]) == 0
+    assert main(["train", "--resume", str(out), *again(out), "--max-steps", "10"]) == 0
     err = capsys.readouterr().err
     assert "step_000008" in err and "falling back to the older intact step_000006" in err
     assert stable(read_jsonl(out / "metrics.jsonl")) == reference
@@ -152,7 +152,7 @@ def test_no_intact_checkpoint_is_refused_in_one_line(micro_model, tmp_path, caps
     for ck in (out / "checkpoints").iterdir():
         (ck / "model.pt").write_bytes(b"PK\x03\x04 not a zip")
     before = (out / "metrics.jsonl").read_text()
-    assert main(["train", "--resume", str(out), "--max-steps", "6"]) == 2
+    assert main(["train", "--resume", str(out), *again(out), "--max-steps", "6"]) == 2
     line = last_stderr_line(capsys)
     assert line.startswith("erft train: error: no intact checkpoint") and "model.pt" in line
     assert (out / "metrics.jsonl").read_text() == before
@@ -164,7 +164,7 @@ def test_deleted_checkpoints_are_refused_not_retrained(micro_model, tmp_path, ca
     out = finished_copy(micro_model, tmp_path, max_steps=2)
     shutil.rmtree(out / "checkpoints")
     before = (out / "metrics.jsonl").read_text()
-    assert main(["train", "--resume", str(out), "--max-steps", "4"]) == 2
+    assert main(["train", "--resume", str(out), *again(out), "--max-steps", "4"]) == 2
     line = last_stderr_line(capsys)
     assert "no checkpoint in" in line and "the run finished" in line and "--overwrite" in line
     assert (out / "metrics.jsonl").read_text() == before
@@ -177,7 +177,7 @@ def test_deleted_checkpoints_are_refused_not_retrained(micro_model, tmp_path, ca
 def test_damaged_run_config_is_refused_and_left_alone(micro_model, tmp_path, capsys, content):
     out = finished_copy(micro_model, tmp_path, max_steps=2)
     (out / "config.yaml").write_text(content)
-    assert main(["train", "--resume", str(out), "--max-steps", "4"]) == 2
+    assert main(["train", "--resume", str(out), *again(out), "--max-steps", "4"]) == 2
     line = last_stderr_line(capsys)
     assert f"run config {out / 'config.yaml'}" in line
     assert "checkpoints/step_000002/config.yaml" in line  # the fix: the checkpoint's copy
@@ -189,7 +189,7 @@ def test_run_config_with_a_bad_field_names_the_file_and_the_fix(micro_model, tmp
     out = finished_copy(micro_model, tmp_path, max_steps=2)
     text = (out / "config.yaml").read_text()
     (out / "config.yaml").write_text(text + "foo: 1\n")
-    assert main(["train", "--resume", str(out), "--max-steps", "4"]) == 2
+    assert main(["train", "--resume", str(out), *again(out), "--max-steps", "4"]) == 2
     line = last_stderr_line(capsys)
     assert f"run config {out / 'config.yaml'}" in line and "'foo'" in line
     assert "checkpoints/step_000002/config.yaml" in line
@@ -206,7 +206,7 @@ def test_resume_of_a_folder_that_is_not_a_run_writes_nothing(tmp_path, capsys, k
         if kind == "foreign":
             (target / "notes.txt").write_text("mine")
     before = sorted(p.name for p in target.iterdir()) if target.is_dir() else None
-    assert main(["train", "--resume", str(target)]) == 2
+    assert main(["train", "--resume", str(target), *again(target)]) == 2
     line = last_stderr_line(capsys)
     assert ("is a file, not a run directory" if kind == "file" else "no config.yaml there") in line
     if before is not None:  # no lock file left behind
@@ -275,7 +275,8 @@ def test_a_run_directory_has_one_writer(micro_model, tmp_path):
     first = subprocess.Popen(_train_cmd(out, sets), env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         _wait_rows(out / "metrics.jsonl", 2, first)
-        cmds = (_train_cmd(out, sets), [sys.executable, "-m", "entropy_rft.cli", "train", "--resume", str(out)],
+        cmds = (_train_cmd(out, sets),
+                [sys.executable, "-m", "entropy_rft.cli", "train", "--resume", str(out), *again(out)],
                 [*_train_cmd(out, sets), "--overwrite"])
         seconds = [subprocess.Popen(c, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                    for c in cmds]  # at once: each is refused while the first holds the run
@@ -307,10 +308,11 @@ def test_sigterm_says_how_to_continue_and_records_stopped(micro_model, tmp_path)
     status = json.loads((out / "run.json").read_text())
     n = status["step"]
     assert status["status"] == "stopped" and n >= 3
-    assert err == [f"stopped at step {n}, checkpoint saved; continue with `erft train --resume {out}`"]
+    assert err == [f"stopped at step {n}, checkpoint saved; continue with "
+                   f"`erft train --resume {out} --task micro:DigitTask`"]
     # Asking a resume for fewer steps than the checkpoint holds is refused, and changes nothing.
-    low = subprocess.run([sys.executable, "-m", "entropy_rft.cli", "train", "--resume", str(out), "--max-steps",
-                          str(n - 1)], env=ENV, capture_output=True, text=True, timeout=120)
+    low = subprocess.run([sys.executable, "-m", "entropy_rft.cli", "train", "--resume", str(out), *again(out),
+                          "--max-steps", str(n - 1)], env=ENV, capture_output=True, text=True, timeout=120)
     assert low.returncode == 2
     assert low.stderr.strip().splitlines() == [
         f"erft train: error: --max-steps {n - 1} is below the {n} steps run {out} already holds; "

@@ -15,7 +15,7 @@ from entropy_rft.cli.main import main
 from entropy_rft.common.options import TRACKERS, trackers_selected
 from entropy_rft.config.loading import load_config
 from entropy_rft.rundir import files as rundir
-from micro import make_micro_policy, micro_overrides
+from micro import again, make_micro_policy, micro_overrides
 
 
 @pytest.fixture(scope="module")
@@ -147,7 +147,7 @@ def test_wandb_offline_and_mlflow_record_metrics_jsonl_and_resume_into_the_same_
     same(mlflow_history(client, mlflow_id), as_mlflow(first))
 
     # Resume to step 4: the same W&B run (a second offline segment of the same id) and the same MLflow run.
-    assert main(["train", "--resume", str(out), "--max-steps", "4"]) == 0
+    assert main(["train", "--resume", str(out), *again(out), "--max-steps", "4"]) == 0
     assert json.loads((out / "trackers.json").read_text()) == ids
     rows = scalars(rundir.read_jsonl(out / "metrics.jsonl"))
     assert sorted(rows) == [0, 1, 2, 3, 4]

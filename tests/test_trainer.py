@@ -23,7 +23,7 @@ from entropy_rft.rundir.files import read_jsonl, truncate_jsonl
 from entropy_rft.training import stages
 from entropy_rft.training.records import Scored
 from entropy_rft.training.state import build_run
-from micro import make_micro_policy, micro_overrides
+from micro import again, make_micro_policy, micro_overrides
 
 TESTS = Path(__file__).parent
 VOLATILE = ("time/", "perf/")
@@ -99,10 +99,10 @@ def test_refuses_to_overwrite_and_resume_refuses_other_flags(micro_model, tmp_pa
     err = capsys.readouterr().err
     assert "already exists" in err and "--resume" in err and "--overwrite" in err
     assert (out / "metrics.jsonl").read_text() == before
-    assert main(["train", "--resume", str(out), "--method", "clip_b"]) == 2
+    assert main(["train", "--resume", str(out), *again(out), "--method", "clip_b"]) == 2
     assert "--method" in capsys.readouterr().err
     # A finished run resumed without more steps exits 0 and changes nothing.
-    assert main(["train", "--resume", str(out)]) == 0
+    assert main(["train", "--resume", str(out), *again(out)]) == 0
     assert (out / "metrics.jsonl").read_text() == before
     # --overwrite replaces it.
     assert main(args + ["--max-steps", "1", "--overwrite"]) == 0
@@ -127,7 +127,7 @@ def test_resume_after_clean_stop_equals_uninterrupted(micro_model, tmp_path):
     part = tmp_path / "part"
     # Stop at 4 (an evaluation step: a run always evaluates at its last step, which adds eval/* keys).
     start(cfg_for(micro_model, **{"train.max_steps": 4, "train.checkpoint_every": 3}), part)
-    assert main(["train", "--resume", str(part), "--max-steps", "6"]) == 0
+    assert main(["train", "--resume", str(part), *again(part), "--max-steps", "6"]) == 0
     assert stable(read_jsonl(part / "metrics.jsonl")) == stable(read_jsonl(ref / "metrics.jsonl"))
 
 
@@ -176,7 +176,7 @@ def test_sigkill_at_random_points_then_resume_is_exact(micro_model, tmp_path):
         if proc.returncode == 0:
             break
         assert proc.returncode == -signal.SIGKILL, err
-        cmd = [sys.executable, "-m", "entropy_rft.cli", "train", "--resume", str(out)]
+        cmd = [sys.executable, "-m", "entropy_rft.cli", "train", "--resume", str(out), *again(out)]
     else:
         # Finish the run after the last kill.
         assert subprocess.run(cmd, env=env, capture_output=True).returncode == 0
@@ -239,7 +239,7 @@ def test_resume_without_checkpoint_restarts_from_step_1(micro_model, tmp_path):
     with open(out / "metrics.jsonl", "a") as f:
         f.write('{"step": 3, "torn')
     (out / "run.json").write_text('{"status": "running"}')
-    assert main(["train", "--resume", str(out)]) == 0
+    assert main(["train", "--resume", str(out), *again(out)]) == 0
     assert stable(read_jsonl(out / "metrics.jsonl")) == ref
 
 

@@ -410,7 +410,7 @@ def test_engine_trl_refuses_overwrite_and_resumes(policy_dir, tmp_path):
     with pytest.raises(UserError, match="already exists"):
         launch.start(trl_config(policy_dir, "clip_v"), out)
     (out / "metrics.jsonl").write_text((out / "metrics.jsonl").read_text() + '{"step": 9, "torn')
-    launch.resume(out, max_steps=3)
+    launch.resume(out, max_steps=3, given={"task.name": "micro:DigitTask"})  # the recorded import path, again
     rows = read_rows(out)
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert json.loads((out / "run.json").read_text())["step"] == 3

@@ -99,6 +99,8 @@ def choice_note(log: EngineLog, choice: Choice) -> str:
         note += f" (also logged: {_shown(choice.others)}; pick one with --metric KEY)"
     if log.skipped:
         note += f"; {log.skipped} damaged line(s) or value(s) skipped"
+    if log.unfinished:
+        note += "; its unfinished last line (no newline: still being written) left out"
     return note
 
 
@@ -113,7 +115,8 @@ def fit_engine_log(path: str | Path, *, source: str | None = None, entropy_key: 
     if not steps:
         raise UserError(f"{what}: no step logs both; name the keys with --entropy-key and --metric")
     return {"run": str(path), "source": log.source, "entropy": choice.entropy_key, "metric": choice.metric_key,
-            "other_metrics": choice.others, "skipped": log.skipped, "note": choice_note(log, choice),
+            "other_metrics": choice.others, "skipped": log.skipped, "unfinished": log.unfinished,
+            "note": choice_note(log, choice),
             **fit_and_forecast(steps, hs, rs, fit_frac, what)}
 
 
@@ -143,6 +146,7 @@ def engine_run(path: str | Path, *, source: str | None = None, entropy_key: str 
     engine = log.source.split("-")[0]
     cfg = {"byo": {"source": log.source, "entropy_key": choice.entropy_key, "metric_key": choice.metric_key,
                    "reward_key": reward, "other_metrics": choice.others, "skipped": log.skipped,
+                   "unfinished": log.unfinished,
                    "note": choice_note(log, choice)}}
     run = RunData(path=p, name=name, method=engine, label=name, seed=None, cfg=cfg, rows=rows, records=[],
                   variant=name, engine=engine, model="?", law_entropy="train")

@@ -17,13 +17,15 @@ Sources (``SOURCES``):
   ``_step``, ``global_step`` or ``trainer/global_step``.
 
 A damaged line or value is skipped and counted (``EngineLog.skipped``), never raised; an unreadable file is one
-``UserError`` naming it.
+``UserError`` naming it. Files are read through ``common.streams``: only regular files (a FIFO, a device, a socket
+or a link to one is one line), line by line in bounded memory (a line over ``MAX_LINE_BYTES`` is skipped and
+counted), an unfinished last line (a log still being written) left out and counted (``EngineLog.unfinished``),
+JSON nested too deep is a damaged line, and a CSV field may be as long as a line.
 """
 
 from __future__ import annotations
 
 import csv
-import json
 import math
 import os
 import re
@@ -31,11 +33,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from entropy_rft.common.errors import UserError
+from entropy_rft.common.streams import LineCounts, lines, open_regular, parse_json, regular_problem, text_lines
 
 SOURCES = ("verl-console", "verl-file", "trl", "tensorboard", "table")
 STEP_COLUMNS = ("step", "Step", "_step", "global_step", "trainer/global_step")
-MAX_LOG_BYTES = 2 << 30  # a log larger than this is refused rather than read into memory
+MAX_JSON_BYTES = 1 << 30  # a trainer_state.json larger than this is refused rather than read into memory
 
+_SNIFF_LINE = 1 << 20  # detection reads lines up to this length only
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 _NUMPY_SCALAR = re.compile(r"^np\.(?:float|int|uint)\d*\((.*)\)$")
 _CONSOLE_STEP = re.compile(r"(?:^|[\s)\]])step:(\d+)(?= - |\s*$)")
@@ -50,6 +54,7 @@ class EngineLog:
     path: Path
     rows: dict[int, dict[str, float]] = field(default_factory=dict)
     skipped: int = 0  # damaged lines or values left out
+    unfinished: int = 0  # an unfinished last line (no newline: the log is still being written) left out
 
     def add(self, step: int, key: str, value: object) -> None:
         v = number(value)
@@ -90,21 +95,38 @@ def number(value: object) -> float | None:
     return None
 
 
-def _text(path: Path) -> str:
+def _lines(path: Path, log: EngineLog):
+    """The complete lines of ``path`` (``common.streams.text_lines``); what was left out is added to ``log``'s
+    counts when the file is done."""
+    counts = LineCounts()
     try:
-        if path.stat().st_size > MAX_LOG_BYTES:
-            raise UserError(f"{path}: larger than {MAX_LOG_BYTES >> 30} GiB; give the run's metrics only "
-                            "(a file logger's JSONL, or a table export)")
-        return path.read_text(encoding="utf-8", errors="replace")
-    except (OSError, UnicodeError) as e:
+        yield from text_lines(path, counts)
+    except OSError as e:
         raise UserError(f"{path}: cannot be read ({e.__class__.__name__}: {e})") from None
+    log.skipped += counts.too_long
+    log.unfinished += counts.unfinished
+
+
+def _json_file(path: Path) -> object:
+    """A whole JSON file (``trainer_state.json``), at most ``MAX_JSON_BYTES``; ValueError when damaged."""
+    try:
+        with open_regular(path) as f:
+            data = f.read(MAX_JSON_BYTES + 1)
+    except OSError as e:
+        raise UserError(f"{path}: cannot be read ({e.__class__.__name__}: {e})") from None
+    if len(data) > MAX_JSON_BYTES:
+        raise UserError(f"{path}: larger than {MAX_JSON_BYTES >> 30} GiB; give the run's metrics only (a table "
+                        "export)")
+    return parse_json(data.decode("utf-8", errors="replace"))
 
 
 def read_verl_console(path: Path) -> EngineLog:
     """verl's console log: each ``step:N - key:value - ...`` line (after any prefix such as Ray's
     ``(TaskRunner pid=...)``), with colour codes removed; a field whose value is not a number is skipped."""
     log = EngineLog("verl-console", path)
-    for raw in _text(path).splitlines():
+    for raw in _lines(path, log):
+        if "step:" not in raw:  # most lines of a console log: no regular expression for them
+            continue
         line = _ANSI.sub("", raw)
         m = _CONSOLE_STEP.search(line)
         if m is None:
@@ -122,11 +144,11 @@ def read_verl_console(path: Path) -> EngineLog:
 def read_verl_file(path: Path) -> EngineLog:
     """verl's file logger: JSONL ``{"step": N, "data": {key: value}}``."""
     log = EngineLog("verl-file", path)
-    for line in _text(path).splitlines():
+    for line in _lines(path, log):
         if not line.strip():
             continue
         try:
-            row = json.loads(line)
+            row = parse_json(line)
             step, data = row["step"], row["data"]
         except (ValueError, KeyError, TypeError):
             log.skipped += 1
@@ -139,30 +161,54 @@ def read_verl_file(path: Path) -> EngineLog:
     return log
 
 
-def trl_state_file(folder: Path) -> Path | None:
-    """The ``trainer_state.json`` of a TRL ``output_dir`` (its own, else its last ``checkpoint-N``'s) or of a
-    checkpoint folder; None when there is none."""
+def trl_state_files(folder: Path) -> list[Path]:
+    """The ``trainer_state.json`` files of a TRL ``output_dir``, best first: its own, else its ``checkpoint-N``
+    folders', newest first (or a checkpoint folder's own); empty when there is none."""
     own = folder / "trainer_state.json"
     if own.is_file():
-        return own
+        return [own]
     ckpts = sorted((int(c.name.split("-", 1)[1]), c) for c in folder.glob("checkpoint-*")
                    if c.name.split("-", 1)[1].isdigit() and (c / "trainer_state.json").is_file())
-    return ckpts[-1][1] / "trainer_state.json" if ckpts else None
+    return [c / "trainer_state.json" for _, c in reversed(ckpts)]
+
+
+def trl_state_file(folder: Path) -> Path | None:
+    """The first of :func:`trl_state_files` (None when there is none)."""
+    files = trl_state_files(folder)
+    return files[0] if files else None
+
+
+def _history(path: Path) -> list | None:
+    """``log_history`` of a ``trainer_state.json``, None when the file is damaged (cut short, not JSON, nested
+    too deep, no list)."""
+    try:
+        history = _json_file(path)["log_history"]  # type: ignore[index]
+    except (ValueError, KeyError, TypeError):
+        return None
+    return history if isinstance(history, list) else None
 
 
 def read_trl(folder: Path) -> EngineLog:
-    """A TRL run's ``log_history`` (``trainer_state.json``): each entry's numeric keys at its ``step``."""
-    path = trl_state_file(folder) if folder.is_dir() else folder
-    if path is None:
+    """A TRL run's ``log_history`` (``trainer_state.json``): each entry's numeric keys at its ``step``. A damaged
+    newest checkpoint's file gives way to the previous checkpoint's, with a warning naming it (as erft's own
+    TRL resume does)."""
+    from entropy_rft.rundir.files import warn
+
+    candidates = trl_state_files(folder) if folder.is_dir() else [folder]
+    if not candidates:
         raise UserError(f"{folder}: no trainer_state.json here or in a checkpoint-N folder; give a TRL "
                         "output_dir or checkpoint folder")
-    try:
-        history = json.loads(_text(path))["log_history"]
-    except (ValueError, KeyError, TypeError):
-        raise UserError(f"{path}: not a trainer_state.json with a log_history list") from None
+    history = None
+    for i, path in enumerate(candidates):
+        history = _history(path)
+        if history is not None:
+            break
+        if i + 1 < len(candidates):
+            warn(f"{path}: not a trainer_state.json with a log_history list (cut short or damaged); reading the "
+                 f"previous checkpoint's, {candidates[i + 1]}")
+    if history is None:
+        raise UserError(f"{candidates[-1]}: not a trainer_state.json with a log_history list")
     log = EngineLog("trl", path)
-    if not isinstance(history, list):
-        raise UserError(f"{path}: log_history is not a list")
     for entry in history:
         step = number(entry.get("step")) if isinstance(entry, dict) else None
         if step is None:
@@ -207,32 +253,57 @@ def read_tensorboard(folder: Path) -> EngineLog:
     return log
 
 
-def read_table(path: Path) -> EngineLog:
-    """A CSV (by its header) or JSONL table with a step column (``STEP_COLUMNS``); empty cells are gaps."""
-    text = _text(path)
-    log = EngineLog("table", path)
-    if path.suffix.lower() in (".jsonl", ".json", ".ndjson"):
-        rows: list[dict] = []
-        for line in text.splitlines():
-            if not line.strip():
-                continue
+def _jsonl_rows(path: Path, log: EngineLog):
+    for line in _lines(path, log):
+        if not line.strip():
+            continue
+        try:
+            row = parse_json(line)
+        except ValueError:
+            log.skipped += 1
+            continue
+        if isinstance(row, dict):
+            yield row
+        else:
+            log.skipped += 1
+
+
+def _csv_rows(path: Path, log: EngineLog):
+    """The rows of a CSV by its header, one at a time; a field may be as long as a line (``MAX_LINE_BYTES``,
+    not the csv module's 128 KiB)."""
+    from entropy_rft.common.streams import MAX_LINE_BYTES
+
+    old = csv.field_size_limit()
+    csv.field_size_limit(max(old, MAX_LINE_BYTES))
+    try:
+        reader = csv.DictReader(_lines(path, log))
+        while True:
             try:
-                row = json.loads(line)
-            except ValueError:
+                row = next(reader)
+            except StopIteration:
+                return
+            except csv.Error:
                 log.skipped += 1
                 continue
-            if isinstance(row, dict):
-                rows.append(row)
-            else:
-                log.skipped += 1
-    else:
-        rows = list(csv.DictReader(text.splitlines()))
-    cols = dict.fromkeys(k for r in rows for k in r if k is not None)
-    step_col = next((c for c in STEP_COLUMNS if c in cols), None)
-    if step_col is None:
-        raise UserError(f"{path}: no step column (looked for {', '.join(STEP_COLUMNS)}; found "
-                        f"{', '.join(list(cols)[:8]) or 'no columns'}); export the table with its step")
-    for row in rows:
+            yield row
+    finally:
+        csv.field_size_limit(old)
+
+
+def read_table(path: Path) -> EngineLog:
+    """A CSV (by its header) or JSONL table with a step column (``STEP_COLUMNS``: in each row, the first of them
+    it holds); empty cells are gaps. Read one row at a time."""
+    log = EngineLog("table", path)
+    jsonl = path.suffix.lower() in (".jsonl", ".json", ".ndjson")
+    cols: dict[str, None] = {}
+    used = False
+    for row in (_jsonl_rows(path, log) if jsonl else _csv_rows(path, log)):
+        if len(cols) < 8:
+            cols.update(dict.fromkeys(str(k) for k in list(row)[:8] if k is not None))
+        step_col = next((c for c in STEP_COLUMNS if c in row), None)
+        if step_col is None:
+            continue
+        used = True
         step = number(row.get(step_col))
         if step is None or step < 0:
             log.skipped += 1
@@ -240,34 +311,37 @@ def read_table(path: Path) -> EngineLog:
         for k, v in row.items():
             if k is None or k == step_col or v in ("", None):
                 continue
-            log.add(int(step), k, v)
+            log.add(int(step), str(k), v)
+    if not used:
+        raise UserError(f"{path}: no step column (looked for {', '.join(STEP_COLUMNS)}; found "
+                        f"{', '.join(list(cols)[:8]) or 'no columns'}); export the table with its step")
     return log
 
 
 def looks_like_verl_file(path: Path) -> bool:
     """Whether the first non-empty line of ``path`` is a verl file-logger row."""
     try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            for line in f:
+        with open_regular(path) as f:
+            for line in lines(f, max_line=_SNIFF_LINE):
                 if line.strip():
-                    row = json.loads(line)
+                    row = parse_json(line)
                     return isinstance(row, dict) and set(row) == {"step", "data"}
-    except (OSError, ValueError):
+    except (OSError, ValueError, UserError):
         return False
     return False
 
 
-def looks_like_verl_console(path: Path, lines: int = 20000) -> bool:
-    """Whether one of the first ``lines`` lines of ``path`` is a verl console ``step:N - key:value`` line."""
+def looks_like_verl_console(path: Path, n_lines: int = 20000) -> bool:
+    """Whether one of the first ``n_lines`` lines of ``path`` is a verl console ``step:N - key:value`` line."""
     try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            for i, raw in enumerate(f):
-                if i >= lines:
+        with open_regular(path) as f:
+            for i, raw in enumerate(lines(f, max_line=_SNIFF_LINE)):
+                if i >= n_lines:
                     break
-                line = _ANSI.sub("", raw)
+                line = _ANSI.sub("", raw.decode("utf-8", errors="replace"))
                 if (m := _CONSOLE_STEP.search(line)) and " - " in line[m.end():]:
                     return True
-    except OSError:
+    except (OSError, UserError):
         return False
     return False
 
@@ -295,6 +369,9 @@ def detect(path: Path) -> str:
         raise UserError(f"{path}: not a run this command reads (no metrics.jsonl, trainer_state.json or "
                         "TensorBoard event files); give a log file, or name its kind with --source "
                         f"{{{','.join(SOURCES)}}}")
+    problem = regular_problem(path)
+    if problem is not None:  # a FIFO would block and a device never end: refused before anything reads it
+        raise UserError(f"{path}: {problem}; give the log file itself")
     name = path.name
     if name.startswith("events.out.tfevents."):
         return "tensorboard"
@@ -325,6 +402,10 @@ def read_engine_log(path: str | Path, source: str | None = None) -> EngineLog:
                         f"--source must be one of {', '.join(SOURCES)}, got {kind!r}")
     if kind in ("verl-console", "verl-file", "table") and path.is_dir():
         raise UserError(f"{path}: is a folder; --source {kind} reads a file")
+    if kind in ("verl-console", "verl-file", "table", "trl") and not path.is_dir():
+        problem = regular_problem(path)
+        if problem is not None:
+            raise UserError(f"{path}: {problem}; give the log file itself")
     return READERS[kind](path)
 
 

@@ -22,6 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from entropy_rft.common.text import table_cell
+
 PRESET = "preset"
 # (summary key, column header); '@K' is the run's own K.
 COLUMNS: tuple[tuple[str, str], ...] = (
@@ -197,7 +199,8 @@ def comparison_markdown(rows: Sequence[dict], k: int | None) -> str:
             else:
                 cells.append(_cell(v, pct=key in ("control/touched_frac", "autopilot/in_band")))
         name = "none (reference)" if r["reference"] else r["method"]
-        lines.append(f"| {r['setpoint']} | {name} | {r['seeds']} | " + " | ".join(cells) + f" | {r['status']} |")
+        lines.append(f"| {r['setpoint']} | {table_cell(name)} | {r['seeds']} | " + " | ".join(cells)
+                     + f" | {r['status']} |")
     return "\n".join(lines) + "\n"
 
 
@@ -211,7 +214,7 @@ def dynamics_markdown(rows: Sequence[dict], columns: Sequence[tuple[str, str]] =
         if r["reference"]:
             continue
         cells = [_cell(r.get(key), pct=key.endswith(("_sign", "_fall"))) for key, _ in columns]
-        lines.append(f"| {r['setpoint']} | {r['method']} | {r['seeds']} | " + " | ".join(cells) + " |")
+        lines.append(f"| {r['setpoint']} | {table_cell(r['method'])} | {r['seeds']} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 

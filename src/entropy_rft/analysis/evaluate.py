@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from entropy_rft.common.errors import UserError
+from entropy_rft.common.text import visible
 
 
 @dataclass(frozen=True)
@@ -94,11 +95,23 @@ def load_model(spec: dict[str, Any], device: str, dtype: str):
                         "an existing folder or a reachable hub id") from None
 
 
-def default_datasets(runs: list[Path]) -> list[tuple[str, dict]]:
+def default_datasets(runs: list[Path], task_params: dict[str, Any] | None = None) -> list[tuple[str, dict]]:
+    """The first run's own task (or champ). A recorded import path (the task's, a reward function's) is refused
+    in one line unless ``task_params`` (the command line's ``--task-param``) names the same path again: code is
+    named by the person who runs erft, never by a run folder (``--dataset PATH`` names a task again)."""
     from entropy_rft.rundir.checkpoints import load_run_config
+    from entropy_rft.tasks import untrusted_code
 
     if runs:
         cfg = load_run_config(runs[0])
+        given = {f"task.params.{k}": v for k, v in (task_params or {}).items()}
+        bad = untrusted_code(cfg.task.name, cfg.task.params, given)
+        if bad:
+            field, path = bad[0]
+            again = (f"--dataset {path}" if field == "task.name" else
+                     f"--task-param {field.removeprefix('task.params.')}={path}")
+            raise UserError(f"--run {runs[0]}: its config.yaml records code to import ({field} {path!r}); erft "
+                            f"imports only code you name: if you trust it, pass {again}")
         return [(cfg.task.name, dict(cfg.task.params))]
     return [("champ", {})]
 
@@ -121,7 +134,7 @@ def plan(models: list[str], runs: list[Path], checkpoints: bool, datasets: list[
         specs += run_models(r, checkpoints)
     if not specs:
         raise UserError("nothing to evaluate: pass --model NAME_OR_PATH and/or --run DIR")
-    named = [(d, {}) for d in datasets] or default_datasets(runs)
+    named = [(d, {}) for d in datasets] or default_datasets(runs, task_params)
     tasks = []
     for name, params in named:
         params = {**params, **task_params}
@@ -183,8 +196,9 @@ def evaluate(specs: list[dict[str, Any]], tasks: list[tuple[str, Any, list]], s:
                    "distinct_correct": m["distinct_correct"], "seconds": time.perf_counter() - t0,
                    "examples": m["samples"][:3]}
             results.append(res)
-            print(f"{spec['label']} on {name}: " + ", ".join(f"{k} {100 * v:.2f}" for k, v in metrics.items())
-                  + f" ({len(examples)} questions, {res['seconds']:.1f} s)", flush=True)
+            scores = ", ".join(f"{k} {100 * v:.2f}" for k, v in metrics.items())
+            print(visible(f"{spec['label']} on {name}: {scores} ({len(examples)} questions, {res['seconds']:.1f} s)"),
+                  flush=True)
             if on_result is not None:
                 on_result(results)
         del model
@@ -198,7 +212,9 @@ def markdown_table(results: list[dict[str, Any]], ks: list[int], n: int) -> str:
     datasets = list(dict.fromkeys(r["dataset"] for r in results))
     models = list(dict.fromkeys(r["model"] for r in results))
     cols = [f"avg@{n}"] + [f"pass@{k}" for k in ks] + [f"maj@{n}"]
-    head = "| model | " + " | ".join(f"{d} {c}" for d in datasets for c in cols) + " |"
+    from entropy_rft.common.text import table_cell
+
+    head = "| model | " + " | ".join(f"{table_cell(d)} {c}" for d in datasets for c in cols) + " |"
     lines = [head, "|" + "---|" * (1 + len(datasets) * len(cols))]
     by = {(r["model"], r["dataset"]): r for r in results}
     for m in models:
@@ -206,7 +222,7 @@ def markdown_table(results: list[dict[str, Any]], ks: list[int], n: int) -> str:
         for d in datasets:
             r = by.get((m, d))
             cells += [f"{100 * r['metrics'][c]:.2f}" if r else "" for c in cols]
-        lines.append(f"| {m} | " + " | ".join(cells) + " |")
+        lines.append(f"| {table_cell(m)} | " + " | ".join(cells) + " |")
     qs = ", ".join(f"{d}: {next(r['questions'] for r in results if r['dataset'] == d)}" for d in datasets)
     lines.append("")
     lines.append(f"Percentages. n = {n} samples per question; questions per dataset: {qs}.")

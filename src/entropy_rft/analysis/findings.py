@@ -13,6 +13,7 @@ import numpy as np
 from entropy_rft.analysis.law import fit_law, forecast_final, law_points, reliability_warning
 from entropy_rft.analysis.runs import QUADRANT_LABELS, RunData, methods_in_order, series
 from entropy_rft.common.errors import UserError
+from entropy_rft.common.text import table_cell
 from entropy_rft.control.autopilot import tracking
 from entropy_rft.control.lens import QUADRANTS
 
@@ -110,14 +111,17 @@ def summary_paragraph(runs: Sequence[RunData], summaries: Sequence[dict], lens: 
     if acc:
         base1 = _mean([s.get("base/pass@1") for s in summaries])
         basek = _mean([s.get(f"base/pass@{k}") for s in summaries]) if k else None
-        bits = [f"{lab} {fmt(p1)}/{fmt(pk)}" for lab, (p1, pk) in acc.items()]
-        txt = f"At the final evaluation pass@1/pass@{k} was " + _join(bits)
+        # the pass@K the runs logged, or pass@1 alone (another engine's runs: one validation score)
+        pair = (lambda one, kk: f"{fmt(one)}/{fmt(kk)}") if k else (lambda one, kk: fmt(one))
+        bits = [f"{lab} {pair(p1, pk)}" for lab, (p1, pk) in acc.items()]
+        txt = f"At the final evaluation pass@1{f'/pass@{k}' if k else ''} was " + _join(bits)
         if base1 is not None:
-            txt += f" (base model: {fmt(base1)}/{fmt(basek)})"
+            txt += f" (base model: {pair(base1, basek)})"
         parts.append(txt + ".")
         if len(acc) >= 2:
-            parts.append(_best_sentence({x: v[0] for x, v in acc.items()}, "pass@1", kind) + " "
-                         + _best_sentence({x: v[1] for x, v in acc.items() if v[1] is not None}, f"pass@{k}", kind))
+            best_k = _best_sentence({x: v[1] for x, v in acc.items() if v[1] is not None}, f"pass@{k}", kind) \
+                if k else ""
+            parts.append((_best_sentence({x: v[0] for x, v in acc.items()}, "pass@1", kind) + " " + best_k).strip())
         if basek is not None:
             below = [lab for lab, (_, pk) in acc.items() if pk is not None and pk < basek]
             if below:
@@ -205,7 +209,7 @@ def quadrant_table_md(rows: Sequence[dict[str, Any]]) -> str:
         for q in QUADRANTS:
             v = r["dH_change"][q]
             cells.append(r["effects"][q] + ("" if v is None else f"; ΔH {v:+.2e}"))
-        lines.append(f"| {r['label']} | " + " | ".join(cells) + " |")
+        lines.append(f"| {table_cell(r['label'])} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 

@@ -27,6 +27,8 @@ from entropy_rft.common.errors import UserError
 from entropy_rft.rundir.files import read_step_log
 
 ENTROPY_SOURCES = ("eval", "train")
+# Above this entropy exp(H) is within a factor of e^10 of float64's overflow (709.78): not a per-token entropy.
+MAX_LAW_ENTROPY = 700.0
 
 
 @dataclass
@@ -63,12 +65,21 @@ def fit_law(entropy: Sequence[float], perf: Sequence[float], *, what: str = "poi
     if h.size < max(2, min_points):
         raise UserError(f"{what}: need at least {max(2, min_points)} (entropy, accuracy) points to fit "
                         f"R = -a*exp(H) + b, got {h.size}; evaluate more often (eval.every) or train longer")
+    if h.max() > MAX_LAW_ENTROPY:  # exp(H) overflows float64 near 709.8: no least squares can use it
+        raise UserError(f"{what}: the entropy reaches {h.max():.6g} nats, beyond {MAX_LAW_ENTROPY:g} where exp(H) "
+                        "overflows; the law needs the mean per-token entropy (at most ln(vocabulary size), ~12 "
+                        "nats), and this series is likely a summed or per-sequence entropy: name the per-token one "
+                        "(--entropy-key KEY)")
     x = np.exp(h)
     if np.ptp(x) <= 1e-12 * max(1.0, float(np.abs(x).max())):
         raise UserError(f"{what}: entropy is constant ({h[0]:.6g}) across all {h.size} points, so a and b "
                         "cannot be told apart; fit a run whose entropy changes")
     design = np.stack([-x, np.ones_like(x)], axis=1)
-    (a, b), *_ = np.linalg.lstsq(design, r, rcond=None)
+    try:
+        (a, b), *_ = np.linalg.lstsq(design, r, rcond=None)
+    except np.linalg.LinAlgError as e:
+        raise UserError(f"{what}: the least-squares fit of R = -a*exp(H) + b failed ({e}); the entropy spans "
+                        f"{h.min():.6g} to {h.max():.6g} nats: is it the mean per-token entropy?") from None
     resid = r - (design @ np.array([a, b]))
     ss_res = float(resid @ resid)
     ss_tot = float(((r - r.mean()) ** 2).sum())

@@ -12,6 +12,7 @@ import numpy as np
 from entropy_rft.analysis.agreement import run_agreement
 from entropy_rft.analysis.equal_entropy import compare_markdown
 from entropy_rft.analysis.law import run_law
+from entropy_rft.common.text import table_cell
 from entropy_rft.control.autopilot import tracking
 from entropy_rft.rundir.files import read_jsonl, read_step_log
 
@@ -286,7 +287,7 @@ def markdown_table(agg: dict[str, dict[str, Any]], columns: Sequence[str] = DEFA
                 cells.append(f"{v['mean']:.3f} ± {v['std']:.3f}")
             else:
                 cells.append(f"{v['mean']:.3f}")
-        lines.append(f"| {method} | {a['n']} | " + " | ".join(cells) + " |")
+        lines.append(f"| {table_cell(method)} | {a['n']} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 

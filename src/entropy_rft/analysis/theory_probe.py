@@ -102,8 +102,10 @@ def _load_model(name: str, device: str):
             return load_policy(name, device=device)
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        tok = AutoTokenizer.from_pretrained(name)
-        model = AutoModelForCausalLM.from_pretrained(name).to(device).eval()
+        from entropy_rft.models.files import trust_remote_code
+
+        tok = AutoTokenizer.from_pretrained(name, trust_remote_code=trust_remote_code())
+        model = AutoModelForCausalLM.from_pretrained(name, trust_remote_code=trust_remote_code()).to(device).eval()
         return model, tok
     except UserError:
         raise

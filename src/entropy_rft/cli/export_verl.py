@@ -132,7 +132,11 @@ def run(args: argparse.Namespace) -> int:
     write(out, data)
     train, val = (out / f for f in FILES)
     print(f"wrote {len(data['train'])} train rows to {train} and {len(data['val'])} val rows to {val}")
+    from entropy_rft.tasks import code_references
+
+    code = sorted({path for _, path in code_references(args.task, params)})
+    allow = (" +reward.custom_reward_function.reward_kwargs.import_paths='" + ",".join(code) + "'") if code else ""
     print("verl: data.train_files=" + str(train.resolve()) + " data.val_files=" + str(val.resolve()) +
           " reward.custom_reward_function.path=" + reward_path() +
-          " reward.custom_reward_function.name=compute_score")
+          " reward.custom_reward_function.name=compute_score" + allow)
     return 0

@@ -37,6 +37,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", metavar="FILE", help="Also write the fit and forecast as JSON.")
 
 
+def say(line: str) -> None:
+    """Print one line of the report: keys, paths and notes come from a foreign log, so their control characters
+    are shown, not obeyed (``common.text.visible``)."""
+    from entropy_rft.common.text import visible
+
+    print(visible(line))
+
+
 def _f(v: float | None, fmt: str = ".4f") -> str:
     if v is None:
         return "–"
@@ -71,29 +79,29 @@ def run(args: argparse.Namespace) -> int:
             raise UserError("--entropy-key names another engine's key; for an erft run use --entropy eval|train")
         metric = "pass@1" if args.metric is None else args.metric
         res = fit_run(run_dir, fit_frac=args.fit_frac, entropy=args.entropy, metric=metric)
-        print(f"entropy-performance law for {run_dir}  (R = {metric}, H = {args.entropy} entropy)")
+        say(f"entropy-performance law for {run_dir}  (R = {metric}, H = {args.entropy} entropy)")
     else:
         res = fit_engine_log(run_dir, source=args.source, entropy_key=args.entropy_key, metric=args.metric,
                              fit_frac=args.fit_frac)
-        print(f"entropy-performance law for {res['note']}")
+        say(f"entropy-performance law for {res['note']}")
     fit = res["fit"]
-    print(f"  R = -a*exp(H) + b, linear least squares on [-exp(H), 1] over {fit['n']} evaluations")
-    print(f"  a = {_f(fit['a'])}   b = {_f(fit['b'])}   ceiling b - a = {_f(fit['ceiling'])}   "
+    say(f"  R = -a*exp(H) + b, linear least squares on [-exp(H), 1] over {fit['n']} evaluations")
+    say(f"  a = {_f(fit['a'])}   b = {_f(fit['b'])}   ceiling b - a = {_f(fit['ceiling'])}   "
           f"R^2 = {_f(fit['r2'])}   RMSE = {_f(fit['rmse'])}")
     if res.get("warning"):
-        print(f"  warning: {res['warning']}")
+        say(f"  warning: {res['warning']}")
     fc = res["forecast"]
     if fc is None:
-        print(f"  forecast test: not possible: {res['forecast_error']}")
+        say(f"  forecast test: not possible: {res['forecast_error']}")
     else:
-        print(f"  forecast test: fit on steps {fc['fit_steps']} (<= {fc['cutoff_step']:g}), "
+        say(f"  forecast test: fit on steps {fc['fit_steps']} (<= {fc['cutoff_step']:g}), "
               f"a = {_f(fc['fit']['a'])}, b = {_f(fc['fit']['b'])}")
-        print(f"    predicting steps {fc['test_steps']}: RMSE = {_f(fc['test_rmse'])}, "
+        say(f"    predicting steps {fc['test_steps']}: RMSE = {_f(fc['test_rmse'])}, "
               f"MAE = {_f(fc['test_mae'])} (accuracy units; Paper B reports ~0.01 on real models)")
     ff = res["final_forecast"]
-    print("  the last evaluation forecast from the first 10% / 20% / 40% of steps (predicted - actual): "
+    say("  the last evaluation forecast from the first 10% / 20% / 40% of steps (predicted - actual): "
           + " / ".join(_f(ff[f"law/forecast_err@{p}"]) for p in ("10%", "20%", "40%")))
     if args.json:
         atomic_write_json(args.json, res)
-        print(f"  written to {args.json}")
+        say(f"  written to {args.json}")
     return 0

@@ -22,6 +22,7 @@ from entropy_rft.cli import eval as eval_cmd
 from entropy_rft.cli import filter as filter_cmd
 from entropy_rft.common.errors import UserError
 from entropy_rft.common.numerics import pin_cpu_numerics
+from entropy_rft.common.text import visible
 from entropy_rft.common.threads import prefer_passive_wait
 
 # Subcommand modules, in the order ``erft --help`` lists them.
@@ -186,23 +187,24 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as e:
         if debug:
             raise
-        print(f"{cmd}: error: {_one_line(e)}", file=sys.stderr)
+        print(f"{cmd}: error: {visible(_one_line(e))}", file=sys.stderr)
         return EXIT_USAGE
     except OSError as e:
         if debug:
             raise
         msg, code = os_error_message(e)
-        print(f"{cmd}: error: {msg}", file=sys.stderr)
+        print(f"{cmd}: error: {visible(msg)}", file=sys.stderr)
         return code
     except Exception as e:  # noqa: BLE001 - a bug: one line, the traceback behind --debug
         if debug:
             raise
         if (isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError"  # torch.OutOfMemoryError
                 or (isinstance(e, RuntimeError) and "DefaultCPUAllocator" in str(e))):  # torch's CPU allocator
-            print(f"{cmd}: error: out of memory ({_one_line(e, limit=200) or type(e).__name__}); use a smaller "
-                  "batch (rollout.prompts_per_step, rollout.group_size, algo.grad_accum) or model", file=sys.stderr)
+            what = visible(_one_line(e, limit=200)) or type(e).__name__
+            print(f"{cmd}: error: out of memory ({what}); use a smaller batch (rollout.prompts_per_step, "
+                  "rollout.group_size, algo.grad_accum) or model", file=sys.stderr)
             return EXIT_FAILED
-        detail = _one_line(e, limit=300)
+        detail = visible(_one_line(e, limit=300))
         print(f"{cmd}: internal error: {type(e).__name__}{': ' + detail if detail else ''} "
               "(rerun with --debug for the traceback)", file=sys.stderr)
         return EXIT_FAILED
@@ -219,7 +221,7 @@ def _thread_failed(a: threading.ExceptHookArgs) -> None:
     e = a.exc_value
     what = os_error_message(e)[0] if isinstance(e, OSError) else f"{a.exc_type.__name__}: {_one_line(e, limit=200)}"
     name = a.thread.name if a.thread is not None else "?"
-    print(f"erft: warning: a background thread ({name}) stopped: {what}", file=sys.stderr, flush=True)
+    print(f"erft: warning: a background thread ({visible(name)}) stopped: {visible(what)}", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

@@ -44,15 +44,18 @@ def run(args: argparse.Namespace) -> int:
 
     numbers = build_report(args.run_dirs, args.out, source=args.source, entropy_key=args.entropy_key,
                            metric=args.metric)
-    print(numbers["summary"])
-    print(f"report written to {Path(args.out) / 'report.html'} ({len(numbers['runs'])} runs in "
+    from entropy_rft.cli.fit_law import say
+
+    for line in str(numbers["summary"]).splitlines():
+        say(line)
+    say(f"report written to {Path(args.out) / 'report.html'} ({len(numbers['runs'])} runs in "
           f"{len(numbers['series'])} series: {'; '.join(x['label'] for x in numbers['series'])}; "
           f"figures: {', '.join(numbers['figures'])})")
     for note in numbers["read"]:
-        print(f"  read {note}")
+        say(f"  read {note}")
     for o in numbers["omitted"]:
-        print(f"  left out: {o['title']} ({o['reason']})")
+        say(f"  left out: {o['title']} ({o['reason']})")
     for f in numbers["law"]:
         if f.get("warning"):
-            print(f"  law, {f['run']}: {f['warning']}")
+            say(f"  law, {f['run']}: {f['warning']}")
     return 0

@@ -22,7 +22,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "multiple of the first batch's entropy (0.6x), or a schedule linear:H0:H1[:STEPS] / "
                         "cosine:H0:H1[:STEPS]. Methods with a knob only (`erft methods`).")
     p.add_argument("--model", help="'default', 'smollm2-135m', a local HF folder or a hub id.")
-    p.add_argument("--task", help="Task name or 'module:Class'.")
+    p.add_argument("--task", help="Task name or 'module:Class' (with --resume: the run's recorded import path, "
+                   "named again, which a resume requires).")
     p.add_argument("--engine", choices=ENGINES, help="Training engine (default: native).")
     p.add_argument("--max-steps", type=int, help="Total steps of the run (also when resuming).")
     p.add_argument("--out", help="Run directory (default: runs/<method>).")
@@ -69,6 +70,26 @@ def task_params_help(args: argparse.Namespace) -> str:
             + tasks_cmd.render_one(info, tasks_cmd.terminal_width()))
 
 
+_CODE_FIELDS = ("task.params.reward", "task.params.val_task", "task.params.val_task_params.reward")
+
+
+def code_given_again(args: argparse.Namespace) -> tuple[dict[str, str], list[str]]:
+    """With --resume: the code references this command line names again (``--task PATH``, ``--set
+    task.params.reward=PATH``, ...), which the recorded config must hold unchanged; and the other ``--set``s (which
+    --resume refuses). Consumes ``args.task``."""
+    code: dict[str, str] = {}
+    if args.task is not None:
+        code["task.name"], args.task = args.task, None
+    rest = []
+    for item in args.set:
+        key, eq, value = str(item).partition("=")
+        if eq and key.strip() in _CODE_FIELDS:
+            code[key.strip()] = value.strip()
+        else:
+            rest.append(item)
+    return code, rest
+
+
 def run(args: argparse.Namespace) -> int:
     from entropy_rft.config.loading import load_config
     from entropy_rft.config.schema import help_text
@@ -79,6 +100,7 @@ def run(args: argparse.Namespace) -> int:
         print(task_params_help(args))
         return 0
     if args.resume is not None:
+        code, args.set = code_given_again(args)
         given = [k for k in _FIXED_ON_RESUME if getattr(args, k, None) is not None]
         bad = [f"--{k.replace('_', '-')}" for k in given if getattr(args, k) is not False and getattr(args, k) != []]
         if args.out is not None and args.out != args.resume:
@@ -92,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
         preflight.check_min("--max-steps", args.max_steps, 1)
         from entropy_rft.launch import run as launch  # torch: only once the arguments are known to be good
 
-        last = launch.resume(args.resume, max_steps=args.max_steps)
+        last = launch.resume(args.resume, max_steps=args.max_steps, given=code)
         if last.get("already_finished"):
             print(f"run '{args.resume}' already finished at step {last['step']}")
         return 0

@@ -72,7 +72,9 @@ def model_config_of(model: Any) -> Any:
         try:
             from transformers import AutoConfig
 
-            return AutoConfig.from_pretrained(model)
+            from entropy_rft.models.files import trust_remote_code
+
+            return AutoConfig.from_pretrained(model, trust_remote_code=trust_remote_code())
         except (OSError, ValueError):
             return None
     return getattr(model, "config", None)

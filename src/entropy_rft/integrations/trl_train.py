@@ -47,7 +47,10 @@ def policy_for_trl(cfg, args: GRPOConfig) -> tuple[Any, Any]:
     """
     if zero3_enabled():
         where = resolve_policy(cfg.model.name)  # builds or converts a built-in policy on first use
-        args.model_init_kwargs = {**(args.model_init_kwargs or {}), "dtype": cfg.model.dtype}
+        from entropy_rft.models.files import trust_remote_code
+
+        args.model_init_kwargs = {**(args.model_init_kwargs or {}), "dtype": cfg.model.dtype,
+                                  "trust_remote_code": trust_remote_code()}
         return where, load_tokenizer(cfg.model.name, where)
     model, tok = load_policy(cfg.model.name, device="cpu", dtype=getattr(torch, cfg.model.dtype))
     if cfg.model.gradient_checkpointing:

@@ -16,6 +16,12 @@ example's answer must equal the row's ``ground_truth``; when it does not (the ta
 another reasoning-gym version, a changed data file), the function raises instead of scoring against the
 wrong problem: export again.
 
+Code is named by the person who runs verl, never by a row: a row builds a registered task or an ``rg:`` task. A
+task given by import path (``package.module:Class``), or a custom reward function among its parameters, is built
+only when the reward function's own arguments name it (``import_paths``, set by the launcher:
+``+reward.custom_reward_function.reward_kwargs.import_paths='pkg.mod:Class'``, comma-separated for several);
+otherwise the row is refused before anything is imported. A parquet is data, and datasets are downloaded.
+
 Imports nothing heavy at load; entropy_rft must be installed in verl's environment.
 """
 
@@ -38,9 +44,20 @@ def _examples(task_name: str, params_json: str, seed: int) -> tuple[Any, dict[st
     return task, {"train": train, "val": val}
 
 
-def example_for(extra_info: dict | None, ground_truth: Any = None) -> tuple[Any, Any]:
+def allowed_paths(import_paths: Any) -> frozenset[str]:
+    """The import paths the launcher allows (``import_paths``: a comma-separated string or a list of them)."""
+    if import_paths is None:
+        return frozenset()
+    items = import_paths.split(",") if isinstance(import_paths, str) else [str(p) for p in import_paths]
+    return frozenset(p.strip() for p in items if p.strip())
+
+
+def example_for(extra_info: dict | None, ground_truth: Any = None, import_paths: Any = None) -> tuple[Any, Any]:
     """(task, example) of an exported row, from its ``extra_info``; checks the answer against
-    ``ground_truth`` when given."""
+    ``ground_truth`` when given. A code reference in the row (a task import path, a reward function) that
+    ``import_paths`` does not name is refused before anything is imported."""
+    from entropy_rft.tasks import untrusted_code
+
     info = dict(extra_info or {})
     missing = [k for k in ("task", "split", "index") if info.get(k) is None]
     if missing:
@@ -49,7 +66,19 @@ def example_for(extra_info: dict | None, ground_truth: Any = None) -> tuple[Any,
     split = str(info["split"])
     if split not in SPLITS:
         raise ValueError(f"erft compute_score: extra_info split {split!r} is not one of {SPLITS}")
-    task, splits = _examples(str(info["task"]), str(info.get("task_params") or "{}"), int(info.get("seed") or 0))
+    params_json = str(info.get("task_params") or "{}")
+    try:
+        params = json.loads(params_json)
+    except (ValueError, RecursionError) as e:
+        raise ValueError(f"erft compute_score: extra_info task_params is not JSON ({type(e).__name__}); "
+                         "export again") from None
+    bad = untrusted_code(str(info["task"]), params, allowed_paths(import_paths))
+    if bad:
+        field, path = bad[0]
+        raise ValueError(f"erft compute_score: the row names code to import ({field} {path!r}); a dataset row is "
+                         "data: if you trust it, name it in the launcher with "
+                         f"+reward.custom_reward_function.reward_kwargs.import_paths='{path}'")
+    task, splits = _examples(str(info["task"]), params_json, int(info.get("seed") or 0))
     rows, index = splits[split], int(info["index"])
     if not 0 <= index < len(rows):
         raise ValueError(f"erft compute_score: index {index} is outside the {len(rows)} {split} examples of task "
@@ -63,11 +92,12 @@ def example_for(extra_info: dict | None, ground_truth: Any = None) -> tuple[Any,
 
 
 def compute_score(data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None,
-                  **kwargs: Any) -> float:
+                  import_paths: Any = None, **kwargs: Any) -> float:
     """The erft task's reward (``task.reward(solution_str, example)``) for one response, as a float.
 
-    ``data_source`` is not used (the task comes from ``extra_info``); extra keyword arguments that verl adds
-    (``reward_router_address``, ``reward_kwargs`` from the config) are ignored.
+    ``data_source`` is not used (the task comes from ``extra_info``). ``import_paths``: the task import paths and
+    reward functions rows may name (from verl's ``reward_kwargs``, which the launcher sets; a row never can).
+    Other keyword arguments that verl adds (``reward_router_address``) are ignored.
     """
-    task, example = example_for(extra_info, ground_truth)
+    task, example = example_for(extra_info, ground_truth, import_paths)
     return float(task.reward(str(solution_str), example))

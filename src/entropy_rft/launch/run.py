@@ -123,7 +123,8 @@ def train_native(cfg: Config, out: str | Path, *, resume: bool = False,
                 status = "stopped"
                 saved = ("checkpoint saved; continue with" if cfg.train.checkpoints else
                          "no checkpoint (train.checkpoints is false): a resume starts again from step 0 with")
-                print(f"stopped at step {run.step}, {saved} `erft train --resume {out}`", file=sys.stderr, flush=True)
+                print(f"stopped at step {run.step}, {saved} `{resume_command(cfg, out)}`", file=sys.stderr,
+                      flush=True)
                 raise SystemExit(128 + stop.signum)
             status = "finished"
         except KeyboardInterrupt:  # a second signal: stopped at once, mid-step; a resume starts from a checkpoint
@@ -174,10 +175,48 @@ def held_steps(out: Path) -> int:
     return held
 
 
-def resume(out: str | Path, *, max_steps: int | None = None) -> dict[str, Any]:
+def code_flag(field: str, path: str) -> str:
+    """The command-line words that name a code reference again: ``--task PATH`` or ``--set FIELD=PATH``."""
+    return f"--task {path}" if field == "task.name" else f"--set {field}={path}"
+
+
+def resume_command(cfg: Config, out: Path) -> str:
+    """``erft train --resume OUT``, with the code references of ``cfg`` named again (``code_flag``)."""
+    import shlex
+
+    from entropy_rft.tasks import code_references
+
+    again = "".join(f" {code_flag(f, shlex.quote(p))}" for f, p in code_references(cfg.task.name, cfg.task.params))
+    return f"erft train --resume {out}{again}"
+
+
+def recorded_config(out: Path, given: dict[str, str] | None = None, *, check_method: bool = True) -> Config:
+    """A run directory's recorded config, refused in one line when it names code to import (a task import path, a
+    reward function) that ``given`` (``{field: path}``, what the person resuming named on the command line or in
+    their own config) does not name again, or when ``given`` would change it."""
+    from entropy_rft.tasks import code_references, untrusted_code
+
+    cfg = checkpoints.load_run_config(out, check_method=check_method)
+    given = dict(given or {})
+    recorded = dict(code_references(cfg.task.name, cfg.task.params))
+    changed = [f for f, p in given.items() if recorded.get(f) != p]
+    if changed:
+        raise UserError(f"--resume continues the recorded config; {', '.join(changed)} cannot change it (run {out} "
+                        f"records {', '.join(f'{f} {recorded[f]!r}' for f in changed if f in recorded) or 'none'})")
+    bad = untrusted_code(cfg.task.name, cfg.task.params, given)
+    if bad:
+        field, path = bad[0]
+        raise UserError(f"run {out} records code to import ({field} {path!r} in its config.yaml); erft imports only "
+                        f"code you name: if you trust it, pass {code_flag(field, path)} again with --resume")
+    return cfg
+
+
+def resume(out: str | Path, *, max_steps: int | None = None, given: dict[str, str] | None = None) -> dict[str, Any]:
     """Continue the run in ``out`` from its newest intact checkpoint with its recorded config.
 
     ``max_steps`` may raise the run's total (not below the steps it already holds); nothing else can change.
+    ``given``: the code references (``{field: path}``, ``tasks.code_references``) the caller names again; a
+    recorded one it does not name is refused (code is named by the person who runs erft, never by a run folder).
     A finished run that is not extended returns at once.
     """
     out = Path(out)
@@ -185,11 +224,11 @@ def resume(out: str | Path, *, max_steps: int | None = None) -> dict[str, Any]:
 
     preflight.check_resume_dir(out)
     if not _is_main_process():
-        return _train(checkpoints.load_run_config(out), out, resume=True)
+        return _train(recorded_config(out, given), out, resume=True)
     # a folder that is not a run is refused before the lock file is created; the method: by _preflight, once
-    checkpoints.load_run_config(out, check_method=False)
+    recorded_config(out, given, check_method=False)
     with RunLock(out):
-        cfg = checkpoints.load_run_config(out, check_method=False)
+        cfg = recorded_config(out, given, check_method=False)
         if max_steps is not None and max_steps != cfg.train.max_steps:
             if max_steps < 1:
                 raise UserError(f"--max-steps must be >= 1, got {max_steps}")
@@ -215,7 +254,10 @@ def is_finished(out: str | Path, max_steps: int) -> bool:
 
 def start_or_resume(cfg: Config, out: str | Path, *, overwrite: bool = False) -> dict[str, Any]:
     """For sweeps: a finished run is kept, an interrupted one resumes, a missing one starts."""
+    from entropy_rft.tasks import code_references
+
     out = Path(out)
     if overwrite or not (out / "config.yaml").is_file():
         return start(cfg, out, overwrite=overwrite)
-    return resume(out, max_steps=cfg.train.max_steps)
+    # the sweep's own config names the code (the recorded config equals it: sweep.check_recorded_configs)
+    return resume(out, max_steps=cfg.train.max_steps, given=dict(code_references(cfg.task.name, cfg.task.params)))

@@ -67,7 +67,13 @@ def is_complete(folder: Path) -> bool:
 def read_build_info(folder: str | os.PathLike) -> dict[str, Any]:
     """The ``erft_build.json`` of a cached folder (``{}`` if it has none)."""
     path = Path(folder) / INFO_FILE
-    return json.loads(path.read_text()) if path.is_file() else {}
+    from entropy_rft.common.streams import parse_json
+
+    try:
+        data = parse_json(path.read_text()) if path.is_file() else {}
+    except ValueError:  # damaged: a build with no record, checked as one
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 def write_build_info(folder: Path, info: dict[str, Any]) -> None:
@@ -139,8 +145,10 @@ def cached_build(final: Path, build: Callable[[Path], None], *, timeout: float =
             problem = checksum_problem(final)
             if problem is None:
                 return final
-            print(f"erft: warning: the cached model {final}: {problem}; building it again", file=sys.stderr,
-                  flush=True)
+            from entropy_rft.common.text import visible
+
+            print(f"erft: warning: the cached model {visible(final)}: {visible(problem)}; building it again",
+                  file=sys.stderr, flush=True)
         for stale in final.parent.glob(f".tmp-{final.name}-*"):
             shutil.rmtree(stale, ignore_errors=True)
         if final.exists():  # an incomplete folder not made by us (e.g. a file deleted by hand)

@@ -6,12 +6,12 @@ here, and ``huggingface_hub`` is imported only when a hub id is looked up.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
 
 from entropy_rft.common.errors import UserError
+from entropy_rft.common.streams import parse_json
 
 # Built-in policy names (built by ``entropy_rft.training.sft`` and ``entropy_rft.models.loading.build_smollm2``).
 DEFAULT_NAME = "default"
@@ -41,6 +41,27 @@ def first_line(e: BaseException) -> str:
 
 def _env_true(name: str) -> bool:
     return os.environ.get(name, "").strip().upper() in {"1", "ON", "YES", "TRUE"}
+
+
+TRUST_REMOTE_CODE_ENV = "ERFT_TRUST_REMOTE_CODE"
+
+
+def trust_remote_code() -> bool:
+    """Whether a model or tokenizer folder may run its own code (``auto_map``: transformers'
+    ``trust_remote_code``): only when the person running erft opts in with ``ERFT_TRUST_REMOTE_CODE=1``. Every
+    ``from_pretrained`` of erft passes this value explicitly, so transformers never asks (its interactive
+    "run the custom code? [y/N]")."""
+    return _env_true(TRUST_REMOTE_CODE_ENV)
+
+
+def remote_code_refused(name: str, e: BaseException) -> str | None:
+    """The one-line refusal of a model folder whose files ask to run their own code, when ``e`` is
+    transformers' refusal of it (None otherwise)."""
+    if "trust_remote_code" not in str(e):
+        return None
+    return (f"--model {name!r}: its files ask to run their own code (auto_map in config.json or "
+            f"tokenizer_config.json); erft runs no code from a model folder unless you set "
+            f"{TRUST_REMOTE_CODE_ENV}=1 for a folder you trust")
 
 
 def hub_offline() -> bool:
@@ -75,7 +96,7 @@ def _safetensors_problem(path: Path) -> str | None:
             if n > min(size - 8, _SAFETENSORS_MAX_HEADER):
                 return (f"{path} is truncated or corrupt (its header claims {n} bytes in a {size}-byte file); "
                         "re-save or re-download it")
-            header = json.loads(f.read(n))
+            header = parse_json(f.read(n))
         end = max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"), default=0)
     except OSError as e:
         return f"{path} cannot be read ({first_line(e)})"
@@ -91,7 +112,7 @@ def _safetensors_problem(path: Path) -> str | None:
 
 def _read_json(path: Path, what: str) -> tuple[Any, str | None]:
     try:
-        return json.loads(path.read_text(encoding="utf-8")), None
+        return parse_json(path.read_text(encoding="utf-8")), None
     except OSError as e:
         return None, f"{path} cannot be read ({first_line(e)})"
     except ValueError as e:  # JSONDecodeError, UnicodeDecodeError

@@ -49,6 +49,8 @@ from entropy_rft.models.files import (  # noqa: F401  (locate_policy & co. re-ex
     hub_offline,
     locate_policy,
     policy_names,
+    remote_code_refused,
+    trust_remote_code,
 )
 from entropy_rft.models.gguf import (  # noqa: F401  (re-exported: models' public names)
     SMOLLM2_FOLDER,
@@ -97,10 +99,12 @@ def load_tokenizer(name: str, where: str) -> PreTrainedTokenizerBase:
     local = Path(where).is_dir()
     hub_kwargs: dict[str, Any] = {} if local else {"cache_dir": str(hub_cache_dir())}
     try:
-        tokenizer = AutoTokenizer.from_pretrained(where, **hub_kwargs)
+        tokenizer = AutoTokenizer.from_pretrained(where, trust_remote_code=trust_remote_code(), **hub_kwargs)
     except (MemoryError, torch.OutOfMemoryError):
         raise
     except Exception as e:  # tokenizers' parse errors are plain Exception
+        if remote_code_refused(name, e):
+            raise UserError(remote_code_refused(name, e)) from None
         files = [t for t in TOKENIZER_FILES if (Path(where) / t).is_file()] if local else []
         what = (str(Path(where) / files[0]) if len(files) == 1 else
                 f"the tokenizer ({', '.join(files)}) in {where}" if files else f"the tokenizer of {where}")
@@ -140,10 +144,13 @@ def load_policy(
     local = Path(where).is_dir()
     hub_kwargs: dict[str, Any] = {} if local else {"cache_dir": str(hub_cache_dir())}
     try:
-        model = AutoModelForCausalLM.from_pretrained(where, dtype=torch_dtype, **hub_kwargs)
+        model = AutoModelForCausalLM.from_pretrained(where, dtype=torch_dtype, trust_remote_code=trust_remote_code(),
+                                                     **hub_kwargs)
     except (MemoryError, torch.OutOfMemoryError):
         raise
     except Exception as e:  # safetensors' SafetensorError, OSError, ValueError, RuntimeError (state dict)
+        if remote_code_refused(name, e):
+            raise UserError(remote_code_refused(name, e)) from None
         weights = next((Path(where) / w for w in WEIGHT_FILES if (Path(where) / w).is_file()), None) if local \
             else None
         what = str(weights) if weights is not None else f"the model in {where}"

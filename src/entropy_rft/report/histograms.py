@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from entropy_rft.analysis.pass_filter import keep_question
+from entropy_rft.common.text import mathtext_literal
 from entropy_rft.report.plots import figure_png, plt
 
 
@@ -24,8 +25,9 @@ def eval_histogram_png(results: list[dict[str, Any]]) -> bytes:
                 continue
             h = np.asarray(r["pass_rate_hist"], dtype=float)
             x = np.arange(len(h))
-            ax.bar(x + (j - (len(models) - 1) / 2) * width, h / max(1.0, h.sum()), width=width, label=m)
-        ax.set_title(d)
+            ax.bar(x + (j - (len(models) - 1) / 2) * width, h / max(1.0, h.sum()), width=width,
+                   label=mathtext_literal(m))
+        ax.set_title(mathtext_literal(d))
         ax.set_xlabel("correct samples per question (c of n)")
         ax.set_ylabel("share of questions")
     axes[0][0].legend(fontsize=7)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import base64
 import html
 
+from entropy_rft.common.text import table_row_cells
+
 # The page fits ~1000 px: tables wrap (labels anywhere, headers after '/' and '_', a cell's '± std' onto a
 # second line) and scroll inside their own box only if they still do not fit; figures scale to the width.
 CSS = """
@@ -42,7 +44,7 @@ def table_html(md: str) -> str:
     lines = [ln for ln in md.strip().splitlines() if ln.startswith("|") and not ln.startswith("|---")]
     if not lines:
         return ""
-    cells = [[c.strip() for c in ln.strip().strip("|").split("|")] for ln in lines]
+    cells = [table_row_cells(ln) for ln in lines]
     # Allow line breaks after '/' and '_' so long metric names wrap inside their column.
     head = "".join(f"<th>{html.escape(c).replace('/', '/<wbr>').replace('_', '_<wbr>')}</th>" for c in cells[0])
 

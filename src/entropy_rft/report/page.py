@@ -37,6 +37,7 @@ from entropy_rft.analysis.summary import (
     run_summary,
 )
 from entropy_rft.common.errors import UserError
+from entropy_rft.common.text import table_cell
 from entropy_rft.report import plots, probe_plots
 from entropy_rft.report.equal_entropy_page import equal_entropy_section
 from entropy_rft.report.html_parts import CSS, figure_html, not_shown_html, table_html
@@ -121,14 +122,15 @@ def _law_html(fits: Sequence[dict], runs: Sequence[RunData]) -> tuple[str, bytes
     law_rows, fc_rows = [], []
     for f in fits:
         note = f.get("warning") or f.get("error") or ""
-        fc_rows.append(f"| {f['run']} | {f['label']} | " + " | ".join(
+        who = f"| {table_cell(f['run'])} | {table_cell(f['label'])} |"
+        fc_rows.append(f"{who} " + " | ".join(
             fmt(f["forecast"][f"law/forecast_err@{p}"]).replace("n/a", "–") for p in ("10%", "20%", "40%")) + " |")
         if f.get("fit"):
             ft = f["fit"]
-            law_rows.append(f"| {f['run']} | {f['label']} | {ft['n']} | {ft['a']:.4f} | {ft['b']:.4f} | "
-                            f"{ft['ceiling']:.4f} | {fmt(ft['r2'], 3)} | {note} |")
+            law_rows.append(f"{who} {ft['n']} | {ft['a']:.4f} | {ft['b']:.4f} | "
+                            f"{ft['ceiling']:.4f} | {fmt(ft['r2'], 3)} | {table_cell(note)} |")
         else:
-            law_rows.append(f"| {f['run']} | {f['label']} | {len(f['points']['step'])} | – | – | – | – | {note} |")
+            law_rows.append(f"{who} {len(f['points']['step'])} | – | – | – | – | {table_cell(note)} |")
     out = "<h2>Entropy-performance law</h2>"
     warned = [f for f in fits if f.get("warning")]
     if warned:

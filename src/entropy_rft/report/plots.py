@@ -31,6 +31,7 @@ from entropy_rft.analysis.runs import (  # noqa: E402
     pass_curve,
     series,
 )
+from entropy_rft.common.text import mathtext_literal  # noqa: E402
 from entropy_rft.control.lens import QUADRANTS  # noqa: E402
 
 if TYPE_CHECKING:
@@ -81,7 +82,8 @@ LEGEND_WRAP = 44  # characters per legend line: a long label wraps instead of wi
 
 
 def wrapped(labels: Sequence[str]) -> list[str]:
-    return [textwrap.fill(str(lab), LEGEND_WRAP, break_on_hyphens=False) for lab in labels]
+    """Legend labels wrapped at ``LEGEND_WRAP`` characters and drawn literally (a run's ``$`` is no formula)."""
+    return [mathtext_literal(textwrap.fill(str(lab), LEGEND_WRAP, break_on_hyphens=False)) for lab in labels]
 
 
 def legend_right(ax, handles: Sequence | None = None, fontsize: float = 8) -> None:

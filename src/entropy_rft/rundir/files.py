@@ -181,7 +181,9 @@ def fault_point(point: str, step: int) -> None:
 
 def warn(msg: str) -> None:
     """One line on stderr: something was wrong but nothing is lost, and the run goes on."""
-    print(f"erft: warning: {msg}", file=sys.stderr, flush=True)
+    from entropy_rft.common.text import visible
+
+    print(f"erft: warning: {visible(msg)}", file=sys.stderr, flush=True)
 
 
 def _parse_lines(path: Path) -> tuple[list[tuple[int, str, dict | None]], bool]:

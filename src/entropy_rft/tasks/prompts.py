@@ -47,7 +47,8 @@ def format_question(question: str, template: str = MATH_TEMPLATE) -> str:
     """Put ``question`` into ``template`` (which must contain ``{question}``)."""
     if "{question}" not in template:
         raise ValueError(f"prompt template must contain '{{question}}', got {template!r}")
-    return template.replace("{question}", question.strip()).replace("{{}}", "{}")
+    # the template's own "{{}}" is unescaped, never the question's text (a dataset row may hold "{{}}")
+    return question.strip().join(part.replace("{{}}", "{}") for part in template.split("{question}"))
 
 
 def make_prompt(question: str, *, template: str = MATH_TEMPLATE, prompt_format: str = "chat",
@@ -70,7 +71,17 @@ def render_prompt(tokenizer, prompt: str) -> tuple[str, bool]:
     returned as is.
     """
     if isinstance(prompt, ChatPrompt) and has_chat_template(tokenizer):
-        text = tokenizer.apply_chat_template(prompt.messages, tokenize=False, add_generation_prompt=True)
+        try:
+            text = tokenizer.apply_chat_template(prompt.messages, tokenize=False, add_generation_prompt=True)
+        except MemoryError:
+            raise
+        except Exception as e:  # noqa: BLE001 - jinja2's TemplateError, SecurityError, the template's own raise
+            from entropy_rft.common.errors import UserError
+
+            what = (str(e).strip().splitlines() or [""])[0][:200] or type(e).__name__
+            raise UserError(f"the tokenizer's chat template cannot render a prompt ({type(e).__name__}: {what}); "
+                            "fix chat_template in the model's tokenizer_config.json, or pass plain prompts "
+                            "(task.params.prompt_format=plain)") from None
         return text, True
     return str(prompt), False
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from entropy_rft.common.errors import UserError
+from entropy_rft.common.streams import parse_json, regular_problem
 
 BAD_ROW_POLICIES = ("skip", "error")
 LOCAL_SUFFIXES = (".parquet", ".jsonl", ".json")
@@ -63,14 +64,15 @@ def _read_local(path: Path) -> list[Any]:
             if not line.strip():
                 continue
             try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
+                rows.append(parse_json(line))
+            except ValueError:  # not JSON, or nested too deep
                 rows.append(_BadJson(line[:80]))
         return rows
     try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise UserError(f"dataset file '{path}' is not valid JSON (line {e.lineno}); fix it or use JSONL") from None
+        data = parse_json(text)
+    except ValueError as e:
+        where = f" (line {e.lineno})" if isinstance(e, json.JSONDecodeError) else f" ({e})"
+        raise UserError(f"dataset file '{path}' is not valid JSON{where}; fix it or use JSONL") from None
     if isinstance(data, dict):
         lists = [v for v in data.values() if isinstance(v, list)]
         if len(lists) == 1:  # {"data": [...]}
@@ -93,8 +95,9 @@ def load_rows(source: str, *, split: str = "train", config: str | None = None) -
         if p.is_dir():
             raise UserError(f"dataset file '{p}' is a folder; set task.params.source to a .parquet/.jsonl/.json "
                             "file in it, or a hub id")
-        if not p.is_file():
-            raise UserError(f"dataset file '{p}' not found; set task.params.source to an existing "
+        problem = regular_problem(p)
+        if problem is not None:  # "not a regular file (a device)" for /dev/zero, a FIFO: never opened
+            raise UserError(f"dataset file '{p}': {problem}; set task.params.source to an existing "
                             ".parquet/.jsonl/.json file or a hub id")
         if p.suffix.lower() not in LOCAL_SUFFIXES:
             raise UserError(f"dataset file '{p}' has an unknown type; use .parquet, .jsonl or .json")
@@ -219,7 +222,10 @@ def rows_to_pairs(rows: list[Any], *, source: str, prompt_key: str = "prompt", a
         if on_bad_rows == "error":
             raise UserError(report.message() + "; fix those rows or set task.params.on_bad_rows=skip")
         if not quiet:
-            print(f"warning: {report.message()}; skipped them (task.params.on_bad_rows=skip)", file=sys.stderr)
+            from entropy_rft.common.text import visible
+
+            print(f"warning: {visible(report.message())}; skipped them (task.params.on_bad_rows=skip)",
+                  file=sys.stderr)
     if not out:
         raise UserError(f"dataset '{source}' has no usable rows (of {len(rows)}); check "
                         f"task.params.prompt_key='{prompt_key}' and answer_key='{answer_key}'")
