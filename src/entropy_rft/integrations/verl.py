@@ -322,7 +322,17 @@ def _stats_engine_class(base: type) -> type:
     return ErftStatsEngine
 
 
+from verl.single_controller.base.decorator import MAGIC_ATTR, register  # noqa: E402
 from verl.workers.engine_workers import ActorRolloutRefWorker  # noqa: E402
+
+
+def parent_dispatch(fn):
+    """Register ``fn`` with verl's ``@register`` under the dispatch, execute and blocking modes of the method of
+    the same name on ``ActorRolloutRefWorker``. Ray's worker group binds only methods that carry that
+    attribute: an override without it is never callable from the trainer (``'RayWorkerGroup' object has no
+    attribute 'init_model'``)."""
+    attrs = getattr(getattr(ActorRolloutRefWorker, fn.__name__), MAGIC_ATTR)
+    return register(**attrs)(fn)
 
 
 class ErftActorRolloutRefWorker(ActorRolloutRefWorker):
@@ -332,6 +342,7 @@ class ErftActorRolloutRefWorker(ActorRolloutRefWorker):
     method from ``actor_rollout_ref.actor.policy_loss.loss_mode``.
     """
 
+    @parent_dispatch
     def init_model(self):
         super().init_model()
         if self.actor is None:
@@ -349,6 +360,7 @@ class ErftActorRolloutRefWorker(ActorRolloutRefWorker):
         self.loss_fn = functools.partial(erft_ppo_loss, config=actor_config)
         self.actor.set_loss_fn(self.loss_fn)
 
+    @parent_dispatch
     def compute_log_prob(self, data):
         # the old-policy pass (compute_loss False, calculate_entropy True); the ref pass goes to self.ref
         from verl.utils import tensordict_utils as tu
@@ -357,6 +369,7 @@ class ErftActorRolloutRefWorker(ActorRolloutRefWorker):
             tu.assign_non_tensor(data, erft_token_stats=True)
         return super().compute_log_prob(data)
 
+    @parent_dispatch
     def update_actor(self, data):
         if self.erft_method is not None and self.erft_method.stage == "rollout":
             add_rollout_keep(self.erft_method, data)
