@@ -33,7 +33,8 @@ What is per micro-batch or per rank (docs/verl.md): ClipB/ClipV/80-20/grad-mask 
 batch over all ranks (exact). Clip-Cov/KL-Cov select inside verl's loss hook, which sees one micro-batch:
 per micro-batch, but over all data-parallel ranks (all-gather; verl gives every rank the same number of
 micro-batches); per rank when the world is not the data-parallel group (sequence/tensor parallel).
-Layer 3 is unit-tested piece by piece on CPU; a full Ray run was not possible in our CI (no GPU, no vLLM).
+Layer 3 is unit-tested piece by piece on CPU and runs inside real ``main_ppo`` jobs on CPU in CI (Ray, 1 and 2
+FSDP ranks, a transformers rollout: ``tests_verl/test_real_job.py``); not on GPUs with vLLM/SGLang.
 
 The verl-free pieces live beside this module and stay importable from it: ``integrations.verl_conventions``
 (verl's actor config as ``policy_loss`` arguments, ``global_scale``) and ``integrations.verl_stats`` (layer 3's
