@@ -6,19 +6,24 @@ platform, gloo, the FSDP engines registered for ``cpu``, a transformers rollout 
 - ``none`` is stock verl: the same seeded job with verl's ``vanilla`` loss (trainer ``sync``) and with
   ``erft_none`` under ``erft_sync`` (the plug-in's worker, unreachable before issue 47's fix) samples the same
   responses, scores the same rewards and logs the same per-step loss, gradient norm and entropy, to float32
-  rounding (fp32 parameters; bit for bit only where the inputs are: step 1's entropy, rewards, lengths);
+  rounding (fp32 parameters; bit for bit only where the order of the batch's rows does not matter: maximum and
+  minimum reward and advantage, response lengths);
 - ClipV on 2 FSDP ranks under ``erft_sync``: the tokens it drops each step equal ``control.clip_v_mask`` on the
   batch gathered from both ranks (each rank's statistics, advantages, masks and keep mask recorded by
-  ``erft_cpu_dump``), and ``actor/loss/counted_frac`` < 1 in verl's log.
+  ``erft_cpu_dump``), and ``actor/loss/counted_frac`` < 1 in verl's log; the command is the kit's launch script's;
+- ``erft fit-law`` and ``erft report`` on the console and file logs of the ``erft_none`` job (validation after every
+  step) give the plain least-squares fit of its (entropy, validation score) pairs.
 
 Each job takes 2-3 minutes on 2 loaded cores (about a minute of start-up).
 """
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -29,6 +34,9 @@ import erft_cpu_job as job  # noqa: E402
 from entropy_rft import control  # noqa: E402
 
 STEPS = 3
+VALIDATION = ("trainer.test_freq=1", "data.val_max_samples=8", "trainer.logger=[console,file]",
+              "actor_rollout_ref.rollout.val_kwargs.do_sample=True",  # sampled: greedy scores 0 on every prompt
+              "actor_rollout_ref.rollout.val_kwargs.temperature=1.0")
 KIT = Path(__file__).resolve().parents[1] / "examples" / "verl" / "qwen2.5-7b_clipv.sh"
 FP32 = ("+actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=fp32",
         "actor_rollout_ref.actor.fsdp_config.use_torch_compile=False")
@@ -48,9 +56,22 @@ def run(assets, out: Path, loss_mode: str, trainer_mode: str, env: dict[str, str
     return job.metrics(job.run_job(args, out, env=env))
 
 
-def test_none_is_stock_verl(assets, tmp_path):
-    stock = run(assets, tmp_path / "vanilla", "vanilla", "sync", steps=STEPS, extra=FP32)
-    ours = run(assets, tmp_path / "erft_none", "erft_none", "erft_sync", steps=STEPS, extra=FP32)
+@pytest.fixture(scope="module")
+def none_jobs(assets, tmp_path_factory):
+    """The stock job (verl's vanilla, trainer sync) and ours (erft_none under erft_sync, with validation after
+    every step and verl's console and file loggers): (stock metrics, our metrics, our console log, our file log).
+    Validation samples other prompts, each request from its own seeded generator, so it leaves the training
+    rollouts as they are."""
+    root = tmp_path_factory.mktemp("none")
+    stock = run(assets, root / "vanilla", "vanilla", "sync", steps=STEPS, extra=FP32)
+    jsonl = root / "erft_none.jsonl"
+    ours = run(assets, root / "erft_none", "erft_none", "erft_sync", steps=STEPS, extra=(*FP32, *VALIDATION),
+               env={"VERL_FILE_LOGGER_PATH": str(jsonl)})
+    return stock, ours, root / "erft_none" / "job.log", jsonl
+
+
+def test_none_is_stock_verl(none_jobs):
+    stock, ours, _, _ = none_jobs
     assert sorted(stock) == sorted(ours) == list(range(1, STEPS + 1))
     for step in stock:
         a, b = stock[step], ours[step]
@@ -63,10 +84,8 @@ def test_none_is_stock_verl(assets, tmp_path):
         for key in ("critic/score/mean", "critic/advantages/mean"):
             assert b[key] == pytest.approx(a[key], rel=1e-6), (step, key)
         assert b["actor/loss/counted_frac"] == 1.0
-        # the entropy: bit for bit on step 1 (the same weights); after an update the weights differ by float32
-        # rounding (the loss below), and the entropy with them
-        if step == 1:
-            assert a["actor/entropy"] == b["actor/entropy"]
+        # the entropy: a mean over the batch's tokens, whose rows come in another order from run to run (verl's
+        # agent loop), and after an update the weights differ by float32 rounding (the loss below)
         assert b["actor/entropy"] == pytest.approx(a["actor/entropy"], rel=1e-6), step
         # the loss: the same value up to float32 rounding (ours sums over the same tokens in another order)
         assert b["actor/pg_loss"] == pytest.approx(a["actor/pg_loss"], rel=2e-6), step
@@ -112,3 +131,33 @@ def test_the_kits_clip_v_command_on_two_ranks_drops_the_global_rule(assets, tmp_
         assert (mask & ~g["keep"]).any(), name  # it drops something
     for step in (1, 2):
         assert logged[step]["actor/loss/counted_frac"] < 1.0, step
+
+
+def test_fit_law_and_report_on_the_real_jobs_logs(none_jobs, tmp_path):
+    """Issue 38's readers on a genuine verl log: ``erft fit-law`` on the console log and on the file log the real
+    job wrote gives the plain least-squares fit of its (actor/entropy, validation score) pairs, read here from
+    the console log by the harness's own parser; ``erft report`` draws both."""
+    from entropy_rft.cli.main import main
+
+    _, ours, console, jsonl = none_jobs
+    key = "val-aux/erft:countdown/reward/mean@1"  # the harness's reward (verl's acc is 0 without a 0/1 score)
+    steps = [s for s in sorted(ours) if key in ours[s]]
+    assert steps == list(range(1, STEPS + 1))
+    hs = [ours[s]["actor/entropy"] for s in steps]
+    rs = [ours[s][key] for s in steps]
+    assert len(set(rs)) > 1, rs  # a fit of something
+    x = np.stack([-np.exp(np.asarray(hs)), np.ones(len(hs))], 1)
+    (a, b), *_ = np.linalg.lstsq(x, np.asarray(rs), rcond=None)
+    for name, path in (("console", console), ("file", jsonl)):
+        out = tmp_path / f"{name}.json"
+        assert main(["fit-law", str(path), "--metric", key, "--json", str(out)]) == 0
+        res = json.loads(out.read_text())
+        assert res["source"] == f"verl-{name}" and res["entropy"] == "actor/entropy" and res["metric"] == key
+        assert res["points"]["step"] == steps
+        assert res["points"]["entropy"] == pytest.approx(hs, rel=1e-9)
+        assert res["points"]["accuracy"] == pytest.approx(rs, rel=1e-9)
+        assert res["fit"]["a"] == pytest.approx(a, rel=1e-6, abs=1e-9)
+        assert res["fit"]["b"] == pytest.approx(b, rel=1e-6, abs=1e-9)
+    assert main(["report", str(console), str(jsonl), "--metric", key, "--out", str(tmp_path / "rep")]) == 0
+    nums = json.loads((tmp_path / "rep" / "report.json").read_text())
+    assert {"entropy", "accuracy", "law"} <= set(nums["figures"])

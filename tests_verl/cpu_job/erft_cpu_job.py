@@ -48,8 +48,9 @@ def export_data(folder: Path) -> Path:
 
 def overrides(model: Path, data: Path, out: Path, *, loss_mode: str, trainer_mode: str = "sync", ranks: int = 1,
               steps: int = 3, extra: tuple[str, ...] = ()) -> list[str]:
-    """main_ppo's overrides for a small seeded GRPO job (4 prompts x 4 samples a step, 8 response tokens)."""
-    return [
+    """main_ppo's overrides for a small seeded GRPO job (4 prompts x 4 samples a step, 8 response tokens);
+    ``extra`` adds keys or replaces the job's own."""
+    base = [
         "algorithm.adv_estimator=grpo",
         "algorithm.use_kl_in_reward=False",
         f"data.train_files={data / 'train.parquet'}",
@@ -93,8 +94,15 @@ def overrides(model: Path, data: Path, out: Path, *, loss_mode: str, trainer_mod
         "+ray_kwargs.ray_init.include_dashboard=False",
         f"+ray_kwargs.ray_init.num_gpus={ranks}",
         "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
-        *extra,
     ]
+    return merged(base, list(extra))
+
+
+def merged(base: list[str], extra: list[str]) -> list[str]:
+    """``base`` with each key that ``extra`` also sets replaced by ``extra``'s value, then ``extra``'s other keys
+    (Hydra refuses a key given twice)."""
+    ours = {_key(o): o for o in extra}
+    return [ours.pop(_key(o), o) for o in base] + list(ours.values())
 
 
 def _key(override: str) -> str:
@@ -110,9 +118,7 @@ def kit_overrides(script: Path, model: Path, data: Path, harness: list[str]) -> 
     r = subprocess.run(["bash", str(script)], capture_output=True, text=True, env=env, timeout=120)
     if r.returncode != 0:
         raise RuntimeError(f"{script} DRY_RUN=1 failed: {r.stderr[-2000:]}")
-    ours = {_key(o): o for o in harness}
-    merged = [ours.pop(_key(o), o) for o in r.stdout.splitlines() if o]
-    return merged + list(ours.values())
+    return merged([o for o in r.stdout.splitlines() if o], harness)
 
 
 def run_job(args: list[str], out: Path, env: dict[str, str] | None = None, timeout: int = 600) -> str:
@@ -134,10 +140,11 @@ def run_job(args: list[str], out: Path, env: dict[str, str] | None = None, timeo
 
 
 _STEP = re.compile(r"step:(\d+) - (.*)")
+_NUMPY = re.compile(r"^np\.\w+\((.*)\)$")  # verl prints numpy scalars as np.float64(x)
 
 
 def metrics(log: str) -> dict[int, dict[str, float]]:
-    """Per-step metrics from verl's console logger lines (``step:N - key:value - ...``)."""
+    """Per-step metrics from verl's console logger lines (``step:N - key:value - ...``; numpy scalars unwrapped)."""
     out: dict[int, dict[str, float]] = {}
     for line in log.splitlines():
         m = _STEP.search(line)
@@ -146,6 +153,8 @@ def metrics(log: str) -> dict[int, dict[str, float]]:
         row = out.setdefault(int(m.group(1)), {})
         for part in m.group(2).split(" - "):
             key, _, val = part.rpartition(":")
+            val = val.strip()
+            numpy = _NUMPY.match(val)
             with contextlib.suppress(ValueError):
-                row[key.strip()] = float(val)
+                row[key.strip()] = float(numpy.group(1) if numpy else val)
     return out
