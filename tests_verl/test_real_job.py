@@ -81,14 +81,14 @@ def test_none_is_stock_verl(none_jobs):
         for key in ("critic/score/max", "critic/score/min", "critic/advantages/max", "critic/advantages/min",
                     "response_length/mean", "response_length/min"):
             assert a[key] == b[key], (step, key, a[key], b[key])
-        for key in ("critic/score/mean", "critic/advantages/mean"):
-            assert b[key] == pytest.approx(a[key], rel=1e-6), (step, key)
+        for key in ("critic/score/mean", "critic/advantages/mean"):  # means of O(1) terms that cancel: absolute
+            assert b[key] == pytest.approx(a[key], rel=1e-6, abs=1e-6), (step, key)
         assert b["actor/loss/counted_frac"] == 1.0
         # the entropy: a mean over the batch's tokens, whose rows come in another order from run to run (verl's
         # agent loop), and after an update the weights differ by float32 rounding (the loss below)
         assert b["actor/entropy"] == pytest.approx(a["actor/entropy"], rel=1e-6), step
         # the loss: the same value up to float32 rounding (ours sums over the same tokens in another order)
-        assert b["actor/pg_loss"] == pytest.approx(a["actor/pg_loss"], rel=2e-6), step
+        assert b["actor/pg_loss"] == pytest.approx(a["actor/pg_loss"], rel=2e-6, abs=1e-7), step
         assert b["actor/grad_norm"] == pytest.approx(a["actor/grad_norm"], rel=2e-6), step
 
 
