@@ -75,7 +75,8 @@ test: $(STAMP) browser
 	.venv/bin/python -m pytest -n 2 --dist loadfile
 
 # verl extra: a separate venv (verl pins transformers<5.11), torch first from the local wheel.
-# Not part of `make test` (the install alone takes minutes).
+# Not part of `make test` (the install alone takes minutes). tests_verl/test_real_job.py runs real verl main_ppo
+# jobs on the CPU through a test-only harness (tests_verl/cpu_job): 3 jobs, about 5-10 minutes on 2 cores.
 VPY    := .venv-verl/bin/python
 VSTAMP := .venv-verl/.erft-installed
 

@@ -6,9 +6,9 @@
 #   MODEL=/path/to/Qwen2.5-7B-Instruct bash examples/verl/qwen2.5-7b_clipv.sh [extra hydra overrides...]
 #   DRY_RUN=1 ... prints the overrides instead of launching.
 #
-# Status: the overrides compose into verl 0.9.1's own trainer config in CI (tests_verl/test_kit.py), and the
-# statistics hook runs inside verl's real FSDP prepare_model_outputs there; a Ray run on GPUs has not been
-# made by this project yet (docs/verl.md, "What has run").
+# Status: in CI these overrides, with the model, sizes, devices, rollout and reward swapped for a tiny CPU job
+# (and ClipV's mu lowered), train 2 steps of a real main_ppo job on 2 FSDP ranks (tests_verl/test_real_job.py);
+# a run on GPUs with vLLM has not been made by this project yet (docs/verl.md, "What has run").
 set -euo pipefail
 MODEL=${MODEL:?set MODEL to a local Qwen2.5-7B-Instruct folder}
 DATA=${DATA:-data/dapo}

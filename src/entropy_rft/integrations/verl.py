@@ -33,7 +33,8 @@ What is per micro-batch or per rank (docs/verl.md): ClipB/ClipV/80-20/grad-mask 
 batch over all ranks (exact). Clip-Cov/KL-Cov select inside verl's loss hook, which sees one micro-batch:
 per micro-batch, but over all data-parallel ranks (all-gather; verl gives every rank the same number of
 micro-batches); per rank when the world is not the data-parallel group (sequence/tensor parallel).
-Layer 3 is unit-tested piece by piece on CPU; a full Ray run was not possible in our CI (no GPU, no vLLM).
+Layer 3 is unit-tested piece by piece on CPU and runs inside real ``main_ppo`` jobs on CPU in CI (Ray, 1 and 2
+FSDP ranks, a transformers rollout: ``tests_verl/test_real_job.py``); not on GPUs with vLLM/SGLang.
 
 The verl-free pieces live beside this module and stay importable from it: ``integrations.verl_conventions``
 (verl's actor config as ``policy_loss`` arguments, ``global_scale``) and ``integrations.verl_stats`` (layer 3's
@@ -322,7 +323,17 @@ def _stats_engine_class(base: type) -> type:
     return ErftStatsEngine
 
 
+from verl.single_controller.base.decorator import MAGIC_ATTR, register  # noqa: E402
 from verl.workers.engine_workers import ActorRolloutRefWorker  # noqa: E402
+
+
+def parent_dispatch(fn):
+    """Register ``fn`` with verl's ``@register`` under the dispatch, execute and blocking modes of the method of
+    the same name on ``ActorRolloutRefWorker``. Ray's worker group binds only methods that carry that
+    attribute: an override without it is never callable from the trainer (``'RayWorkerGroup' object has no
+    attribute 'init_model'``)."""
+    attrs = getattr(getattr(ActorRolloutRefWorker, fn.__name__), MAGIC_ATTR)
+    return register(**attrs)(fn)
 
 
 class ErftActorRolloutRefWorker(ActorRolloutRefWorker):
@@ -332,6 +343,7 @@ class ErftActorRolloutRefWorker(ActorRolloutRefWorker):
     method from ``actor_rollout_ref.actor.policy_loss.loss_mode``.
     """
 
+    @parent_dispatch
     def init_model(self):
         super().init_model()
         if self.actor is None:
@@ -349,6 +361,7 @@ class ErftActorRolloutRefWorker(ActorRolloutRefWorker):
         self.loss_fn = functools.partial(erft_ppo_loss, config=actor_config)
         self.actor.set_loss_fn(self.loss_fn)
 
+    @parent_dispatch
     def compute_log_prob(self, data):
         # the old-policy pass (compute_loss False, calculate_entropy True); the ref pass goes to self.ref
         from verl.utils import tensordict_utils as tu
@@ -357,6 +370,7 @@ class ErftActorRolloutRefWorker(ActorRolloutRefWorker):
             tu.assign_non_tensor(data, erft_token_stats=True)
         return super().compute_log_prob(data)
 
+    @parent_dispatch
     def update_actor(self, data):
         if self.erft_method is not None and self.erft_method.stage == "rollout":
             add_rollout_keep(self.erft_method, data)
