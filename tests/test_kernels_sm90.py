@@ -67,7 +67,7 @@ sys.path.insert(0, sys.argv[1])
 import sass
 from entropy_rft.core.kernels.stats import default_block, default_warps
 b = default_block(sass.V_FULL)
-ours, trl = sass.ours(b, default_warps(b)), sass.trl()
+ours, trl = sass.ours(b, default_warps(b, 2)), sass.trl()
 print(ours.per_logit, trl.per_logit, ours.opcodes.get("MUFU", 0) / ours.per_thread)
 """
 

@@ -166,7 +166,7 @@ def line(c: LoopCount) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--block", type=int, default=None, help="one block size (default: the default and others)")
-    p.add_argument("--warps", type=int, default=None, help="warps per program (default: default_warps(block))")
+    p.add_argument("--warps", type=int, default=None, help="warps per program (default: bf16's default_warps)")
     p.add_argument("--dump", type=Path, default=None, help="write the SASS of the one --block kernel here")
     a = p.parse_args(argv)
     sys.path.insert(0, str(ROOT / "src"))
@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
 
     blocks = [a.block] if a.block else [default_block(V_FULL), 1024, 4096]
     for b in blocks:
-        print(line(ours(b, a.warps or default_warps(b), a.dump if a.block else None)))
+        print(line(ours(b, a.warps or default_warps(b, 2), a.dump if a.block else None)))
     print(line(trl()))
     return 0
 
