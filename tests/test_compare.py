@@ -85,3 +85,27 @@ def test_rerun_resumes_without_retraining(compared, capsys):
         assert [r["step"] for r in rows] == [0, 1, 2, 3]
         assert rows[:3] == [json.loads(ln) for ln in text.splitlines()]
     assert json.loads((out / "summary.json").read_text())["runs"][0]["steps"] == 3
+
+
+def test_a_compare_beside_on_the_same_out_is_not_foreign(tmp_path):
+    """Two ``erft compare`` on one --out (a lease wave starts one per method): the other's run folder before its
+    run.json (locked, or not even that yet) and its summary's temp file are not foreign; anything else still is
+    (the CI rehearsal's realm-3 wave lost a run to this race: exit 2, "holds files erft compare did not write")."""
+    from types import SimpleNamespace
+
+    from entropy_rft.common.errors import UserError
+    from entropy_rft.launch.sweep import check_out_folder
+
+    plans = [(SimpleNamespace(dirname="kl_cov"), 2, None)]
+    (tmp_path / "clip_cov-s2").mkdir()
+    (tmp_path / "clip_cov-s2" / ".erft.lock").write_text("4242")
+    (tmp_path / "clip_v-s2").mkdir()
+    (tmp_path / ".summary.json.k3j4h_x").write_text("{")
+    check_out_folder(tmp_path, plans)
+    for name, what in (("clip_cov-s2/notes.txt", "clip_cov-s2"), (".summary.txt.k3j4h", ".summary.txt.k3j4h"),
+                       ("mine/.erft.lock/x", "mine")):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("mine")
+        with pytest.raises(UserError, match=f"did not write \\({what}"):
+            check_out_folder(tmp_path, plans)
+        (tmp_path / name).unlink()

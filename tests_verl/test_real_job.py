@@ -11,6 +11,10 @@ platform, gloo, the FSDP engines registered for ``cpu``, a transformers rollout 
 - ClipV on 2 FSDP ranks under ``erft_sync``: the tokens it drops each step equal ``control.clip_v_mask`` on the
   batch gathered from both ranks (each rank's statistics, advantages, masks and keep mask recorded by
   ``erft_cpu_dump``), and ``actor/loss/counted_frac`` < 1 in verl's log; the command is the kit's launch script's;
+- Clip-Cov and KL-Cov under verl's own ``sync`` trainer, 2 PPO epochs a step (the second off-policy): on every
+  micro-batch the job trains on, ``erft_clip_cov`` and ``erft_kl_cov`` equal verl's own ``clip_cov`` and ``kl_cov``
+  (loss, gradient with respect to log p, share of tokens zeroed), read from the same ``policy_loss`` keys
+  (recorded by ``erft_cpu_peer``);
 - ``erft fit-law`` and ``erft report`` on the console and file logs of the ``erft_none`` job (validation after every
   step) give the plain least-squares fit of its (entropy, validation score) pairs.
 
@@ -131,6 +135,43 @@ def test_the_kits_clip_v_command_on_two_ranks_drops_the_global_rule(assets, tmp_
         assert (mask & ~g["keep"]).any(), name  # it drops something
     for step in (1, 2):
         assert logged[step]["actor/loss/counted_frac"] < 1.0, step
+
+
+COV_KEYS = ("actor_rollout_ref.actor.policy_loss.clip_cov_ratio=1.0",  # every candidate: no random pick
+            "actor_rollout_ref.actor.policy_loss.clip_cov_lb=0.05",
+            "actor_rollout_ref.actor.policy_loss.clip_cov_ub=20.0",
+            "actor_rollout_ref.actor.policy_loss.kl_cov_ratio=0.2",
+            "actor_rollout_ref.actor.policy_loss.ppo_kl_coef=1.0")
+
+
+def test_clip_cov_and_kl_cov_equal_verls_own_on_the_jobs_micro_batches(assets, tmp_path):
+    """A real erft_clip_cov job under verl's plain ``sync`` trainer (no erft worker: the parameters come from
+    verl's own keys), 2 steps of 2 PPO epochs; every micro-batch's loss call also evaluates verl's clip_cov and
+    kl_cov and our erft_kl_cov on the same inputs (tests_verl/cpu_job/erft_cpu_peer.py). In fp32: with verl's
+    default bf16 parameters the log-probs arrive in bf16, verl forms the covariance in bf16 and ours in float32,
+    and a token at the edge of Clip-Cov's band can fall on either side (seen: 15 tokens zeroed against 14)."""
+    peer, out = tmp_path / "peer", tmp_path / "clip_cov"
+    args = job.overrides(*assets, out, loss_mode="erft_clip_cov", trainer_mode="sync", steps=2, extra=(
+        *COV_KEYS, *FP32, "actor_rollout_ref.actor.ppo_epochs=2",
+        f"+ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES='{job.EXTERNAL},erft_cpu_peer'"))
+    logged = job.metrics(job.run_job(args, out, env={"ERFT_CPU_PEER": str(peer)}))
+    records = [torch.load(f) for f in sorted(peer.glob("call*_rank0.pt"), key=lambda f: int(f.stem[4:-6]))]
+    assert len(records) == 2 * 2 * 2, len(records)  # steps x epochs x micro-batches (16 responses, 8 a micro-batch)
+    zeroed, off_policy = 0.0, 0.0
+    for i, rec in enumerate(records):
+        mask = rec["response_mask"]
+        for theirs, ours in (("clip_cov", "erft_clip_cov"), ("kl_cov", "erft_kl_cov")):
+            t, o = rec[theirs], rec[ours]
+            assert torch.allclose(o["loss"], t["loss"], rtol=1e-6, atol=1e-8), (i, ours, o["loss"], t["loss"])
+            scale = float(t["grad"].abs().max())
+            assert torch.allclose(o["grad"], t["grad"], rtol=1e-5, atol=1e-6 * scale), (i, ours)
+        assert rec["erft_clip_cov"]["metrics"]["loss/zeroed_frac"] == pytest.approx(
+            rec["clip_cov"]["metrics"]["actor/pg_clipfrac"]), i
+        zeroed = max(zeroed, rec["clip_cov"]["metrics"]["actor/pg_clipfrac"])
+        off_policy = max(off_policy, float((rec["ratio"] - 1).abs()[mask].max()))
+    assert zeroed > 0  # Clip-Cov zeroes tokens
+    assert off_policy > 1e-3  # the second epoch is off-policy: KL-Cov's penalty acts
+    assert all(logged[s]["actor/loss/zeroed_frac"] > 0 for s in (1, 2)), logged
 
 
 def test_fit_law_and_report_on_the_real_jobs_logs(none_jobs, tmp_path):

@@ -14,7 +14,7 @@ import sys
 import pytest
 import torch
 from verl.trainer.ppo.core_algos import get_policy_loss_fn
-from verl.workers.config import FSDPActorConfig
+from verl.workers.config import FSDPActorConfig, PolicyLossConfig
 
 import entropy_rft.integrations.verl as ev
 from entropy_rft import control
@@ -138,32 +138,57 @@ def hand_cov(logp, adv, mask):
     return cov
 
 
+def cov_config(**policy_loss):
+    """An actor config whose ``policy_loss`` sets verl's own Clip-Cov / KL-Cov keys (which both losses read)."""
+    return actor_config(policy_loss=PolicyLossConfig(**policy_loss))
+
+
+def verl_and_ours(name, old, logp, adv, mask, agg, cfg):
+    """(loss, d loss / d log p, metrics) of verl's own ``name`` and of ``erft_<name>`` on the same inputs."""
+    out = []
+    for fn in (get_policy_loss_fn(name), get_policy_loss_fn(f"erft_{name}")):
+        lp = logp.detach().clone().requires_grad_()
+        loss, met = fn(old, lp, adv, mask.float(), agg, cfg)
+        out.append((loss, torch.autograd.grad(loss, lp)[0], met))
+    return out
+
+
 def test_clip_cov_zeroes_every_candidate_when_ratio_is_one():
-    """ratio 1 picks all candidates (no randomness): lb < cov < ub, valid and not PPO-clipped; they keep counting."""
-    cfg = actor_config()
+    """ratio 1 picks all candidates (no randomness): lb < cov < ub, valid and not PPO-clipped; they keep counting.
+    No dual clip, as verl's own clip_cov (the batch has an A < 0 token at r = e^1.5 > 3)."""
+    cfg = cov_config(clip_cov_ratio=1.0, clip_cov_lb=0.05, clip_cov_ub=10.0)
     old, logp, adv, mask = batch(seed=3)
     adv = adv * 4
     cov = hand_cov(logp, adv, mask)
     r = torch.exp(logp.detach() - old)
     clipped = ((adv > 0) & (r > 1.2)) | ((adv < 0) & (r < 0.8))
+    assert bool(((adv < 0) & (r > 3) & mask).any())
     cand = mask & (cov > 0.05) & (cov < 10.0) & ~clipped
     assert 0 < int(cand.sum()) < int(mask.sum())
-    ev.configure("clip_cov", ratio=1.0, lb=0.05, ub=10.0)
     ours, met = get_policy_loss_fn("erft_clip_cov")(old, logp, adv, mask.float(), "token-mean", cfg)
-    ref, _ = policy_loss(logp, old, adv, mask, zeroed=cand, dual_clip=3.0)
+    ref, _ = policy_loss(logp, old, adv, mask, zeroed=cand)
     assert torch.allclose(ours, ref, atol=1e-6)
     assert met["loss/zeroed_frac"] == pytest.approx(float(cand.sum()) / float(mask.sum()))
-    # independent: verl vanilla over the live tokens, renormalised to the full count
-    n_live, n = float((mask & ~cand).sum()), float(mask.sum())
-    live = verl_vanilla(old, logp, adv, mask & ~cand, "token-mean", cfg) * n_live / n
-    assert torch.allclose(ours, live, atol=1e-6)
+
+
+@pytest.mark.parametrize("agg", AGGS)
+@pytest.mark.parametrize("seed", [3, 5])
+def test_clip_cov_equals_verls_own(agg, seed):
+    """erft_clip_cov = verl's clip_cov, loss and gradient, from the same keys (ratio 1: every candidate is picked,
+    so verl's randperm does not matter); the same share of tokens zeroed."""
+    cfg = cov_config(clip_cov_ratio=1.0, clip_cov_lb=0.05, clip_cov_ub=10.0)
+    old, logp, adv, mask = batch(seed=seed)
+    (theirs, g_t, met_t), (ours, g_o, met_o) = verl_and_ours("clip_cov", old, logp, adv * 4, mask, agg, cfg)
+    assert 0 < met_t["actor/pg_clipfrac"] < 1
+    assert torch.allclose(ours, theirs, rtol=1e-6, atol=1e-7), (ours, theirs)
+    assert torch.allclose(g_o, g_t, rtol=1e-6, atol=1e-7)
+    assert met_o["loss/zeroed_frac"] == pytest.approx(met_t["actor/pg_clipfrac"])
 
 
 def test_kl_cov_selects_top_k_by_hand_covariance():
-    cfg = actor_config()
     old, logp, adv, mask = batch(seed=4)
     n = int(mask.sum())
-    ev.configure("kl_cov", ratio=3.5 / n, coef=2.0)  # K = 3
+    cfg = cov_config(kl_cov_ratio=3.5 / n, ppo_kl_coef=2.0)  # K = 3
     cov = hand_cov(logp, adv, mask).masked_fill(~mask, float("-inf"))
     top = torch.zeros_like(mask)
     top.view(-1)[cov.view(-1).topk(3).indices] = True
@@ -173,6 +198,28 @@ def test_kl_cov_selects_top_k_by_hand_covariance():
     ref = (tok * mask).sum() / n
     assert torch.allclose(ours, ref, atol=1e-6)
     assert met["control/kl_cov_selected_frac"] == pytest.approx(3 / n)
+
+
+@pytest.mark.parametrize("agg", AGGS)
+@pytest.mark.parametrize("seed", [4, 6])
+def test_kl_cov_equals_verls_own(agg, seed):
+    """erft_kl_cov = verl's kl_cov, loss and gradient, from the same keys (verl's default coef 0.1 and a set one)."""
+    old, logp, adv, mask = batch(seed=seed)
+    for keys in ({"kl_cov_ratio": 0.2}, {"kl_cov_ratio": 0.2, "ppo_kl_coef": 1.0}):
+        (theirs, g_t, _), (ours, g_o, met) = verl_and_ours("kl_cov", old, logp, adv, mask, agg, cov_config(**keys))
+        assert met["control/kl_cov_selected_frac"] == pytest.approx(int(0.2 * int(mask.sum())) / int(mask.sum()))
+        assert torch.allclose(ours, theirs, rtol=1e-6, atol=1e-7), (keys, ours, theirs)
+        assert torch.allclose(g_o, g_t, rtol=1e-6, atol=1e-7), keys
+
+
+def test_worker_refuses_erft_keys_that_verl_keys_set():
+    """+actor_rollout_ref.erft.ratio with erft_clip_cov: one line naming verl's key (which the loss reads)."""
+    with pytest.raises(ValueError, match=r"^actor_rollout_ref\.erft\.ratio: .*policy_loss\.clip_cov_ratio"):
+        ev.check_worker_params("clip_cov", {"ratio": 2e-3})
+    with pytest.raises(ValueError, match=r"policy_loss\.ppo_kl_coef"):
+        ev.check_worker_params("kl_cov", {"coef": 1.0})
+    ev.check_worker_params("clip_cov", {"exclude_clipped": False})  # ours alone: allowed
+    ev.check_worker_params("clip_v", {"mu": 8.5})
 
 
 def test_verl_clip_cov_name_is_left_to_verl():

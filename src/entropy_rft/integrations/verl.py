@@ -58,7 +58,13 @@ from entropy_rft.core.loss import policy_loss, ppo_clipped_mask
 from entropy_rft.integrations._compat import require_version
 from entropy_rft.integrations.dist import all_gather_rows, rank_and_world
 from entropy_rft.integrations.dist_select import dist_minibatch_masks
-from entropy_rft.integrations.verl_conventions import config_value, global_scale, loss_kwargs_from_config
+from entropy_rft.integrations.verl_conventions import (
+    VERL_KEYS,
+    config_value,
+    global_scale,
+    loss_kwargs_from_config,
+    params_from_verl_keys,
+)
 from entropy_rft.integrations.verl_stats import PREFIX, STATS_FIELDS, rollout_keep, stats_model_output
 
 # verl versions this integration was tested with (the loss signature and engine internals change often).
@@ -113,6 +119,20 @@ def configured_method(method: str) -> Method:
     if method not in _METHODS:
         configure(method)
     return _METHODS[method]
+
+
+def method_for_loss(method: str, config: Any) -> Method:
+    """The method a loss call runs: the configured one, or for Clip-Cov and KL-Cov the one with the parameters
+    of verl's own keys in ``config.policy_loss`` (``clip_cov_ratio``, ``clip_cov_lb``, ``clip_cov_ub``;
+    ``kl_cov_ratio``, ``ppo_kl_coef``), read at every call: verl passes the actor config to the loss under every
+    trainer, ``sync`` included, where no worker reads ``actor_rollout_ref.erft``."""
+    m = configured_method(method)
+    if method not in VERL_KEYS:
+        return m
+    params = {**m.params(), **params_from_verl_keys(config, method)}
+    if params != m.params():
+        m = _METHODS[method] = control.build_method(method, **params)  # the generator keeps its seed and draws
+    return m
 
 
 # ----------------------------------------------------------------------------- micro-batch extras
@@ -197,7 +217,7 @@ def make_policy_loss(method_name: str):
         if rollout_is_weights is not None:
             raise ValueError("entropy-rft losses take no rollout importance weights; disable "
                              "algorithm.rollout_correction's token/sequence weights (policy_loss has no weight)")
-        method = configured_method(method_name)
+        method = method_for_loss(method_name, config)
         if "verl" not in method.engines:
             raise RuntimeError(f"loss_mode {method_name!r}: method runs on engine {', '.join(method.engines)} only "
                                "(its terms are not in this loss path); pick another entropy-rft method")
@@ -351,6 +371,7 @@ class ErftActorRolloutRefWorker(ActorRolloutRefWorker):
         params = dict(self.config.get("erft", {}) or {})
         name = _REGISTERED.get(self.config.actor.policy_loss.get("loss_mode", "vanilla"))
         if name is not None:
+            check_worker_params(name, params)
             configure(name, seed=int(self.config.actor.get("data_loader_seed", 0) or 0), **params)
         self.erft_method = configured_method(name) if name is not None else None
         engine = self.actor.engine
@@ -375,6 +396,16 @@ class ErftActorRolloutRefWorker(ActorRolloutRefWorker):
         if self.erft_method is not None and self.erft_method.stage == "rollout":
             add_rollout_keep(self.erft_method, data)
         return super().update_actor(data)
+
+
+def check_worker_params(method: str, params: dict[str, Any]) -> None:
+    """Refuse, in one line, an ``actor_rollout_ref.erft.<param>`` that verl's own key sets for Clip-Cov and
+    KL-Cov (the loss reads ``policy_loss.clip_cov_ratio`` ..., which the key would silently lose to)."""
+    verl_keys = {param: key for key, param in VERL_KEYS.get(method, {}).items()}
+    clash = sorted(set(params) & set(verl_keys))
+    if clash:
+        raise ValueError(f"actor_rollout_ref.erft.{clash[0]}: {PREFIX}{method} reads verl's own key; set "
+                         f"actor_rollout_ref.actor.policy_loss.{verl_keys[clash[0]]}=... instead")
 
 
 def add_rollout_keep(method: Method, data: Any) -> None:

@@ -1,6 +1,7 @@
 """verl's loss conventions in entropy-rft's terms (verl-free, used by :mod:`entropy_rft.integrations.verl`):
-verl's actor config read into ``policy_loss`` keyword arguments (ratio clip, dual clip, aggregation), and verl's
-global-batch normalisation (``config.global_batch_info``) as one factor on ``policy_loss``'s micro-batch aggregate.
+verl's actor config read into ``policy_loss`` keyword arguments (ratio clip, dual clip, aggregation), the
+parameters of the methods verl ships itself read from verl's own keys, and verl's global-batch normalisation
+(``config.global_batch_info``) as one factor on ``policy_loss``'s micro-batch aggregate.
 """
 
 from __future__ import annotations
@@ -22,11 +23,32 @@ def config_value(config: Any, key: str, default: Any = None) -> Any:
     return getter(key, default) if getter is not None else getattr(config, key, default)
 
 
+# The methods verl ships as its own losses (``core_algos.compute_policy_loss_clip_cov`` / ``_kl_cov``, adapted from
+# Paper B's code): ``erft_<name>`` reads their parameters from the same ``policy_loss`` keys, so that switching
+# ``loss_mode`` between verl's and ours changes nothing else, and applies no dual clip (neither of verl's does).
+VERL_KEYS: dict[str, dict[str, str]] = {
+    "clip_cov": {"clip_cov_ratio": "ratio", "clip_cov_lb": "lb", "clip_cov_ub": "ub"},
+    "kl_cov": {"kl_cov_ratio": "ratio", "ppo_kl_coef": "coef"},
+}
+
+
+def params_from_verl_keys(config: Any, method: str) -> dict[str, float]:
+    """The parameters of ``method`` (a key of ``VERL_KEYS``) from verl's ``config.policy_loss``; keys it lacks
+    keep the method's defaults."""
+    pl = config_value(config, "policy_loss", None)
+    out = {}
+    for key, param in VERL_KEYS[method].items():
+        value = config_value(pl, key)
+        if value is not None:
+            out[param] = float(value)
+    return out
+
+
 def loss_kwargs_from_config(config: Any, method: Method, agg: str) -> dict[str, Any]:
     """``policy_loss`` keyword arguments from verl's actor config: the ratio clip (``clip_ratio`` with
-    ``clip_ratio_low``/``clip_ratio_high``), the dual clip ``clip_ratio_c`` (verl applies it always, default
-    3.0) and the aggregation; the method's own overrides (clip-higher, KL-Cov, entropy bonus) win, and a
-    method without ratio clip (KL-Cov) has no dual clip either."""
+    ``clip_ratio_low``/``clip_ratio_high``), the dual clip ``clip_ratio_c`` (verl's vanilla loss applies it
+    always, default 3.0) and the aggregation; the method's own overrides (clip-higher, KL-Cov, entropy bonus)
+    win. Clip-Cov and KL-Cov have no dual clip, as verl's own ``clip_cov`` and ``kl_cov``."""
     if agg not in AGG_MODES:
         raise ValueError(f"entropy-rft losses support loss_agg_mode in {list(AGG_MODES)}, got {agg!r}")
     eps = config_value(config, "clip_ratio", 0.2)
@@ -34,8 +56,8 @@ def loss_kwargs_from_config(config: Any, method: Method, agg: str) -> dict[str, 
     kw: dict[str, Any] = {"eps_low": float(eps if lo is None else lo), "eps_high": float(eps if hi is None else hi),
                           "dual_clip": float(config_value(config, "clip_ratio_c", 3.0)), "agg": agg}
     kw.update(method.loss_kwargs())
-    if kw["eps_low"] is None and kw["eps_high"] is None:
-        kw["dual_clip"] = None  # no ratio clip at all (KL-Cov: plain -A·r, as verl's kl_cov)
+    if method.name in VERL_KEYS or (kw["eps_low"] is None and kw["eps_high"] is None):
+        kw["dual_clip"] = None  # verl's clip_cov: max(pg1, pg2) only; kl_cov: plain -A·r
     return kw
 
 

@@ -205,6 +205,17 @@ def run_parallel(plans: list, out: Path, jobs: int, overwrite: bool) -> int | No
 OWN_FILES = ("summary.md", "summary.json", "logs", "report")  # what erft compare (and report --out) writes on top
 
 
+def _being_written(p: Path) -> bool:
+    """What another ``erft compare`` on the same ``--out`` leaves for a moment (lease waves start one per method,
+    side by side): a run folder it has locked but not yet marked (no ``run.json`` until its model is built),
+    empty or holding only the lock, and the temp file of its atomic summary write (``.summary.json.XXXX``)."""
+    from entropy_rft.rundir.lock import LOCK
+
+    if p.is_dir() and not p.is_symlink():
+        return all(q.name == LOCK and q.is_file() for q in p.iterdir())
+    return any(p.name.startswith(f".{own}.") for own in OWN_FILES)
+
+
 def check_out_folder(out: Path, plans: list) -> None:
     """``--out`` is new, empty, or an earlier ``erft compare --out``: it holds nothing but run directories made by
     erft, this request's run folders and the summaries. A training run directory or someone's folder is refused
@@ -219,7 +230,7 @@ def check_out_folder(out: Path, plans: list) -> None:
                         "--out")
     planned = {f"{v.dirname}-s{seed}" for v, seed, _ in plans}
     foreign = sorted(p.name for p in out.iterdir() if p.name not in planned and p.name not in OWN_FILES
-                     and p.name != LOCK and not (p.is_dir() and is_run_dir(p)))
+                     and p.name != LOCK and not _being_written(p) and not (p.is_dir() and is_run_dir(p)))
     if foreign:
         shown = ", ".join(foreign[:5]) + (", ..." if len(foreign) > 5 else "")
         raise UserError(f"--out {out} holds files erft compare did not write ({shown}); choose a new folder or an "
