@@ -21,7 +21,10 @@ CONFIG = ROOT / "configs" / "smollm2-gpu.yaml"
 RUNS = ["none-s0"]
 TINY = ["model.device=cpu", "rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.max_new_tokens=8",
         "eval.every=2", "eval.prompts=2", "eval.samples=2", "eval.batch_size=4", "train.checkpoint_every=2",
-        "probe.records_every=1", "train.threads=1", "train.tensorboard=false", "train.samples_every=1"]
+        "probe.records_every=1", "train.threads=1", "train.tensorboard=false", "train.samples_every=1",
+        # bf16 autocast off: a CPU without native bf16 (AVX2 alone) emulates it, and one step's backward took 58 s
+        # against 8 s in float32 (what this test checks is the files, not the numbers)
+        "model.autocast_bf16=false"]
 
 
 def _driver():
@@ -65,7 +68,7 @@ def test_run_gpu_at_tiny_sizes_ships_small_files_and_resumes(smollm2_cache, tmp_
         assert [r["step"] for r in rows if "entropy/mean" in r] == [1]
         assert sum("eval/pass@1" in r for r in rows) >= 2
         cfg = yaml.safe_load((results / name / "config.yaml").read_text())
-        assert cfg["model"]["autocast_bf16"] and cfg["rollout"]["cuda_graphs"]
+        assert cfg["model"]["autocast_bf16"] is False and cfg["rollout"]["cuda_graphs"]  # the config, overrides in
         assert json.loads((results / name / "run.json").read_text())["device"] == "cpu"
     assert (runs / "none-s0" / "checkpoints").is_dir()  # left behind in the scratch folder
     summary = json.loads((results / "summary.json").read_text())
