@@ -9,11 +9,10 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-import torch
-from transformers import LlamaForCausalLM
-
-from entropy_rft.models.loading import build_char_tokenizer, llama_config, save_policy
 from entropy_rft.tasks.base import Example, Task
+
+# The task is imported by name in every CLI process that trains on it (``micro:DigitTask``); the model builder's
+# imports (torch, transformers: ~5 s a process) stay in the builder, so a refused run pays none of them.
 
 
 class DigitTask(Task):
@@ -36,6 +35,11 @@ class DigitTask(Task):
 
 
 def make_micro_policy(folder: Path, seed: int = 0) -> Path:
+    import torch
+    from transformers import LlamaForCausalLM
+
+    from entropy_rft.models.loading import build_char_tokenizer, llama_config, save_policy
+
     torch.manual_seed(seed)
     tok = build_char_tokenizer()
     model = LlamaForCausalLM(llama_config(tok, d_model=32, layers=1, heads=2, mlp=64))
