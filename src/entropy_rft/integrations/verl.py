@@ -129,8 +129,9 @@ def method_for_loss(method: str, config: Any) -> Method:
     m = configured_method(method)
     if method not in VERL_KEYS:
         return m
-    params = {**m.params(), **params_from_verl_keys(config, method)}
-    if params != m.params():
+    current = m.params()
+    params = {**current, **params_from_verl_keys(config, method)}
+    if params != current:
         m = _METHODS[method] = control.build_method(method, **params)  # the generator keeps its seed and draws
     return m
 
