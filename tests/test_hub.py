@@ -113,7 +113,7 @@ def test_uncached_hub_id_offline_one_line(offline_hub):
     assert "hf download org/uncached" in msg
     _user_error(models.load_policy, "org/uncached")
     msg = _user_error(models.locate_policy, "gpt2")  # a bare name is a hub id too, as in transformers
-    assert "built-in name (default, smollm2-135m)" in msg
+    assert "built-in name (default, default-strong, smollm2-135m)" in msg
 
 
 def test_incomplete_cached_snapshot_offline(offline_hub, tmp_path, monkeypatch):

