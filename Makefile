@@ -5,7 +5,7 @@ PIP     := $(PY) -m pip --disable-pip-version-check
 STAMP   := .venv/.erft-installed
 JOBS    ?= auto
 
-.PHONY: run run-real run-gpu equal-entropy test test-verl lease-rehearsal lint bench setup clean browser
+.PHONY: run run-real run-gpu equal-entropy regimes test test-verl lease-rehearsal lint bench setup clean browser
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || python3 -m venv .venv
@@ -30,6 +30,17 @@ run-real: $(STAMP)
 		--out runs/smollm2/base_eval
 	.venv/bin/erft compare --config $(REAL) --methods none,clip_v --out runs/smollm2
 	.venv/bin/erft report runs/smollm2 --out runs/smollm2/report
+
+# Issue 51's two regimes (not part of CI; about 2 h on 2 cores): the same nine variants (GRPO, ClipB, ClipV,
+# Clip-Cov, KL-Cov, Entrocraft and AEPO at their presets, the autopilot at 0.65x on Clip-Cov and ClipV), 3 seeds,
+# 300 steps, from the default base (training accuracy ~0.1) and from default-strong (its base solves ~40%);
+# finished runs with unchanged settings are kept. docs/results.md, "A second regime".
+REGIMES := none,clip_b,clip_v,clip_cov,kl_cov,entrocraft,aepo,clip_cov@0.65x,clip_v@0.65x
+regimes: $(STAMP)
+	for model in default default-strong; do \
+		.venv/bin/erft compare --model $$model --methods $(REGIMES) --seeds 3 --max-steps 300 --jobs 2 \
+			--set eval.every=10 --set eval.prompts=128 --set probe.jvp_every=0 --out runs/regimes/$$model || exit 1; \
+	done
 
 # Issue 17's comparison (not part of CI; about 2 h on 2 cores): every method at its preset and driven by the
 # autopilot to 0.5x / 0.65x / 0.8x of the first batch's entropy, 3 seeds, 300 steps, two runs at a time.

@@ -113,7 +113,7 @@ def _load_model(name: str, device: str):
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise UserError(
             f"--model {name!r} could not be loaded ({first}); give 'synthetic', 'default', "
-            "'smollm2-135m' or a local model folder"
+            "'default-strong', 'smollm2-135m' or a local model folder"
         ) from None
 
 

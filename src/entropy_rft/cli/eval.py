@@ -28,7 +28,7 @@ HELP = "Evaluate models or run checkpoints on math benchmarks: Avg@K, Pass@k (un
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", action="append", default=[], help="Policy to evaluate (repeatable): 'default', "
-                   "'smollm2-135m', a local HF folder or a hub id.")
+                   "'default-strong', 'smollm2-135m', a local HF folder or a hub id.")
     p.add_argument("--run", action="append", default=[], metavar="DIR",
                    help="Run directory (repeatable): evaluates DIR/final (and checkpoints with --checkpoints).")
     p.add_argument("--checkpoints", action="store_true", help="Also evaluate every checkpoint of each --run.")

@@ -16,8 +16,8 @@ HELP = (
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="synthetic",
-                        help="'synthetic' (seeded random logits, no model), 'default', 'smollm2-135m', "
-                             "a local model folder or a hub id")
+                        help="'synthetic' (seeded random logits, no model), 'default', 'default-strong', "
+                             "'smollm2-135m', a local model folder or a hub id")
     parser.add_argument("--text", default=None, help="text whose next-token distributions are probed "
                                                      "(real models; default: a built-in paragraph)")
     parser.add_argument("--positions", type=int, default=256, help="number of positions (rows) to probe")

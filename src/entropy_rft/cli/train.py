@@ -21,7 +21,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="Entropy autopilot: steer the method's knob to hold the batch entropy at H: nats (0.43), a "
                         "multiple of the first batch's entropy (0.6x), or a schedule linear:H0:H1[:STEPS] / "
                         "cosine:H0:H1[:STEPS]. Methods with a knob only (`erft methods`).")
-    p.add_argument("--model", help="'default', 'smollm2-135m', a local HF folder or a hub id.")
+    p.add_argument("--model", help="'default', 'default-strong', 'smollm2-135m', a local HF folder or a hub id.")
     p.add_argument("--task", help="Task name or 'module:Class' (with --resume: the run's recorded import path, "
                    "named again, which a resume requires).")
     p.add_argument("--engine", choices=ENGINES, help="Training engine (default: native).")

