@@ -15,7 +15,7 @@ from entropy_rft.common.streams import parse_json
 
 # Built-in policy names (built by ``entropy_rft.training.sft`` and ``entropy_rft.models.loading.build_smollm2``).
 DEFAULT_NAME = "default"
-STRONG_NAME = "default-strong"  # the same family from a longer SFT on more correct answers: a second regime
+STRONG_NAME = "default-strong"  # the same family, every SFT target correct: the second regime of docs/results.md
 SMOLLM2_NAME = "smollm2-135m"
 SFT_NAMES = (DEFAULT_NAME, STRONG_NAME)  # built by SFT one layer up (``entropy_rft.training.policies``)
 

@@ -49,6 +49,7 @@ from transformers import LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerB
 
 from entropy_rft.common.numerics import isa_tag, numerics_record
 from entropy_rft.common.threads import apply_threads
+from entropy_rft.models.files import DEFAULT_NAME, STRONG_NAME
 from entropy_rft.models.loading import (
     build_char_tokenizer,
     cached_build,
@@ -83,11 +84,11 @@ DEFAULT_BUILD: dict[str, Any] = {
 }
 
 #: The built-in SFT policies by ``--model`` name: their overrides of :data:`DEFAULT_BUILD`. ``default-strong`` is
-#: the second regime of issue 51 (docs/results.md, "A second regime"): the same architecture and data, more
-#: correct answers in the SFT targets and a longer SFT, so its base solves a good share of the prompts.
+#: the second regime (docs/results.md, "A second regime"): the same architecture, data and steps, every SFT
+#: target a correct expression, so its base solves about 40% of the prompts.
 BUILT_IN_RECIPES: dict[str, dict[str, Any]] = {
-    "default": {},
-    "default-strong": {"p_correct": 1.0},
+    DEFAULT_NAME: {},
+    STRONG_NAME: {"p_correct": 1.0},
 }
 
 
@@ -292,7 +293,7 @@ def _train_and_save(out: Path, model: PreTrainedModel, tokenizer: PreTrainedToke
     train_s = time.perf_counter() - t0
     save_policy(out, model, tokenizer)
     info: dict[str, Any] = {
-        "name": next((n for n, r in BUILT_IN_RECIPES.items() if {**DEFAULT_BUILD, **r} == settings), "default"),
+        "name": next((n for n, r in BUILT_IN_RECIPES.items() if {**DEFAULT_BUILD, **r} == settings), DEFAULT_NAME),
         "recipe": RECIPE_VERSION,
         "task": task.name,
         "seed": seed,
