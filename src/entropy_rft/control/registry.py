@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from torch import Tensor
 
+from entropy_rft.core.loss_types import Masks
+
 if TYPE_CHECKING:
     import torch
 
@@ -34,19 +36,6 @@ __all__ = [
     "method_info",
     "get_method_class",
 ]
-
-
-@dataclass
-class Masks:
-    """What a method contributes to one ``policy_loss`` call (all shaped like the response mask)."""
-
-    keep: Tensor | None = None  # False = leaves loss and counts (ClipB, ClipV, high_entropy, grad_mask)
-    zeroed: Tensor | None = None  # True = loss × 0 but still counted (Clip-Cov)
-    kl_cov_select: Tensor | None = None  # tokens that get kl_cov_coef·|logp − old_logp| (KL-Cov)
-    adv_shift: Tensor | None = None  # float, added to the advantage in the surrogate (entropy advantage shaping)
-    weight_select: Tensor | None = None  # tokens of EntroPIC's sample-weight adjustment (p > threshold)
-    eps_low: Tensor | None = None  # float, per-token clip widths replacing the loss's (Flexible Entropy Control)
-    eps_high: Tensor | None = None
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,8 @@
 
 Methods enter only through masks (``keep``, ``zeroed``, ``kl_cov_select``) and coefficients: this module
 never knows which method produced them. Semantics are fixed in DESIGN.md ("Semantics of policy_loss").
+``compute_policy_loss`` takes the typed inputs and settings of ``core.loss_types``; ``policy_loss`` is the same
+as one keyword call.
 
 References: PPO clipped surrogate (Schulman et al. 2017, arXiv 1707.06347, Eq. 7); asymmetric clip
 "clip-higher" (DAPO, Yu et al. 2025, arXiv 2503.14476); dual clip (Ye et al. 2020, arXiv 1912.09729);
@@ -10,7 +12,7 @@ KL estimators k1/k2/k3 (Schulman 2020, "Approximating KL Divergence"); aggregati
 (Cheng et al. 2025, arXiv 2506.14758); CE-GPPO's gradient-preserving clip (Su et al. 2025, arXiv 2509.20712);
 EntroPIC's sample-weight adjustment (Yang et al. 2025, arXiv 2511.15248). Each of the last three is off at its
 default, and the loss is then the same computation as before they existed. The full texts of those three papers
-could not be read when they were checked (issue 28), so no equation numbers are cited for them; CE-GPPO's and
+could not be read when they were checked, so no equation numbers are cited for them; CE-GPPO's and
 EntroPIC's terms are checked against their authors' released code instead (``tests/test_field_methods.py``).
 """
 
@@ -20,13 +22,19 @@ import torch
 from torch import Tensor
 
 from entropy_rft.common.options import AGG_MODES, KL_ESTIMATORS
-from entropy_rft.core.tensor_checks import as_mask, broadcast_advantages, check_bool_like, check_like, is_number
+from entropy_rft.core.loss_types import LossInputs, LossOutputs, LossSettings, Masks
+from entropy_rft.core.tensor_checks import as_mask, broadcast_advantages, check_like
 
 __all__ = [
     "AGG_MODES",
     "KL_ESTIMATORS",
+    "LossInputs",
+    "LossOutputs",
+    "LossSettings",
+    "Masks",
     "agg_weights",
     "aggregate",
+    "compute_policy_loss",
     "importance_ratio",
     "kl_estimate",
     "policy_loss",
@@ -146,25 +154,135 @@ def value_loss(values: Tensor, returns: Tensor, mask: Tensor) -> Tensor:
     return (((values - returns) ** 2) * m).sum() / m.sum().clamp(min=1)
 
 
-def _check_eps(value: float | Tensor | None, name: str, mask: Tensor | None = None) -> None:
-    """A clip width: None (that side unclipped), a number >= 0, or (with ``mask``) per-token widths >= 0 shaped
-    like the mask (Flexible Entropy Control's probability-dependent bounds)."""
-    if isinstance(value, Tensor) and mask is not None:
-        check_like(value, mask, name)
-        if not bool(((value >= 0) & torch.isfinite(value)).all()):
-            raise ValueError(f"{name} must be finite and >= 0 on every token")
-        return
-    if value is not None and (not is_number(value) or not value >= 0):
-        raise ValueError(f"{name} must be None or a number >= 0, got {value!r}")
+def compute_policy_loss(inputs: LossInputs, settings: LossSettings) -> LossOutputs:
+    """The clipped policy-gradient loss with its optional terms, aggregated over the counted tokens.
+
+    Token loss ℓ = max(−A·r, −A·clip(r, 1−eps_low, 1+eps_high)), r = exp(logp − old_logp) (PPO Eq. 7;
+    a None eps leaves that side unclipped, both None give the plain −A·r of KL-Cov; per-token widths in
+    ``Masks.eps_low/eps_high``, Flexible Entropy Control's probability-dependent bounds, replace the settings').
+    ``dual_clip = c`` (c > 1) bounds ℓ of A < 0 tokens by −A·c. Then ℓ gains kl_cov_coef·|logp − old_logp| on
+    ``kl_cov_select`` (KL-Cov), ref_kl_coef·KL_est(logp, ref_logp) (times r, gradient through both, when
+    ``ref_kl_ratio_weighted``: the importance-sampled KL of off-policy tokens, TRL's ``use_bias_correction_kl``)
+    and −entropy_coef·H (entropy bonus, the gradient flows through ``entropy``).
+
+    Counting mask m = mask & keep: tokens with keep False leave the loss and every count (ClipB, ClipV,
+    high_entropy, grad_mask). Tokens with ``zeroed`` True have their whole token loss multiplied by 0 but
+    still count (Clip-Cov). The loss is ``aggregate(ℓ, m, agg)``.
+
+    Three method terms, each off by default:
+
+    - ``adv_shift`` ψ (float, like the mask): the surrogate uses A + ψ in place of A on every token (entropy
+      advantage shaping, Cheng et al. 2025, where ψ = min(α·H_detached, |A|/κ), a form not checked against the
+      paper's full text); metrics ``loss/adv_shift_mean``.
+    - ``ce_beta_low`` β1, ``ce_beta_high`` β2 (CE-GPPO, Su et al. 2025): a token the ratio clip removes
+      (A < 0, r < 1 − eps_low; or A > 0, r > 1 + eps_high) keeps a bounded gradient: ℓ gains
+      −β·b·A·(r/sg(r) − 1), b = 1 − eps_low or 1 + eps_high, whose value is 0 and whose gradient is
+      −β·b·A·∇log π (the authors' code, github.com/Kwai-Klear/CE-GPPO ``compute_gppo_loss_general_beta``: token
+      loss −β·b·A·r/sg(r)). The gradient is theirs; the forward value is not: PPO's clipped value −b·A is kept
+      (theirs: −β·b·A), so ``loss/pg`` does not depend on β. 0 = PPO. ``clip/ce_frac``: share of counted tokens
+      that got it.
+    - ``weight_alpha`` α with ``weight_select`` (EntroPIC, Yang et al. 2025): the loss gains
+      α·aggregate(−r·|A|, m ∧ weight_select, agg) (the authors' code, github.com/yk7333/EntroPIC
+      ``compute_policy_loss_entropic``: high-probability tokens, p > 0.95), so
+      α > 0 weighs those tokens of positive samples up and of negative samples down (entropy falls), α < 0
+      the reverse; ``loss/weight_adjust`` is that term.
+
+    Statistics in float32 at least (DESIGN.md). No host sync: the metrics stay tensors (``LossOutputs.metrics``).
+    """
+    inputs.check_against(settings)
+    s, mk, mask = settings, inputs.masks, inputs.mask
+    eps_low = s.eps_low if mk.eps_low is None else mk.eps_low
+    eps_high = s.eps_high if mk.eps_high is None else mk.eps_high
+    m = mask if mk.keep is None else mask & mk.keep
+    dt = torch.promote_types(inputs.logp.dtype, torch.float32)
+    logp, old_logp = inputs.logp.to(dt), inputs.old_logp.detach().to(dt)
+    adv = inputs.advantages.detach().to(dt)
+    if mk.adv_shift is not None:
+        adv = adv + torch.where(mask, mk.adv_shift.detach().to(dt), torch.zeros_like(adv))
+    r = importance_ratio(logp, old_logp, mask)
+
+    pg = _clipped_surrogate(adv, r, eps_low, eps_high, s.dual_clip, dt)
+    ce = None
+    if s.ce_beta_low != 0 or s.ce_beta_high != 0:
+        pg, ce = _ce_gppo(pg, adv, r, mask, eps_low, eps_high, s.ce_beta_low, s.ce_beta_high)
+
+    live = m if mk.zeroed is None else m & ~mk.zeroed  # tokens whose loss is not multiplied by 0
+
+    def term(x: Tensor) -> Tensor:
+        return aggregate(torch.where(live, x, torch.zeros_like(x)), m, s.agg)
+
+    loss_pg = term(pg)
+    total = loss_pg
+    loss_kl_cov = None
+    if mk.kl_cov_select is not None:
+        abs_kl = torch.where(mask, logp - old_logp, torch.zeros_like(logp)).abs()
+        loss_kl_cov = term(torch.where(mk.kl_cov_select, s.kl_cov_coef * abs_kl, torch.zeros_like(abs_kl)))
+        total = total + loss_kl_cov
+    loss_kl_ref = kl_raw = None
+    if inputs.ref_logp is not None:
+        zero = torch.zeros_like(logp)  # padding enters as x = 0, so inf there cannot leak NaN into grads
+        lp, ref = torch.where(mask, logp, zero), torch.where(mask, inputs.ref_logp.to(dt), zero)
+        kl = kl_estimate(lp, ref, s.ref_kl_estimator)
+        if s.ref_kl_ratio_weighted:
+            kl = kl * r
+        kl_raw = aggregate(kl.detach(), m, s.agg)
+        loss_kl_ref = term(s.ref_kl_coef * kl)
+        total = total + loss_kl_ref
+    loss_ent = None
+    if inputs.entropy is not None:
+        loss_ent = term(-s.entropy_coef * inputs.entropy.to(dt))
+        total = total + loss_ent
+    loss_adjust = None
+    if mk.weight_select is not None:
+        sel = live & mk.weight_select
+        loss_adjust = s.weight_alpha * aggregate(torch.where(sel, -r * adv.abs(), torch.zeros_like(r)), sel, s.agg)
+        total = total + loss_adjust
+
+    def det(x: Tensor | None) -> Tensor | None:
+        return None if x is None else x.detach()
+
+    with torch.no_grad():
+        clipped = {"low": (adv < 0) & (r < 1 - eps_low) if eps_low is not None else torch.zeros_like(m),
+                   "high": (adv > 0) & (r > 1 + eps_high) if eps_high is not None else torch.zeros_like(m)}
+        if s.dual_clip is not None:
+            clipped["dual"] = (adv < 0) & (r > s.dual_clip)
+    terms = {"loss/total": det(total), "loss/pg": det(loss_pg), "loss/kl_cov": det(loss_kl_cov),
+             "loss/kl_ref": det(loss_kl_ref), "kl/ref": det(kl_raw), "loss/entropy_bonus": det(loss_ent)}
+    return LossOutputs(total, terms, m, mask, r.detach(), clipped, mk, ce, det(loss_adjust))
 
 
-def _check_coef(value: float, name: str) -> None:
-    if not is_number(value) or value != value:
-        raise ValueError(f"{name} must be a number, got {value!r}")
+def _clipped_surrogate(adv: Tensor, r: Tensor, eps_low: float | Tensor | None, eps_high: float | Tensor | None,
+                       dual_clip: float | None, dt: torch.dtype) -> Tensor:
+    """PPO's token loss max(−A·r, −A·clip(r, 1−eps_low, 1+eps_high)) (Eq. 7), and the dual clip's bound −A·c
+    on A < 0 tokens."""
+    pg1 = -adv * r
+    if eps_low is None and eps_high is None:
+        pg = pg1
+    else:
+        lo = None if eps_low is None else 1 - eps_low
+        hi = None if eps_high is None else 1 + eps_high
+        if isinstance(lo, Tensor) or isinstance(hi, Tensor):  # per-token bounds: clamp's min and max as tensors
+            lo, hi = (None if b is None else torch.as_tensor(b, dtype=dt, device=r.device) for b in (lo, hi))
+        pg = torch.maximum(pg1, -adv * torch.clamp(r, lo, hi))
+    if dual_clip is not None:
+        pg = torch.where(adv < 0, torch.minimum(pg, -adv * dual_clip), pg)
+    return pg
 
 
-def _frac(x: Tensor, m: Tensor, n: int) -> float | None:
-    return float((x & m).sum()) / n if n else None
+def _ce_gppo(pg: Tensor, adv: Tensor, r: Tensor, mask: Tensor, eps_low: float | Tensor | None,
+             eps_high: float | Tensor | None, beta_low: float, beta_high: float) -> tuple[Tensor, Tensor]:
+    """CE-GPPO's term on the tokens the ratio clip removes: value 0, gradient −β·b·A·∇log π; and those tokens."""
+    unit = r / r.detach() - 1
+    ce = torch.zeros_like(mask)
+    if eps_low is not None and beta_low != 0:
+        low_c = (adv < 0) & (r.detach() < 1 - eps_low)
+        pg = torch.where(low_c, pg - beta_low * (1 - eps_low) * adv * unit, pg)
+        ce = ce | low_c
+    if eps_high is not None and beta_high != 0:
+        high_c = (adv > 0) & (r.detach() > 1 + eps_high)
+        pg = torch.where(high_c, pg - beta_high * (1 + eps_high) * adv * unit, pg)
+        ce = ce | high_c
+    return pg, ce
 
 
 def policy_loss(
@@ -193,185 +311,17 @@ def policy_loss(
     weight_select: Tensor | None = None,
     weight_alpha: float = 0.0,
 ) -> tuple[Tensor, dict[str, float | None]]:
-    """The clipped policy-gradient loss with its optional terms, aggregated over the counted tokens.
-
-    Token loss ℓ = max(−A·r, −A·clip(r, 1−eps_low, 1+eps_high)), r = exp(logp − old_logp) (PPO Eq. 7;
-    a None eps leaves that side unclipped, both None give the plain −A·r of KL-Cov; an eps may be per-token
-    widths shaped like the mask, Flexible Entropy Control's probability-dependent bounds). ``dual_clip = c``
-    (c > 1) bounds ℓ of A < 0 tokens by −A·c. Then ℓ gains kl_cov_coef·|logp − old_logp| on
-    ``kl_cov_select`` (KL-Cov), ref_kl_coef·KL_est(logp, ref_logp) (times r, gradient through both, when
-    ``ref_kl_ratio_weighted``: the importance-sampled KL of off-policy tokens, TRL's ``use_bias_correction_kl``)
-    and −entropy_coef·H (entropy bonus, the gradient flows through ``entropy``).
-
-    Counting mask m = mask & keep: tokens with keep False leave the loss and every count (ClipB, ClipV,
-    high_entropy, grad_mask). Tokens with ``zeroed`` True have their whole token loss multiplied by 0 but
-    still count (Clip-Cov). The loss is ``aggregate(ℓ, m, agg)``.
-
-    Three method terms, each off by default:
-
-    - ``adv_shift`` ψ (float, like the mask): the surrogate uses A + ψ in place of A on every token (entropy
-      advantage shaping, Cheng et al. 2025, where ψ = min(α·H_detached, |A|/κ), a form not checked against the
-      paper's full text); metrics ``loss/adv_shift_mean``.
-    - ``ce_beta_low`` β1, ``ce_beta_high`` β2 (CE-GPPO, Su et al. 2025): a token the ratio clip removes
-      (A < 0, r < 1 − eps_low; or A > 0, r > 1 + eps_high) keeps a bounded gradient: ℓ gains
-      −β·b·A·(r/sg(r) − 1), b = 1 − eps_low or 1 + eps_high, whose value is 0 and whose gradient is
-      −β·b·A·∇log π (the authors' code, github.com/Kwai-Klear/CE-GPPO ``compute_gppo_loss_general_beta``: token
-      loss −β·b·A·r/sg(r)). The gradient is theirs; the forward value is not: PPO's clipped value −b·A is kept
-      (theirs: −β·b·A), so ``loss/pg`` does not depend on β. 0 = PPO. ``clip/ce_frac``: share of counted tokens
-      that got it.
-    - ``weight_alpha`` α with ``weight_select`` (EntroPIC, Yang et al. 2025): the loss gains
-      α·aggregate(−r·|A|, m ∧ weight_select, agg) (the authors' code, github.com/yk7333/EntroPIC
-      ``compute_policy_loss_entropic``: high-probability tokens, p > 0.95), so
-      α > 0 weighs those tokens of positive samples up and of negative samples down (entropy falls), α < 0
-      the reverse; ``loss/weight_adjust`` is that term.
-
-    Metrics (Python floats; None when no token counts or the term is absent), all over counted tokens:
-    ``loss/total``, ``loss/pg``, ``loss/kl_cov``, ``loss/kl_ref`` (coefficient-weighted contributions that
-    sum to ``loss/total``), ``loss/entropy_bonus`` (= −entropy_coef·agg(H)), ``kl/ref`` (the raw
-    aggregated estimate), ``clip/ratio_low_frac``, ``clip/ratio_high_frac``, ``clip/ratio_frac``,
-    ``clip/dual_frac`` (token fractions where that clip removes the gradient), ``ratio/mean``,
-    ``ratio/max``, ``ratio/min``, ``loss/counted_frac`` (Σm/Σmask: zeroed tokens count; not
-    ``control/kept_frac``, the share that trains), ``loss/zeroed_frac`` and ``control/kl_cov_selected_frac``
-    (over counted tokens), ``tokens/counted`` (names: ``entropy_rft.common.metric_names``).
-    """
-    mask = as_mask(mask)
-    check_like(logp, mask, "logp")
-    check_like(old_logp, mask, "old_logp")
-    adv = broadcast_advantages(advantages, mask)
-    keep = check_bool_like(keep, mask, "keep")
-    zeroed = check_bool_like(zeroed, mask, "zeroed")
-    kl_cov_select = check_bool_like(kl_cov_select, mask, "kl_cov_select")
-    weight_select = check_bool_like(weight_select, mask, "weight_select")
-    if adv_shift is not None:
-        check_like(adv_shift, mask, "adv_shift")
-    _check_coef(ce_beta_low, "ce_beta_low")
-    _check_coef(ce_beta_high, "ce_beta_high")
-    _check_coef(weight_alpha, "weight_alpha")
-    if weight_alpha != 0 and weight_select is None:
-        raise ValueError("weight_alpha is non-zero but weight_select is None (pass EntroPIC's token selection)")
-    _check_eps(eps_low, "eps_low", mask)
-    _check_eps(eps_high, "eps_high", mask)
-    if dual_clip is not None and (not is_number(dual_clip) or not dual_clip > 1):
-        raise ValueError(f"dual_clip must be None or a number > 1, got {dual_clip!r}")
-    _check_agg(agg, mask)
-    _check_coef(kl_cov_coef, "kl_cov_coef")
-    _check_coef(ref_kl_coef, "ref_kl_coef")
-    _check_coef(entropy_coef, "entropy_coef")
-    if kl_cov_coef != 0 and kl_cov_select is None:
-        raise ValueError("kl_cov_coef is non-zero but kl_cov_select is None (pass the KL-Cov selection)")
-    if ref_logp is not None:
-        check_like(ref_logp, mask, "ref_logp")
-    elif ref_kl_coef != 0:
-        raise ValueError("ref_kl_coef is non-zero but ref_logp is None")
-    if ref_kl_estimator not in KL_ESTIMATORS:
-        raise ValueError(f"ref_kl_estimator must be one of {list(KL_ESTIMATORS)}, got {ref_kl_estimator!r}")
-    if entropy is not None:
-        check_like(entropy, mask, "entropy")
-    elif entropy_coef != 0:
-        raise ValueError("entropy_coef is non-zero but entropy is None")
-
-    m = mask if keep is None else mask & keep
-    dt = torch.promote_types(logp.dtype, torch.float32)  # statistics in float32 at least (DESIGN.md)
-    logp, old_logp = logp.to(dt), old_logp.detach().to(dt)
-    adv = adv.detach().to(dt)
-    if adv_shift is not None:
-        adv = adv + torch.where(mask, adv_shift.detach().to(dt), torch.zeros_like(adv))
-    r = importance_ratio(logp, old_logp, mask)
-
-    pg1 = -adv * r
-    if eps_low is None and eps_high is None:
-        pg = pg1
-    else:
-        lo = None if eps_low is None else 1 - eps_low
-        hi = None if eps_high is None else 1 + eps_high
-        if isinstance(lo, Tensor) or isinstance(hi, Tensor):  # per-token bounds: clamp's min and max as tensors
-            lo, hi = (None if b is None else torch.as_tensor(b, dtype=dt, device=r.device) for b in (lo, hi))
-        pg = torch.maximum(pg1, -adv * torch.clamp(r, lo, hi))
-    if dual_clip is not None:
-        pg = torch.where(adv < 0, torch.minimum(pg, -adv * dual_clip), pg)
-    ce = None
-    if ce_beta_low != 0 or ce_beta_high != 0:
-        # CE-GPPO: value 0, gradient -beta·bound·A·grad(log pi) on the tokens the ratio clip removes
-        unit = r / r.detach() - 1
-        ce = torch.zeros_like(mask)
-        if eps_low is not None and ce_beta_low != 0:
-            low_c = (adv < 0) & (r.detach() < 1 - eps_low)
-            pg = torch.where(low_c, pg - ce_beta_low * (1 - eps_low) * adv * unit, pg)
-            ce = ce | low_c
-        if eps_high is not None and ce_beta_high != 0:
-            high_c = (adv > 0) & (r.detach() > 1 + eps_high)
-            pg = torch.where(high_c, pg - ce_beta_high * (1 + eps_high) * adv * unit, pg)
-            ce = ce | high_c
-
-    live = m if zeroed is None else m & ~zeroed  # tokens whose loss is not multiplied by 0
-
-    def term(x: Tensor) -> Tensor:
-        return aggregate(torch.where(live, x, torch.zeros_like(x)), m, agg)
-
-    loss_pg = term(pg)
-    total = loss_pg
-    metrics: dict[str, float | None] = {}
-    n = int(m.sum())
-
-    loss_kl_cov = None
-    if kl_cov_select is not None:
-        abs_kl = torch.where(mask, logp - old_logp, torch.zeros_like(logp)).abs()
-        kl_cov_term = torch.where(kl_cov_select, kl_cov_coef * abs_kl, torch.zeros_like(abs_kl))
-        loss_kl_cov = term(kl_cov_term)
-        total = total + loss_kl_cov
-    loss_kl_ref = kl_raw = None
-    if ref_logp is not None:
-        zero = torch.zeros_like(logp)  # padding enters as x = 0, so inf there cannot leak NaN into grads
-        lp, ref = torch.where(mask, logp, zero), torch.where(mask, ref_logp.to(dt), zero)
-        kl = kl_estimate(lp, ref, ref_kl_estimator)
-        if ref_kl_ratio_weighted:
-            kl = kl * r
-        kl_raw = aggregate(kl.detach(), m, agg)
-        loss_kl_ref = term(ref_kl_coef * kl)
-        total = total + loss_kl_ref
-    loss_ent = None
-    if entropy is not None:
-        loss_ent = term(-entropy_coef * entropy.to(dt))
-        total = total + loss_ent
-    loss_adjust = None
-    if weight_select is not None:
-        sel = live & weight_select
-        loss_adjust = weight_alpha * aggregate(torch.where(sel, -r * adv.abs(), torch.zeros_like(r)), sel, agg)
-        total = total + loss_adjust
-
-    def val(x: Tensor | None) -> float | None:
-        return None if x is None or n == 0 else float(x.detach())
-
-    with torch.no_grad():
-        low = (adv < 0) & (r < 1 - eps_low) if eps_low is not None else torch.zeros_like(m)
-        high = (adv > 0) & (r > 1 + eps_high) if eps_high is not None else torch.zeros_like(m)
-        dual = (adv < 0) & (r > dual_clip) if dual_clip is not None else torch.zeros_like(m)
-        rm = r.detach()[m]
-        n_valid = int(mask.sum())
-        metrics.update({
-            "loss/total": val(total),
-            "loss/pg": val(loss_pg),
-            "loss/kl_cov": val(loss_kl_cov),
-            "loss/kl_ref": val(loss_kl_ref),
-            "kl/ref": val(kl_raw),
-            "loss/entropy_bonus": val(loss_ent),
-            "clip/ratio_low_frac": _frac(low, m, n),
-            "clip/ratio_high_frac": _frac(high, m, n),
-            "clip/ratio_frac": _frac(low | high, m, n),
-            "clip/dual_frac": _frac(dual, m, n) if dual_clip is not None else None,
-            "ratio/mean": float(rm.to(torch.float64).mean()) if n else None,
-            "ratio/max": float(rm.max()) if n else None,
-            "ratio/min": float(rm.min()) if n else None,
-            "loss/counted_frac": n / n_valid if n_valid else None,
-            "loss/zeroed_frac": _frac(zeroed, m, n) if zeroed is not None else None,
-            "control/kl_cov_selected_frac": _frac(kl_cov_select, m, n) if kl_cov_select is not None else None,
-            "tokens/counted": float(n),
-        })
-        if adv_shift is not None:
-            metrics["loss/adv_shift_mean"] = float(adv_shift.detach().to(torch.float64)[m].mean()) if n else None
-        if ce is not None:
-            metrics["clip/ce_frac"] = _frac(ce, m, n)
-        if weight_select is not None:
-            metrics["loss/weight_adjust"] = val(loss_adjust)
-            metrics["control/weight_selected_frac"] = _frac(weight_select, m, n)
-    return total, metrics
+    """``compute_policy_loss`` as one keyword call: the loss and its metrics as numbers (see
+    ``LossOutputs.metrics``). Each keyword is the ``LossSettings`` field or the ``Masks`` field of that name; an
+    ``eps_low``/``eps_high`` tensor shaped like the mask is per-token widths (``Masks.eps_*``)."""
+    widths = {k: v if isinstance(v, Tensor) else None for k, v in (("eps_low", eps_low), ("eps_high", eps_high))}
+    settings = LossSettings(
+        eps_low=None if widths["eps_low"] is not None else eps_low,  # type: ignore[arg-type]
+        eps_high=None if widths["eps_high"] is not None else eps_high,  # type: ignore[arg-type]
+        dual_clip=dual_clip, agg=agg, kl_cov_coef=kl_cov_coef, ref_kl_coef=ref_kl_coef,  # type: ignore[arg-type]
+        ref_kl_estimator=ref_kl_estimator, ref_kl_ratio_weighted=ref_kl_ratio_weighted,  # type: ignore[arg-type]
+        entropy_coef=entropy_coef, ce_beta_low=ce_beta_low, ce_beta_high=ce_beta_high, weight_alpha=weight_alpha)
+    masks = Masks(keep=keep, zeroed=zeroed, kl_cov_select=kl_cov_select, adv_shift=adv_shift,
+                  weight_select=weight_select, eps_low=widths["eps_low"], eps_high=widths["eps_high"])
+    out = compute_policy_loss(LossInputs(logp, old_logp, advantages, mask, masks, ref_logp, entropy), settings)
+    return out.loss, out.metrics()

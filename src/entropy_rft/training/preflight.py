@@ -1,4 +1,4 @@
-"""Cheap checks of a whole request before anything is written (issue 13: one line per mistake, nothing created).
+"""Cheap checks of a whole request before anything is written (one line per mistake, nothing created).
 
 ``check_train(cfg, out)`` is called before the run directory is made (``launch.start``, ``erft train``): the
 output path, the device, the task (built once, so unknown names, unknown parameters and bad data files are

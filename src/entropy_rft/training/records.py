@@ -15,6 +15,7 @@ from torch import Tensor
 
 from entropy_rft.control import Method
 from entropy_rft.core.dynamics import TokenStats
+from entropy_rft.core.loss_types import LossSettings
 from entropy_rft.policy.rollout import RolloutBatch
 from entropy_rft.tasks.base import Example
 
@@ -55,14 +56,19 @@ class Selection:
 
 @dataclass(frozen=True)
 class Rule:
-    """What an update applies: the method (its minibatch selection) and ``policy_loss``'s settings."""
+    """What an update applies: the method (its minibatch selection) and the loss's settings, validated once."""
 
     method: Method
-    loss_kwargs: dict[str, Any]
+    settings: LossSettings
 
     @property
     def minibatch_masks(self) -> bool:
         return self.method.stage == "minibatch"
+
+    @property
+    def loss_kwargs(self) -> dict[str, Any]:
+        """The settings as ``policy_loss`` keywords."""
+        return self.settings.kwargs()
 
 
 @dataclass(frozen=True)

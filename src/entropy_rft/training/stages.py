@@ -22,7 +22,8 @@ import torch
 
 from entropy_rft import control
 from entropy_rft.core import advantages as adv_lib
-from entropy_rft.core.loss import agg_weights, policy_loss, value_loss
+from entropy_rft.core.loss import agg_weights, compute_policy_loss, value_loss
+from entropy_rft.core.loss_types import LossInputs, LossOutputs, LossSettings, Masks
 from entropy_rft.core.metrics import approx_kl, masked_mean
 from entropy_rft.core.tensor_checks import broadcast_advantages
 from entropy_rft.policy import evaluation
@@ -38,14 +39,14 @@ from entropy_rft.training.state import Run, check_prompts, checkpoint_state, loa
 
 
 def loss_rule(run: Run, method: control.Method | None = None) -> Rule:
-    """``method`` (default: the run's) and ``policy_loss``'s settings as they stand now (knobs such as
-    coef / eps_high, which the autopilot moves, enter the loss kwargs)."""
+    """``method`` (default: the run's) and the loss's settings as they stand now (knobs such as coef / eps_high,
+    which the autopilot moves, enter the settings), validated here, once per update."""
     method = method or run.method
     a = run.cfg.algo
-    kw = dict(eps_low=a.eps_low, eps_high=a.eps_high, dual_clip=a.dual_clip, agg=a.agg,
-              ref_kl_coef=a.ref_kl_coef, ref_kl_estimator=a.ref_kl_estimator)
+    kw: dict[str, Any] = dict(eps_low=a.eps_low, eps_high=a.eps_high, dual_clip=a.dual_clip, agg=a.agg,
+                              ref_kl_coef=a.ref_kl_coef, ref_kl_estimator=a.ref_kl_estimator)
     kw.update(method.loss_kwargs())
-    return Rule(method, kw)
+    return Rule(method, LossSettings(**kw))
 
 
 def autocast(run: Run):
@@ -194,89 +195,116 @@ def update(run: Run, s: Scored, old: OldPolicy, sel: Selection | None = None, ru
     as it stands). Returns the averaged loss metrics and the tokens a minibatch-level method zeroed.
     ``live``: the old-policy forward with its graph (``live_forward``), used by the first update."""
     rule = rule or loss_rule(run)
-    keep = None if sel is None else sel.keep
-    extra = Selection(None, {}) if sel is None else sel  # adv_shift, weight_select of the method
-    logs = []
+    sel = sel or Selection(None, {})
     zeroed = torch.zeros_like(s.mask)  # tokens zeroed by a minibatch-level method (first epoch)
+    rows = []
     for epoch in range(run.cfg.algo.ppo_epochs):
         for idx in minibatches(run, s.mask.shape[0]):
-            logs.append(update_minibatch(run, s, old, keep, rule, idx, zeroed if epoch == 0 else None, live,
-                                         extra))
+            rows.append(update_minibatch(run, s, old, sel, rule, idx, zeroed if epoch == 0 else None, live))
             live = None  # used once
-    out: dict[str, Any] = {}
-    for k in logs[0]:
-        vals = [d[k] for d in logs if d.get(k) is not None]
-        out[k] = float(np.mean(vals)) if vals else None
-    return Update(out, zeroed)
+    return Update(mean_rows(rows), zeroed)
 
 
-def update_minibatch(run: Run, s: Scored, old: OldPolicy, keep: torch.Tensor | None, rule: Rule,
-                     idx: torch.Tensor, zeroed: torch.Tensor | None, live: PolicyOut | None,
-                     extra: Selection | None = None) -> dict:
-    """One optimizer update on the rows ``idx`` (``algo.grad_accum`` micro-batches)."""
-    cfg, a = run.cfg, run.cfg.algo
-    need_ent = rule.method.needs_entropy_grad()
-    micro = [c for c in idx.chunk(a.grad_accum) if c.numel()]
-    mb_mask = s.mask[idx]
-    first = None
-    if len(micro) == 1:  # one forward with grad; the selection uses its detached log-probs
-        first = live.rows(idx) if live is not None else forward(run, s.rollout.select(idx), with_entropy=need_ent)
-        cur = first.logp.detach()
-    elif rule.minibatch_masks:  # accumulation: select over the whole minibatch first
-        with torch.no_grad():
-            cur = forward(run, s.rollout.select(idx)).logp
-    # The one selection rule (control.select_minibatch): Clip-Cov / KL-Cov over the whole minibatch.
-    mb_masks, counted, _ = control.select_minibatch(
-        cur if rule.minibatch_masks else None, old.logp[idx], old.adv[idx], mb_mask,
-        None if keep is None else keep[idx], rule.method, rule.loss_kwargs.get("eps_low"),
-        rule.loss_kwargs.get("eps_high"), run.gens["method"])
-    if zeroed is not None and mb_masks.zeroed is not None:
-        zeroed[idx] |= mb_masks.zeroed & mb_mask
-    mb_weights = agg_weights(counted, a.agg)  # minibatch-level weights, for control.microbatch_loss_scale
+def update_minibatch(run: Run, s: Scored, old: OldPolicy, sel: Selection, rule: Rule, idx: torch.Tensor,
+                     zeroed: torch.Tensor | None, live: PolicyOut | None) -> dict[str, Any]:
+    """One optimizer update on the rows ``idx`` (``algo.grad_accum`` micro-batches): select, then for each
+    micro-batch forward, loss and backward, then clip and step. Marks the tokens the method zeroed in
+    ``zeroed``; returns the metrics row of the update."""
+    micro = [c for c in idx.chunk(run.cfg.algo.grad_accum) if c.numel()]
+    first, mb = minibatch_selection(run, s, old, sel, rule, idx, live, single=len(micro) == 1)
+    if zeroed is not None and mb.masks.zeroed is not None:
+        zeroed[idx] |= mb.masks.zeroed & s.mask[idx]
 
     run.optim.zero_grad(set_to_none=True)
-    metrics: list[dict] = []
-    value_loss_total = 0.0
-    pos = {int(j): i for i, j in enumerate(idx.tolist())}
+    outs, value_losses = [], []
     for mi in micro:
-        local = torch.tensor([pos[int(j)] for j in mi.tolist()])
-        out = first if first is not None else forward(run, s.rollout.select(mi), with_entropy=need_ent)
-        kwargs = dict(rule.loss_kwargs)
-        for side in ("eps_low", "eps_high"):  # a method's per-token clip bounds (Flexible Entropy Control)
-            if getattr(mb_masks, side) is not None:
-                kwargs[side] = getattr(mb_masks, side)[local]
-        loss, met = policy_loss(
-            out.logp, old.logp[mi], old.adv[mi], s.mask[mi],
-            keep=_rows(mb_masks.keep, local), zeroed=_rows(mb_masks.zeroed, local),
-            kl_cov_select=_rows(mb_masks.kl_cov_select, local),
-            ref_logp=None if old.ref_logp is None else old.ref_logp[mi],
-            adv_shift=None if extra is None else _rows(extra.adv_shift, mi),
-            weight_select=None if extra is None else _rows(extra.weight_select, mi),
-            entropy=out.entropy, **kwargs)
-        if len(micro) > 1:  # re-weight so the accumulated gradient equals the whole minibatch's loss
-            loss = loss * control.microbatch_loss_scale(mb_weights[local], counted[local], a.agg)
-        if run.value_head is not None:
-            vloss = value_loss(run.value_head(out.hidden), old.returns[mi], s.mask[mi])
-            loss = loss + a.value_coef * vloss * (len(mi) / len(idx))
-            value_loss_total += float(vloss.detach()) * len(mi) / len(idx)
+        out = first if first is not None else forward(run, s.rollout.select(mi),
+                                                      with_entropy=rule.method.needs_entropy_grad())
+        loss, lo, vloss = micro_loss(run, s, old, sel, rule, mb, idx, mi, out)
         loss.backward()
         rule.method.observe_update(out.logp.detach(), s.mask[mi])
-        metrics.append(met)
-    gn = None
-    if cfg.optim.max_grad_norm is not None:
-        gn = float(torch.nn.utils.clip_grad_norm_(run.model.parameters(), cfg.optim.max_grad_norm))
+        outs.append(lo)
+        value_losses.append((vloss, len(mi), len(idx)))
+    grad_norm = None
+    if run.cfg.optim.max_grad_norm is not None:
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(run.model.parameters(), run.cfg.optim.max_grad_norm))
     run.optim.step()
     run.sched.step()
     if run.value_optim is not None:
         run.value_optim.step()
         run.value_optim.zero_grad(set_to_none=True)
-    out_m = {k: float(np.mean([m[k] for m in metrics if m.get(k) is not None]))
-             if any(m.get(k) is not None for m in metrics) else None for k in metrics[0]}
-    out_m["optim/grad_norm"] = gn
-    out_m["optim/lr"] = run.sched.get_last_lr()[0]
+
+    row = mean_rows([o.metrics() for o in outs])
+    row["optim/grad_norm"] = grad_norm
+    row["optim/lr"] = run.sched.get_last_lr()[0]
     if run.value_head is not None:
-        out_m["loss/value"] = value_loss_total
-    return out_m
+        row["loss/value"] = weighted_sum(value_losses)
+    return row
+
+
+def minibatch_selection(run: Run, s: Scored, old: OldPolicy, sel: Selection, rule: Rule, idx: torch.Tensor,
+                        live: PolicyOut | None, single: bool) -> tuple[PolicyOut | None, control.MinibatchSelection]:
+    """The one selection rule (``control.select_minibatch``) over the minibatch ``idx``: Clip-Cov / KL-Cov select
+    over all its rows from their current log-probs. With one micro-batch (``single``) its forward with grad is
+    taken here (or ``live``'s rows) and returned for the loss; with accumulation a minibatch-level method
+    reads a forward without grad first, and None is returned."""
+    first, cur = None, None
+    if single:  # one forward with grad; the selection uses its detached log-probs
+        first = live.rows(idx) if live is not None else forward(run, s.rollout.select(idx),
+                                                                  with_entropy=rule.method.needs_entropy_grad())
+        cur = first.logp.detach()
+    elif rule.minibatch_masks:
+        with torch.no_grad():
+            cur = forward(run, s.rollout.select(idx)).logp
+    st = rule.settings
+    mb = control.select_minibatch(cur if rule.minibatch_masks else None, old.logp[idx], old.adv[idx], s.mask[idx],
+                                  _rows(sel.keep, idx), rule.method, st.eps_low, st.eps_high, run.gens["method"])
+    return first, mb
+
+
+def micro_loss(run: Run, s: Scored, old: OldPolicy, sel: Selection, rule: Rule, mb: control.MinibatchSelection,
+               idx: torch.Tensor, mi: torch.Tensor, out: PolicyOut
+               ) -> tuple[torch.Tensor, LossOutputs, torch.Tensor | None]:
+    """The loss of the micro-batch ``mi`` (rows of the minibatch ``idx``) from its forward ``out``: the policy
+    loss, re-weighted with accumulation so that the summed gradient is the whole minibatch's
+    (``control.microbatch_loss_scale``), plus the critic's share. Returns it, the policy loss's outputs and the
+    critic loss (None without one)."""
+    a = run.cfg.algo
+    pos = {int(j): i for i, j in enumerate(idx.tolist())}
+    local = torch.tensor([pos[int(j)] for j in mi.tolist()])  # mi's rows within the minibatch
+    m = mb.masks
+    masks = Masks(keep=_rows(m.keep, local), zeroed=_rows(m.zeroed, local),
+                  kl_cov_select=_rows(m.kl_cov_select, local), adv_shift=_rows(sel.adv_shift, mi),
+                  weight_select=_rows(sel.weight_select, mi), eps_low=_rows(m.eps_low, local),
+                  eps_high=_rows(m.eps_high, local))
+    lo = compute_policy_loss(LossInputs(out.logp, old.logp[mi], old.adv[mi], s.mask[mi], masks,
+                                        _rows(old.ref_logp, mi), out.entropy), rule.settings)
+    loss = lo.loss
+    if len(mi) < len(idx):  # re-weight so the accumulated gradient equals the whole minibatch's loss
+        loss = loss * control.microbatch_loss_scale(agg_weights(mb.counted, a.agg)[local], mb.counted[local], a.agg)
+    vloss = None
+    if run.value_head is not None:
+        vloss = value_loss(run.value_head(out.hidden), old.returns[mi], s.mask[mi])
+        loss = loss + a.value_coef * vloss * (len(mi) / len(idx))
+    return loss, lo, vloss
+
+
+def mean_rows(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each key of the first row: the mean of the rows' values that are not None (None when none is)."""
+    out: dict[str, Any] = {}
+    for k in rows[0]:
+        vals = [r[k] for r in rows if r.get(k) is not None]
+        out[k] = float(np.mean(vals)) if vals else None
+    return out
+
+
+def weighted_sum(parts: list[tuple[torch.Tensor | None, int, int]]) -> float:
+    """Σ value·rows/total as a number: the critic loss of the micro-batches, each weighted by its share of the
+    minibatch's rows."""
+    total = 0.0
+    for value, rows, of in parts:
+        total += float(value.detach()) * rows / of  # type: ignore[union-attr]
+    return total
 
 
 # ----------------------------------------------------------------------------- stage 9: the probes

@@ -23,6 +23,41 @@ from entropy_rft.rundir.logger import Logger
 from entropy_rft.training.records import OldPolicy, Probed, Rule, Scored, Selection, Update
 
 
+class StepTimer:
+    """Wall time of a step's phases: ``with timer("generate"): ...`` adds the block's seconds to that phase;
+    ``metrics(tokens)`` gives ``time/<phase>``, ``time/step`` (since the timer was made) and
+    ``perf/tokens_per_s`` (response tokens over the five training phases, evaluation left out)."""
+
+    PHASES = ("generate", "forward", "backward", "counterfactual", "probe")
+
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+        self.seconds: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def __call__(self, phase: str) -> Iterator[None]:
+        t = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - t
+
+    def metrics(self, tokens: int) -> dict[str, float]:
+        out = {"time/eval": self.seconds["eval"]} if "eval" in self.seconds else {}
+        out.update({f"time/{k}": self.seconds.get(k, 0.0) for k in self.PHASES})
+        out["time/step"] = time.perf_counter() - self.start
+        out["perf/tokens_per_s"] = tokens / max(1e-9, sum(self.seconds.get(k, 0.0) for k in self.PHASES))
+        return out
+
+
+def step_row(step: int, s: Scored, old: OldPolicy, sel: Selection, rule: Rule, vanilla: Rule, upd: Update,
+             probed: Probed, trained: torch.Tensor, probe_m: dict[str, Any], eos_id: int) -> dict[str, Any]:
+    """The step's metrics row: the update's loss metrics, then the batch's (whose control fractions win over the
+    per-minibatch averages of the loss), the probes', the controller's and the lens's."""
+    return {"step": step, **upd.metrics, **batch_metrics(s, old, trained, upd.zeroed, eos_id), **probe_m,
+            **sel.control, **lens_metrics(s, old, probed, trained, rule, sel, upd, vanilla)}
+
+
 def batch_metrics(s: Scored, old: OldPolicy, trained: torch.Tensor, zeroed: torch.Tensor,
                   eos_id: int) -> dict[str, Any]:
     m = s.mask

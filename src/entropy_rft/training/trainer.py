@@ -13,7 +13,6 @@ step reports is ``step_log``'s. ``train`` is the loop over the steps; the run di
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -28,7 +27,7 @@ from entropy_rft.training import stages
 from entropy_rft.training.probe import counterfactual_metrics, due
 from entropy_rft.training.records import trained_mask
 from entropy_rft.training.state import Run, save_checkpoint
-from entropy_rft.training.step_log import batch_metrics, lens_metrics, log_step, progress_bar
+from entropy_rft.training.step_log import StepTimer, log_step, progress_bar, step_row
 
 
 def train(run: Run, logger: Logger, *, stop: Callable[[], bool] = lambda: False,
@@ -76,59 +75,50 @@ def train_step(run: Run, logger: Logger, note: Callable[[str], None] | None = No
     """One step: the ten stages of DESIGN.md's data path, each a function of the records before it.
     ``note(text)`` shows an evaluation's progress."""
     cfg, step = run.cfg, run.step
-    t0 = time.perf_counter()
-    # 1. prompts, G samples each
-    examples = stages.sample_prompts(run)
-    group = [ex for ex in examples for _ in range(cfg.rollout.group_size)]
-    # 2. roll out
-    rb = stages.rollout(run, [ex.prompt for ex in group])
-    t_gen = time.perf_counter()
-    # 3. score
-    s = stages.score(run, group, rb)
-    # 3'. a method's extra rollouts at another temperature swapped into the batch (AEPO; others: s unchanged)
-    s = stages.resample(run, s)
-    # 4-5. old-policy forward (TokenStats), reference log-probs, values and advantages; with one update per
-    #      batch that forward keeps its graph for the update (not when the counterfactual first takes a
-    #      vanilla update): ``live`` goes to both stages, the record holds only detached tensors
-    counterfactual = due(cfg.probe.counterfactual_every, step)
-    live = stages.live_forward(run, s) if stages.single_update(run) and not counterfactual else None
-    old = stages.old_policy(run, s, live)
-    # 6. the autopilot sets the knob; the method's rollout-level masks (ClipB, ClipV, high-entropy, grad-mask)
-    sel = stages.select(run, s, old)
-    rule = stages.loss_rule(run)
-    t_fwd = time.perf_counter()
-    # 6'. what the probes need from the pre-update state: the parameters for the JVP, and the vanilla update
-    #     from this very state (taken, measured, and undone) for the counterfactual
-    before = stages.params_snapshot(run) if due(cfg.probe.jvp_every, step) else None
-    dh_vanilla = stages.vanilla_counterfactual(run, s, old) if counterfactual else None
-    t_cf = time.perf_counter()
-    # 7-8. policy_loss and the optimizer updates (Clip-Cov / KL-Cov select per minibatch inside)
-    upd = stages.update(run, s, old, sel, rule, live)
-    del live  # the graph is spent
-    trained = trained_mask(s, sel, upd)
-    t_bwd = time.perf_counter()
-    # 9. probe: actual vs predicted entropy change on the same tokens (tabular; the JVP and the
-    #    counterfactual every k steps: this update is the method's, so its batch ΔH is dH_method)
-    probed = stages.probe(run, s, old, trained)
-    probe_m = dict(probed.metrics)
-    if before is not None:
-        probe_m.update(stages.jvp_probe(run, s, probed, before))
-    if counterfactual:
-        probe_m.update(counterfactual_metrics(masked_mean(probed.actual, s.mask), dh_vanilla))
-    t_probe = time.perf_counter()
-    # 10. log (the batch-level control fractions win over the per-minibatch averages of the loss)
-    row: dict[str, Any] = {"step": step, **upd.metrics,
-                           **batch_metrics(s, old, trained, upd.zeroed, run.tok.eos_token_id),
-                           **probe_m, **sel.control,
-                           **lens_metrics(s, old, probed, trained, rule, sel, upd, stages.loss_rule(run, run.vanilla))}
+    timer = StepTimer()
+    with timer("generate"):
+        # 1. prompts, G samples each; 2. roll out
+        examples = stages.sample_prompts(run)
+        group = [ex for ex in examples for _ in range(cfg.rollout.group_size)]
+        rb = stages.rollout(run, [ex.prompt for ex in group])
+    with timer("forward"):
+        # 3. score; 3'. a method's extra rollouts at another temperature swapped into the batch (AEPO)
+        s = stages.resample(run, stages.score(run, group, rb))
+        # 4-5. old-policy forward (TokenStats), reference log-probs, values and advantages; with one update per
+        #      batch that forward keeps its graph for the update (not when the counterfactual first takes a
+        #      vanilla update): ``live`` goes to both stages, the record holds only detached tensors
+        counterfactual = due(cfg.probe.counterfactual_every, step)
+        live = stages.live_forward(run, s) if stages.single_update(run) and not counterfactual else None
+        old = stages.old_policy(run, s, live)
+        # 6. the autopilot sets the knob; the method's rollout-level masks (ClipB, ClipV, high-entropy, grad-mask)
+        sel = stages.select(run, s, old)
+        rule = stages.loss_rule(run)
+    with timer("counterfactual"):
+        # 6'. what the probes need from the pre-update state: the parameters for the JVP, and the vanilla update
+        #     from this very state (taken, measured, and undone) for the counterfactual
+        before = stages.params_snapshot(run) if due(cfg.probe.jvp_every, step) else None
+        dh_vanilla = stages.vanilla_counterfactual(run, s, old) if counterfactual else None
+    with timer("backward"):
+        # 7-8. the loss and the optimizer updates (Clip-Cov / KL-Cov select per minibatch inside)
+        upd = stages.update(run, s, old, sel, rule, live)
+        del live  # the graph is spent
+        trained = trained_mask(s, sel, upd)
+    with timer("probe"):
+        # 9. probe: actual vs predicted entropy change on the same tokens (tabular; the JVP and the
+        #    counterfactual every k steps: this update is the method's, so its batch ΔH is dH_method)
+        probed = stages.probe(run, s, old, trained)
+        probe_m = dict(probed.metrics)
+        if before is not None:
+            probe_m.update(stages.jvp_probe(run, s, probed, before))
+        if counterfactual:
+            probe_m.update(counterfactual_metrics(masked_mean(probed.actual, s.mask), dh_vanilla))
+    # 10. log
+    row = step_row(step, s, old, sel, rule, stages.loss_rule(run, run.vanilla), upd, probed, trained, probe_m,
+                   run.tok.eos_token_id)
     if cfg.eval.every and (step % cfg.eval.every == 0 or step == cfg.train.max_steps):
-        te = time.perf_counter()
-        row.update(stages.evaluate(run, note))
-        row["time/eval"] = time.perf_counter() - te
-    row.update({"time/generate": t_gen - t0, "time/forward": t_fwd - t_gen, "time/backward": t_bwd - t_cf,
-                "time/counterfactual": t_cf - t_fwd, "time/probe": t_probe - t_bwd,
-                "time/step": time.perf_counter() - t0,
-                "perf/tokens_per_s": int(rb.response_mask.sum()) / max(1e-9, t_probe - t0)})
+        with timer("eval"):
+            row.update(stages.evaluate(run, note))
+    row.update(timer.metrics(int(rb.response_mask.sum())))
     log_step(logger, cfg, row, s, old, probed, trained)
     return row
 
