@@ -158,7 +158,7 @@ def test_the_switch_reads_the_released_sampled_entropy():
         m.observe_update(logp, mk)
     m.resample_plan()
     assert m._last_h == pytest.approx(released_entropy_loss(micro), rel=1e-6)
-    with pytest.raises(ValueError, match="entropy must be 'sampled' or 'true'"):
+    with pytest.raises(ValueError, match="entropy must be sampled or true, got 'mean'"):
         control.build_method("aepo", entropy="mean")
 
 

@@ -126,8 +126,10 @@ def test_validation_names_the_bad_parameter():
         control.build_method("entrocraft", lower_end="x")
     with pytest.raises(ValueError, match="lower bound must not exceed the upper one"):
         control.build_method("entrocraft", lower_start=0.8)
-    with pytest.raises(ValueError, match="total_steps must be an integer"):
+    with pytest.raises(ValueError, match="total_steps must be >= 0, got -1"):
         control.build_method("entrocraft", total_steps=-1)
+    with pytest.raises(ValueError, match="total_steps must be an integer >= 0, got 1.5"):
+        control.build_method("entrocraft", total_steps=1.5)
     with pytest.raises(ValueError, match="target must be None, a number of nats"):
         control.build_method("entrocraft", target="x0.5")
     with pytest.raises(ValueError, match="reward_scale must be"):

@@ -77,7 +77,7 @@ def test_per_token_clip_against_float64():
 
 
 def test_validation_names_the_bad_parameter():
-    for bad, match in (({"schedule": "up"}, "schedule must be one of"), ({"eps_min": 0.7}, "eps_min must be <="),
+    for bad, match in (({"schedule": "up"}, "schedule must be id, did or od"), ({"eps_min": 0.7}, "eps_min must be <="),
                        ({"total_steps": -2}, "total_steps"), ({"target": "x"}, "target")):
         with pytest.raises(ValueError, match=match):
             control.build_method("fec", **bad)

@@ -99,7 +99,7 @@ def test_clip_low_by_hand():
     mask = torch.ones(1, 2, dtype=torch.bool)
     assert ppo_clipped_mask(lp, old, a, mask, 0.1, 0.2).tolist() == [[True, False]]  # r 0.85 < 0.9
     assert ppo_clipped_mask(lp, old, a, mask, 0.2, 0.2).tolist() == [[False, False]]
-    with pytest.raises(ValueError, match="eps_low must be < 1"):
+    with pytest.raises(ValueError, match=r"eps_low must be in \[0, 1\) \(r >= 1 - eps_low > 0\), got 1.0"):
         control.build_method("clip_low", eps_low=1.0)
 
 

@@ -1,7 +1,8 @@
 """``erft methods``: list every registered entropy-control method with its parameters, knob and paper.
 
-The default layout is one block per method, wrapped to the terminal (80 columns fit); ``--wide`` is the
-table with a column per field; ``--json`` the descriptions as data.
+The default layout is one block per method, wrapped to the terminal (80 columns fit), each parameter on its own
+line as ``erft train --help-config`` shows a config field: ``name = default (its range or choices): help``;
+``--wide`` is the table with a column per field; ``--json`` the descriptions as data.
 """
 
 from __future__ import annotations
@@ -32,7 +33,14 @@ def _infos(names: list[str]) -> list[dict]:
 def _fmt_params(info: dict) -> str:
     if not info["params"]:
         return "-"
-    return "\n".join(f"{p['name']}={p['default']!r}" for p in info["params"])
+    return "\n".join(f"{p['name']}={p['default']!r}{f' ({rule})' if (rule := p['rule']) else ''}"
+                     for p in info["params"])
+
+
+def param_line(p: dict) -> str:
+    """``name = default (rule): help``: one parameter with its constraints (range, choices, rule) in words."""
+    rule = f" ({p['rule']})" if p["rule"] else ""
+    return f"{p['name']} = {p['default']!r}{rule}: {p['help']}"
 
 
 _ARROWS = {1: "↑ raises", -1: "↓ lowers", 0: "-"}
@@ -56,8 +64,9 @@ def render_blocks(infos: list[dict], width: int) -> str:
         lines += wrap(info["summary"])
         if info["knob"]:
             lines += wrap(f"knob: {info['knob']} ({info['direction']})")
-        params = "  ".join(f"{p['name']}={p['default']!r}" for p in info["params"])
-        lines += wrap(f"params: {params or '-'}")
+        lines += wrap(f"params:{'' if info['params'] else ' -'}")
+        for p in info["params"]:
+            lines += wrap(param_line(p), "      ")
         lines += wrap(f"lens: {_fmt_quadrants(info, '; ')}")
         if info["engines"] != ["native", "trl", "verl"]:
             lines += wrap(f"engines: {', '.join(info['engines'])} only")
@@ -65,7 +74,7 @@ def render_blocks(infos: list[dict], width: int) -> str:
             lines += wrap(f"algorithms: {', '.join(info['algorithms'])} only")
         lines += wrap(f"paper: {info['paper']}")
         lines.append("")
-    lines += wrap("Each parameter's help: erft methods --json NAME; one table: erft methods --wide.", "")
+    lines += wrap("As data: erft methods --json NAME; one table: erft methods --wide.", "")
     return "\n".join(lines) + "\n"
 
 

@@ -14,22 +14,20 @@
 
 :func:`check_fields` walks a dataclass (nested sections included) and raises the first violation as one line
 ``config field 'section.name' must be >= 1, got 0``. Types are checked earlier, when a mapping becomes the
-dataclass (``config.loading``). Torch-free.
+dataclass (``config.loading``). The words and tests of the constraints are :mod:`entropy_rft.common.constraints`,
+shared with the methods' parameters (``control.registry.param``). Torch-free.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import re
-import types
-import typing
 from collections.abc import Callable
 from dataclasses import field
 from typing import Any
 
+from entropy_rft.common.constraints import problem, type_hints
 from entropy_rft.common.errors import UserError
-from entropy_rft.common.options import or_list
 
 
 def setting(default: Any, help: str, *, ge: float | None = None, gt: float | None = None, le: float | None = None,
@@ -52,61 +50,11 @@ def short(value: Any, limit: int = 80) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _nullable(tp: Any) -> bool:
-    return typing.get_origin(tp) in (typing.Union, types.UnionType) and type(None) in typing.get_args(tp)
-
-
-def range_rule(meta: dict, integer: bool) -> str | None:
-    """The words of a numeric range: ``>= 1``, ``> 0``, ``in (0, 1]``, ``in [0, 1]``, ``in 0..N`` (integers)."""
-    lo, hi = meta.get("ge", meta.get("gt")), meta.get("le", meta.get("lt"))
-    if lo is not None and hi is not None:
-        if integer and "ge" in meta and "le" in meta:
-            return f"in {lo}..{hi}"
-        return f"in {'[' if 'ge' in meta else '('}{lo}, {hi}{']' if 'le' in meta else ')'}"
-    if lo is not None:
-        return f">= {lo}" if "ge" in meta else f"> {lo}"
-    if hi is not None:
-        return f"<= {hi}" if "le" in meta else f"< {hi}"
-    return None
-
-
-def _in_range(value: Any, meta: dict) -> bool:
-    return (("ge" not in meta or value >= meta["ge"]) and ("gt" not in meta or value > meta["gt"])
-            and ("le" not in meta or value <= meta["le"]) and ("lt" not in meta or value < meta["lt"]))
-
-
-def problem(value: Any, meta: dict, tp: Any) -> str | None:
-    """What is wrong with ``value`` under the constraints ``meta`` of a field typed ``tp`` (None: nothing), in the
-    words that follow ``config field 'NAME'``."""
-    if value is None:
-        return None  # null passes the type check only where the field is typed ``X | None``
-    if "empty" in meta and not value.strip():
-        return f"is empty; {meta['empty']}"
-    if meta.get("names"):
-        bad = [k for k in value if not isinstance(k, str) or not k.isidentifier()]
-        if bad:
-            return f"has invalid parameter name(s) {bad}; use name: value pairs"
-    if "pattern" in meta and not meta["pattern"].fullmatch(value):
-        return f"must be {meta['shown']}, got {value!r}"
-    if "choices" in meta and value not in meta["choices"]:
-        return f"must be {meta.get('shown') or or_list(tuple(meta['choices']))}, got {value!r}"
-    rule = range_rule(meta, tp is int)
-    if rule is not None and not _in_range(value, meta):
-        note = f" {meta['note']}" if "note" in meta else ""
-        return f"must be {rule}{' or null' if _nullable(tp) else ''}{note}, got {value}"
-    return None
-
-
-@functools.cache
-def _hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
-
-
 def check_fields(obj: Any, prefix: str = "") -> None:
     """Check every field of the dataclass ``obj`` (and of its nested sections) against its constraints, in the
     order they are declared; a field's ``check`` function may replace its value (``optim.betas`` become floats).
     Raises the first violation as a one-line :class:`UserError` naming the field."""
-    hints = _hints(type(obj))
+    hints = type_hints(type(obj))
     for f in dataclasses.fields(obj):
         value, name = getattr(obj, f.name), f"{prefix}{f.name}"
         if dataclasses.is_dataclass(hints[f.name]):

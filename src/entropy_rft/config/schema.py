@@ -152,7 +152,8 @@ class EvalConfig:
     samples: int = _f(8, "Samples per validation prompt (K of Pass@K).", ge=1)
     temperature: float = _f(1.0, "Evaluation sampling temperature (Paper A: 0.7 on math benchmarks).", gt=0)
     batch_size: int = _f(512, "Sequences sampled together in an evaluation; the progress bar moves after each "
-                         "batch (smaller: more often, less memory).")
+                         "batch (smaller: more often, less memory). At least eval.samples: a batch holds whole "
+                         "prompts, eval.samples sequences each.", ge=1)
 
 
 @dataclass

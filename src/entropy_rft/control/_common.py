@@ -1,11 +1,11 @@
-"""Shared input checks and masked statistics for the control modules (private).
+"""Shared input checks and masked statistics for the control modules (private). A method's parameters declare
+their own ranges on ``param`` (``registry.Method.check_params``); the checks here serve the pure mask functions and
+the rules a range cannot say (an entropy level).
 
 The generic tensor checks live in :mod:`entropy_rft.core.tensor_checks` and the aggregation weights in
 :mod:`entropy_rft.core.loss`; they are imported here too, for the control modules and ``advantages``."""
 
 from __future__ import annotations
-
-from typing import Any
 
 import torch
 from torch import Tensor
@@ -29,22 +29,6 @@ def check_mu(value: float | None, name: str) -> None:
         return
     if not is_number(value) or not value >= 0 or value == float("inf"):
         raise ValueError(f"{name} must be None or a finite number >= 0, got {value!r}")
-
-
-def check_number(value: Any, name: str, *, low: float | None = None, strict: bool = False) -> None:
-    """A finite number (not a bool), optionally >= ``low`` (> ``low`` when ``strict``)."""
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
-    if ok and low is not None:
-        ok = value > low if strict else value >= low
-    if not ok or value in (float("inf"), float("-inf")):
-        bound = "" if low is None else f" {'>' if strict else '>='} {low}"
-        raise ValueError(f"{name} must be a finite number{bound}, got {value!r}")
-
-
-def check_count(value: Any, name: str) -> None:
-    """An integer >= 0 (not a bool): a number of steps or rollouts."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
 
 
 def check_fraction(value: float, name: str) -> None:
@@ -102,6 +86,11 @@ def count_for_ratio(ratio: float, n: int) -> int:
     if ratio == 0 or n == 0:
         return 0
     return min(max(int(ratio * n), 1), n)
+
+
+# ``check_level``'s rule in words, for a level parameter's ``param(rule=...)`` (``erft methods``)
+LEVEL_RULE = "None, nats > 0 or a multiple of the first batch's entropy such as '0.9x'"
+LEVEL_RULE_REQUIRED = "nats > 0 or a multiple of the first batch's entropy such as '0.5x'"
 
 
 def check_level(value: float | str | None, name: str, allow_none: bool = True) -> tuple[float, bool] | None:

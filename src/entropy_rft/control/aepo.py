@@ -12,10 +12,9 @@ import torch
 from torch import Tensor
 
 from entropy_rft.control._common import (
+    LEVEL_RULE_REQUIRED,
     as_mask,
-    check_count,
     check_level,
-    check_number,
     masked_mean_std,
     resolve_level,
 )
@@ -97,19 +96,22 @@ class AEPOMethod(Method):
     algorithms: ClassVar[tuple[str, ...]] = ("grpo", "dr_grpo")
 
     target: float | str = param(0.5, "entropy target in nats (released trainer.entropy_base) or '0.5x' (times "
-                                     "the first batch's entropy)")
+                                     "the first batch's entropy)", rule=LEVEL_RULE_REQUIRED)
     temperature_high: float = param(1.2, "sampling temperature of the extra rollouts at or below the target "
-                                         "(released trainer.temperature_high)")
+                                         "(released trainer.temperature_high)", gt=0)
     temperature_low: float = param(0.8, "sampling temperature of the extra rollouts above the target (released "
-                                        "trainer.temperature_low)")
+                                        "trainer.temperature_low)", gt=0)
     reinforce_sample_num: int = param(60, "most extra rollouts swapped into a batch; half of it above the target "
-                                          "(released trainer.reinforce_sample_num)")
-    prompt_frac: float = param(0.25, "share of the step's prompts rolled out again (released: the first quarter)")
+                                          "(released trainer.reinforce_sample_num)", ge=0)
+    prompt_frac: float = param(0.25, "share of the step's prompts rolled out again (released: the first quarter)",
+                               gt=0, le=1)
     adv_threshold: float = param(0.05, "an extra rollout is kept when its group advantage is above this "
-                                       "(released _select_by_advantage threshold)")
+                                       "(released _select_by_advantage threshold)",
+                                 rule="any finite number (an advantage level)")
     entropy: str = param("sampled", "the entropy the switch reads: 'sampled' (released actor/entropy_loss: "
                                     "−mean log p of the sampled tokens over the last update's micro-batches) or "
-                                    "'true' (the old policy's −Σ p log p over the step's training tokens)")
+                                    "'true' (the old policy's −Σ p log p over the step's training tokens)",
+                         choices=("sampled", "true"))
 
     def __post_init__(self) -> None:
         self._last_h, self._base, self._temperature, self._spliced = 0.0, None, None, 0
@@ -118,15 +120,6 @@ class AEPOMethod(Method):
 
     def validate(self) -> None:
         check_level(self.target, "target", allow_none=False)
-        for name in ("temperature_high", "temperature_low"):
-            check_number(getattr(self, name), name, low=0.0, strict=True)
-        check_number(self.adv_threshold, "adv_threshold")
-        if not isinstance(self.prompt_frac, (int, float)) or isinstance(self.prompt_frac, bool) \
-                or not 0.0 < self.prompt_frac <= 1.0:
-            raise ValueError(f"prompt_frac must be a number in (0, 1], got {self.prompt_frac!r}")
-        check_count(self.reinforce_sample_num, "reinforce_sample_num")
-        if self.entropy not in ("sampled", "true"):
-            raise ValueError(f"entropy must be 'sampled' or 'true', got {self.entropy!r}")
 
     def _target(self) -> float:
         level = check_level(self.target, "target", allow_none=False)

@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from torch import Tensor
 
-from entropy_rft.control._common import check_fraction, check_number, check_sign
 from entropy_rft.control.masks import grad_mask, high_entropy_mask
 from entropy_rft.control.paper_methods import PAPER_A
 from entropy_rft.control.registry import Masks, Method, param, register_method
@@ -40,12 +39,8 @@ class ClipHigher(Method):
     knob: ClassVar[str | None] = "eps_high"
     knob_raises_entropy: ClassVar[int] = 1
 
-    eps_low: float = param(0.2, "lower ratio clip, r >= 1 - eps_low")
-    eps_high: float = param(0.28, "upper ratio clip, r <= 1 + eps_high")
-
-    def validate(self) -> None:
-        check_number(self.eps_low, "eps_low", low=0.0)
-        check_number(self.eps_high, "eps_high", low=0.0)
+    eps_low: float = param(0.2, "lower ratio clip, r >= 1 - eps_low", ge=0)
+    eps_high: float = param(0.28, "upper ratio clip, r <= 1 + eps_high", ge=0)
 
     def loss_kwargs(self) -> dict[str, Any]:
         return {"eps_low": float(self.eps_low), "eps_high": float(self.eps_high)}
@@ -63,10 +58,7 @@ class EntropyBonus(Method):
     knob: ClassVar[str | None] = "coef"
     knob_raises_entropy: ClassVar[int] = 1
 
-    coef: float = param(1e-3, "entropy coefficient")
-
-    def validate(self) -> None:
-        check_number(self.coef, "coef", low=0.0)
+    coef: float = param(1e-3, "entropy coefficient", ge=0)
 
     def loss_kwargs(self) -> dict[str, Any]:
         return {"entropy_coef": float(self.coef)}
@@ -89,10 +81,7 @@ class HighEntropy(Method):
     knob: ClassVar[str | None] = "top_q"
     knob_raises_entropy: ClassVar[int] = -1
 
-    top_q: float = param(0.2, "fraction of highest-entropy tokens kept (1 = vanilla)")
-
-    def validate(self) -> None:
-        check_fraction(self.top_q, "top_q")
+    top_q: float = param(0.2, "fraction of highest-entropy tokens kept (1 = vanilla)", ge=0, le=1)
 
     def rollout_masks(self, stats: TokenStats, advantages: Tensor, mask: Tensor) -> Masks:
         return Masks(keep=high_entropy_mask(stats.entropy, mask, self.top_q))
@@ -112,18 +101,11 @@ class GradMask(Method):
     quadrants: ClassVar[dict[str, str]] = {"all": "drops (by sign(A), sign(S))"}
 
     sample_sign: str = param("positive", "samples whose tokens are masked by S: A>0 or A<0",
-                             ("positive", "negative"))
-    s_sign: str = param("positive", "sign of S kept within those samples", ("positive", "negative"))
+                             choices=("positive", "negative"))
+    s_sign: str = param("positive", "sign of S kept within those samples", choices=("positive", "negative"))
     s_field: str = param("s_star", "which discriminator: s_star (S) or s_centered (S_c)",
-                         ("s_star", "s_centered"))
+                         choices=("s_star", "s_centered"))
     drop_other_samples: bool = param(True, "drop tokens of the other samples (else they train normally)")
-
-    def validate(self) -> None:
-        check_sign(self.sample_sign, "sample_sign", ("positive", "negative"))
-        check_sign(self.s_sign, "s_sign", ("positive", "negative"))
-        check_sign(self.s_field, "s_field", ("s_star", "s_centered"))
-        if not isinstance(self.drop_other_samples, bool):
-            raise ValueError(f"drop_other_samples must be a bool, got {self.drop_other_samples!r}")
 
     def rollout_masks(self, stats: TokenStats, advantages: Tensor, mask: Tensor) -> Masks:
         s = getattr(stats, self.s_field)

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from torch import Tensor
 
-from entropy_rft.control._common import as_mask, check_count, check_level, check_number, resolve_level
+from entropy_rft.control._common import LEVEL_RULE, as_mask, check_level, resolve_level
 from entropy_rft.control.registry import Method, param, register_method
 
 if TYPE_CHECKING:
@@ -94,29 +94,30 @@ class Entrocraft(Method):
     # the released estimator gives an all-correct group +1 above the band and an all-wrong one -1 below it
     allows_group_filter: ClassVar[bool] = False
 
-    lower_start: float = param(0.6, "the band's lower bound at the first step, nats (released run)")
-    lower_end: float = param(0.4, "the band's lower bound at total_steps, nats (released run)")
-    upper_start: float = param(0.7, "the band's upper bound at the first step, nats (released run)")
-    upper_end: float = param(0.5, "the band's upper bound at total_steps, nats (released run)")
-    total_steps: int = param(0, "steps over which the bounds move; 0 = the run's train.max_steps")
+    lower_start: float = param(0.6, "the band's lower bound at the first step, nats (released run)", ge=0,
+                               rule="<= upper_start")
+    lower_end: float = param(0.4, "the band's lower bound at total_steps, nats (released run)", ge=0,
+                             rule="<= upper_end")
+    upper_start: float = param(0.7, "the band's upper bound at the first step, nats (released run)", ge=0)
+    upper_end: float = param(0.5, "the band's upper bound at total_steps, nats (released run)", ge=0)
+    total_steps: int = param(0, "steps over which the bounds move; 0 = the run's train.max_steps", ge=0)
     target: float | str | None = param(None, "a fixed band's centre in nats or '0.5x' (times the first batch's "
-                                             "entropy), in place of the moving band; None: the moving band")
-    half_width: float = param(0.05, "the fixed band's half width in nats (the released band is 0.1 wide)")
-    reward_center: float = param(0.5, "the reward mapped to 0 in the raw RAFT++/NSR advantage (0/1 rewards -> ±1)")
-    reward_scale: float = param(2.0, "the factor of the raw RAFT++/NSR advantage (r - reward_center)·reward_scale")
+                                             "entropy), in place of the moving band; None: the moving band",
+                                       rule=LEVEL_RULE)
+    half_width: float = param(0.05, "the fixed band's half width in nats (the released band is 0.1 wide)", ge=0)
+    reward_center: float = param(0.5, "the reward mapped to 0 in the raw RAFT++/NSR advantage (0/1 rewards -> ±1)",
+                                 rule="any finite number (a reward level)")
+    reward_scale: float = param(2.0, "the factor of the raw RAFT++/NSR advantage (r - reward_center)·reward_scale",
+                                ge=0)
 
     def __post_init__(self) -> None:
         self._step, self._mode, self._base = 0, HOLD, None
         super().__post_init__()
 
     def validate(self) -> None:
-        for name in ("lower_start", "lower_end", "upper_start", "upper_end", "half_width", "reward_scale"):
-            check_number(getattr(self, name), name, low=0.0)
-        check_number(self.reward_center, "reward_center")
         if self.lower_start > self.upper_start or self.lower_end > self.upper_end:
             raise ValueError(f"the lower bound must not exceed the upper one at either end, got lower "
                              f"{self.lower_start}->{self.lower_end}, upper {self.upper_start}->{self.upper_end}")
-        check_count(self.total_steps, "total_steps")
         check_level(self.target, "target")
 
     def observe(self, stats: TokenStats, mask: Tensor, agg: str) -> dict[str, Any]:

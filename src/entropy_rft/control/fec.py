@@ -13,10 +13,9 @@ import torch
 from torch import Tensor
 
 from entropy_rft.control._common import (
+    LEVEL_RULE,
     as_mask,
-    check_count,
     check_level,
-    check_number,
     masked_mean_std,
     resolve_level,
 )
@@ -28,6 +27,8 @@ if TYPE_CHECKING:
 FEC = ("Chen et al. 2026, Flexible Entropy Control in RLVR with Gradient-Preserving Perspective, arXiv 2602.09782 "
        "(no code released; rule from the authors' blog post of 2026-03-17)")
 SCHEDULES = ("id", "did", "od")
+# a width's line ε(p) = slope·p + intercept is clamped to [eps_min, eps_max], so either sign is a valid rule
+_LINE_RULE = "any finite number (the width is clamped to [eps_min, eps_max])"
 LOWER_MODE, RAISE_MODE = 0, 1  # OD's state: lower entropy (ε_std, M(p)) or raise it (H(p), ε_std)
 
 
@@ -110,33 +111,32 @@ class FlexibleEntropyControl(Method):
 
     schedule: str = param("id", "the schedule: id (increase then decrease, the paper's headline), did (decrease, "
                                 "increase, decrease) or od (oscillatory decay)", choices=SCHEDULES)
-    eps_std: float = param(0.2, "the standard clip width the schedules move from and to (third-party, unverified)")
-    upper_slope: float = param(-0.25, "slope of the upper width H(p) in p (third-party, unverified)")
-    upper_intercept: float = param(0.5, "intercept of the upper width H(p) (third-party, unverified)")
-    lower_slope: float = param(-0.13, "slope of the lower width M(p) in p (third-party, unverified)")
-    lower_intercept: float = param(0.3, "intercept of the lower width M(p) (third-party, unverified)")
-    eps_min: float = param(0.05, "lower clamp of both widths (third-party, unverified)")
-    eps_max: float = param(0.6, "upper clamp of both widths (third-party, unverified)")
-    total_steps: int = param(0, "the schedule's length T in steps; 0 = the run's train.max_steps")
-    od_min_frac: float = param(0.2, "OD: the floor τ_low = H_min as a fraction of the first batch's entropy (blog)")
+    eps_std: float = param(0.2, "the standard clip width the schedules move from and to (third-party, unverified)",
+                           ge=0)
+    upper_slope: float = param(-0.25, "slope of the upper width H(p) in p (third-party, unverified)",
+                               rule=_LINE_RULE)
+    upper_intercept: float = param(0.5, "intercept of the upper width H(p) (third-party, unverified)",
+                                   rule=_LINE_RULE)
+    lower_slope: float = param(-0.13, "slope of the lower width M(p) in p (third-party, unverified)",
+                               rule=_LINE_RULE)
+    lower_intercept: float = param(0.3, "intercept of the lower width M(p) (third-party, unverified)",
+                                   rule=_LINE_RULE)
+    eps_min: float = param(0.05, "lower clamp of both widths (third-party, unverified)", ge=0, rule="<= eps_max")
+    eps_max: float = param(0.6, "upper clamp of both widths (third-party, unverified)", ge=0)
+    total_steps: int = param(0, "the schedule's length T in steps; 0 = the run's train.max_steps", ge=0)
+    od_min_frac: float = param(0.2, "OD: the floor τ_low = H_min as a fraction of the first batch's entropy (blog)",
+                               ge=0)
     target: float | str | None = param(None, "a setpoint in nats or '0.5x' (times the first batch's entropy): OD's "
-                                             "switch with both thresholds there, in place of the schedule")
+                                             "switch with both thresholds there, in place of the schedule",
+                                       rule=LEVEL_RULE)
 
     def __post_init__(self) -> None:
         self._step, self._state, self._h_init = 0, LOWER_MODE, None
         super().__post_init__()
 
     def validate(self) -> None:
-        if self.schedule not in SCHEDULES:
-            raise ValueError(f"schedule must be one of {list(SCHEDULES)}, got {self.schedule!r}")
-        for name in ("upper_slope", "upper_intercept", "lower_slope", "lower_intercept"):
-            check_number(getattr(self, name), name)
-        for name in ("eps_std", "eps_min", "eps_max"):
-            check_number(getattr(self, name), name, low=0.0)
         if self.eps_min > self.eps_max:
             raise ValueError(f"eps_min must be <= eps_max, got {self.eps_min!r} > {self.eps_max!r}")
-        check_number(self.od_min_frac, "od_min_frac", low=0.0)
-        check_count(self.total_steps, "total_steps")
         check_level(self.target, "target")
 
     def observe(self, stats: TokenStats, mask: Tensor, agg: str) -> dict[str, Any]:

@@ -16,9 +16,9 @@ import torch
 from torch import Tensor
 
 from entropy_rft.control._common import (
+    LEVEL_RULE,
     broadcast_advantages,
     check_level,
-    check_number,
     masked_mean_std,
     resolve_level,
 )
@@ -71,13 +71,9 @@ class EntropyAdvantage(Method):
         "neg_spos": "reweights down (|A| − ψ)", "neg_sneg": "reweights down (|A| − ψ)"}
     engines: ClassVar[tuple[str, ...]] = ("native",)
 
-    alpha: float = param(0.4, "scale of the entropy term alpha·H (0.4: unverified against the paper)")
+    alpha: float = param(0.4, "scale of the entropy term alpha·H (0.4: unverified against the paper)", ge=0)
     kappa: float = param(2.0, "clip: ψ <= |A|/kappa; must be > 1 so the shaped advantage keeps A's sign "
-                              "(2: unverified against the paper)")
-
-    def validate(self) -> None:
-        check_number(self.alpha, "alpha", low=0.0)
-        check_number(self.kappa, "kappa", low=1.0, strict=True)
+                              "(2: unverified against the paper)", gt=1)
 
     def rollout_masks(self, stats: TokenStats, advantages: Tensor, mask: Tensor) -> Masks:
         return Masks(adv_shift=entropy_advantage_shift(stats.entropy, advantages, mask, self.alpha, self.kappa))
@@ -133,14 +129,16 @@ class AdaptiveEntropy(Method):
     quadrants: ClassVar[dict[str, str]] = {"all": "adds gradient through H (coefficient from its own controller)"}
     engines: ClassVar[tuple[str, ...]] = ("native",)
 
-    coef: float = param(1e-3, "entropy coefficient, initial value (TRL entropy_coef); the knob")
+    coef: float = param(1e-3, "entropy coefficient, initial value (TRL entropy_coef); the knob", ge=0)
     target: float | str | None = param(0.2, "entropy target in nats (TRL entropy_target) or '0.9x' (times the "
-                                            "first batch's entropy); None: no own controller, a fixed bonus")
+                                            "first batch's entropy); None: no own controller, a fixed bonus",
+                                       rule=LEVEL_RULE)
     delta: float = param(0.005, "coefficient step per update (TRL entropy_coef_delta; Skywork-OR1's scripts: "
-                                "1e-4)")
-    coef_min: float = param(0.0, "lower bound of the coefficient (TRL entropy_coef_min; Skywork-OR1: 0)")
+                                "1e-4)", ge=0)
+    coef_min: float = param(0.0, "lower bound of the coefficient (TRL entropy_coef_min; Skywork-OR1: 0)", ge=0,
+                            rule="<= coef_max")
     coef_max: float = param(1.0, "upper bound of the coefficient (TRL entropy_coef_max; Skywork-OR1's "
-                                 "scripts: 0.005)")
+                                 "scripts: 0.005)", ge=0, rule=">= coef_min")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -149,8 +147,6 @@ class AdaptiveEntropy(Method):
         self._base: float | None = None
 
     def validate(self) -> None:
-        for name in ("coef", "delta", "coef_min", "coef_max"):
-            check_number(getattr(self, name), name, low=0.0)
         if not self.coef_min <= self.coef_max:
             raise ValueError(f"coef_min must be <= coef_max, got {self.coef_min!r} > {self.coef_max!r}")
         check_level(self.target, "target")
@@ -241,13 +237,9 @@ class CEGPPO(Method):
         "neg_spos": "adds gradient (beta_low, A<0 below 1−eps_low)"}
 
     beta_low: float = param(0.75, "beta1: gradient factor of A<0 tokens below 1 − eps_low (0 = PPO; authors' "
-                                  "7B script 0.75, 1.5B script 0.5)")
+                                  "7B script 0.75, 1.5B script 0.5)", ge=0)
     beta_high: float = param(1.0, "beta2: gradient factor of A>0 tokens above 1 + eps_high (0 = PPO; authors' "
-                                  "scripts 1)")
-
-    def validate(self) -> None:
-        check_number(self.beta_low, "beta_low", low=0.0)
-        check_number(self.beta_high, "beta_high", low=0.0)
+                                  "scripts 1)", ge=0)
 
     def loss_kwargs(self) -> dict[str, Any]:
         return {"ce_beta_low": float(self.beta_low), "ce_beta_high": float(self.beta_high)}
@@ -281,14 +273,9 @@ class ClipLow(Method):
     quadrants: ClassVar[dict[str, str]] = {"neg_sneg": "changes the clip (lower bound, A<0 tokens falling)",
                                            "neg_spos": "changes the clip (lower bound)"}
 
-    eps_low: float = param(0.1, "lower ratio clip, r >= 1 - eps_low, in [0, 1) (0.1: ours, not the paper's)")
-    eps_high: float = param(0.2, "upper ratio clip, r <= 1 + eps_high (0.2: PPO's usual value)")
-
-    def validate(self) -> None:
-        check_number(self.eps_low, "eps_low", low=0.0)
-        if not self.eps_low < 1:
-            raise ValueError(f"eps_low must be < 1 (r >= 1 - eps_low > 0), got {self.eps_low!r}")
-        check_number(self.eps_high, "eps_high", low=0.0)
+    eps_low: float = param(0.1, "lower ratio clip, r >= 1 - eps_low (0.1: ours, not the paper's)", ge=0, lt=1,
+                           note="(r >= 1 - eps_low > 0)")
+    eps_high: float = param(0.2, "upper ratio clip, r <= 1 + eps_high (0.2: PPO's usual value)", ge=0)
 
     def loss_kwargs(self) -> dict[str, Any]:
         return {"eps_low": float(self.eps_low), "eps_high": float(self.eps_high)}
@@ -336,13 +323,14 @@ class EntropicControl(Method):
                                            "neg_spos": "reweights (−alpha on p > high_prob)"}
     engines: ClassVar[tuple[str, ...]] = ("native",)
 
-    alpha: float = param(0.0, "adjustment weight in [-1, 1] (>0 lowers entropy); the controller's output")
+    alpha: float = param(0.0, "adjustment weight (>0 lowers entropy); the controller's output", ge=-1, le=1,
+                         note="(pos_weight = 1 + alpha in [0, 2])")
     target: float | str | None = param("1.0x", "entropy target in nats or '0.9x' (times the first batch's "
                                                "entropy; authors' script: 0.1 nats); None: no own "
-                                               "controller, alpha fixed")
-    kp: float = param(1.0, "proportional gain (authors: entropy_control_p 1)")
-    ki: float = param(0.01, "integral gain (authors: entropy_control_i 0.01)")
-    high_prob: float = param(0.95, "probability above which a token is adjusted (authors: 0.95)")
+                                               "controller, alpha fixed", rule=LEVEL_RULE)
+    kp: float = param(1.0, "proportional gain (authors: entropy_control_p 1)", ge=0)
+    ki: float = param(0.01, "integral gain (authors: entropy_control_i 0.01)", ge=0)
+    high_prob: float = param(0.95, "probability above which a token is adjusted (authors: 0.95)", gt=0, lt=1)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -350,15 +338,7 @@ class EntropicControl(Method):
         self._base: float | None = None
 
     def validate(self) -> None:
-        check_number(self.alpha, "alpha")
-        if not -1.0 <= self.alpha <= 1.0:
-            raise ValueError(f"alpha must be in [-1, 1] (pos_weight = 1 + alpha in [0, 2]), got {self.alpha!r}")
         check_level(self.target, "target")
-        check_number(self.kp, "kp", low=0.0)
-        check_number(self.ki, "ki", low=0.0)
-        check_number(self.high_prob, "high_prob", low=0.0, strict=True)
-        if not self.high_prob < 1:
-            raise ValueError(f"high_prob must be in (0, 1), got {self.high_prob!r}")
 
     def get_knob(self) -> float:
         return 1.0 + float(self.alpha)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from torch import Tensor
 
-from entropy_rft.control._common import ADVANTAGE_SIGNS, check_fraction, check_mu, check_number, check_sign
+from entropy_rft.control._common import ADVANTAGE_SIGNS
 from entropy_rft.control.masks import CLIP_V_SIGNS, clip_b_mask, clip_cov_mask, clip_v_mask, kl_cov_select
 from entropy_rft.control.registry import Masks, Method, param, register_method
 
@@ -24,12 +24,6 @@ if TYPE_CHECKING:
 
 PAPER_A = "Wang et al. 2026, On the Entropy Dynamics in RFT of LLMs, arXiv 2602.03392"
 PAPER_B = "Cui et al. 2025, The Entropy Mechanism of RL for Reasoning LMs, arXiv 2505.22617"
-
-
-def _check_required_mu(value: Any, name: str) -> None:
-    if value is None:
-        raise ValueError(f"{name} must be a finite number >= 0, got None")
-    check_mu(value, name)
 
 
 class _TwoSidedMu:
@@ -80,13 +74,9 @@ class ClipB(Method):
     knob: ClassVar[str | None] = "mu"
     knob_raises_entropy: ClassVar[int] = -1
 
-    mu: float = param(2.5, "threshold in batch stds of S (paper sweeps 2.0-3.0)")
+    mu: float = param(2.5, "threshold in batch stds of S (paper sweeps 2.0-3.0)", ge=0)
     advantage_sign: str = param("negative", "which tokens may be dropped (negative = A<0 strictly)",
-                                ADVANTAGE_SIGNS)
-
-    def validate(self) -> None:
-        _check_required_mu(self.mu, "mu")
-        check_sign(self.advantage_sign)
+                                choices=ADVANTAGE_SIGNS)
 
     def rollout_masks(self, stats: TokenStats, advantages: Tensor, mask: Tensor) -> Masks:
         return Masks(keep=clip_b_mask(stats.s_star, advantages, mask, self.mu, None, self.advantage_sign))
@@ -109,14 +99,9 @@ class ClipBPaper(_TwoSidedMu, Method):
     knob: ClassVar[str | None] = "mu"
     knob_raises_entropy: ClassVar[int] = -1
 
-    mu_low: float | None = param(2.5, "lower threshold in stds of S (None = unbounded)")
-    mu_high: float | None = param(2.5, "upper threshold in stds of S (None = unbounded)")
-    advantage_sign: str = param("any", "which tokens may be dropped", ADVANTAGE_SIGNS)
-
-    def validate(self) -> None:
-        check_mu(self.mu_low, "mu_low")
-        check_mu(self.mu_high, "mu_high")
-        check_sign(self.advantage_sign)
+    mu_low: float | None = param(2.5, "lower threshold in stds of S (None = unbounded)", ge=0)
+    mu_high: float | None = param(2.5, "upper threshold in stds of S (None = unbounded)", ge=0)
+    advantage_sign: str = param("any", "which tokens may be dropped", choices=ADVANTAGE_SIGNS)
 
     def rollout_masks(self, stats: TokenStats, advantages: Tensor, mask: Tensor) -> Masks:
         return Masks(keep=clip_b_mask(stats.s_star, advantages, mask, self.mu_low, self.mu_high,
@@ -168,16 +153,10 @@ class ClipV(Method):
     knob: ClassVar[str | None] = "mu"
     knob_raises_entropy: ClassVar[int] = -1
 
-    mu: float = param(8.5, "threshold in batch stds of S_c (paper sweeps 7.5-8.5; tuned for 7B models)")
-    max_frac: float | None = param(1e-4, "cap: drop at most K = max(int(max_frac*N), 1); None = no cap")
+    mu: float = param(8.5, "threshold in batch stds of S_c (paper sweeps 7.5-8.5; tuned for 7B models)", ge=0)
+    max_frac: float | None = param(1e-4, "cap: drop at most K = max(int(max_frac*N), 1); None = no cap", ge=0, le=1)
     advantage_sign: str = param("released", "which tokens may be dropped: released = A<=0 (A==0 outside the "
-                                "cap, the authors' code); negative = A<0 strictly", CLIP_V_SIGNS)
-
-    def validate(self) -> None:
-        _check_required_mu(self.mu, "mu")
-        if self.max_frac is not None:
-            check_fraction(self.max_frac, "max_frac")
-        check_sign(self.advantage_sign, allowed=CLIP_V_SIGNS)
+                                "cap, the authors' code); negative = A<0 strictly", choices=CLIP_V_SIGNS)
 
     def rollout_masks(self, stats: TokenStats, advantages: Tensor, mask: Tensor) -> Masks:
         warn_tiny_cap(self, int(mask.sum()))
@@ -202,17 +181,10 @@ class ClipVPaper(_TwoSidedMu, Method):
     knob: ClassVar[str | None] = "mu"
     knob_raises_entropy: ClassVar[int] = -1
 
-    mu_low: float | None = param(8.5, "lower threshold in stds of S_c (None = unbounded)")
-    mu_high: float | None = param(8.5, "upper threshold in stds of S_c (None = unbounded)")
-    advantage_sign: str = param("any", "which tokens may be dropped", ADVANTAGE_SIGNS)
-    max_frac: float | None = param(None, "cap on the dropped fraction; None = no cap")
-
-    def validate(self) -> None:
-        check_mu(self.mu_low, "mu_low")
-        check_mu(self.mu_high, "mu_high")
-        check_sign(self.advantage_sign)
-        if self.max_frac is not None:
-            check_fraction(self.max_frac, "max_frac")
+    mu_low: float | None = param(8.5, "lower threshold in stds of S_c (None = unbounded)", ge=0)
+    mu_high: float | None = param(8.5, "upper threshold in stds of S_c (None = unbounded)", ge=0)
+    advantage_sign: str = param("any", "which tokens may be dropped", choices=ADVANTAGE_SIGNS)
+    max_frac: float | None = param(None, "cap on the dropped fraction; None = no cap", ge=0, le=1)
 
     def rollout_masks(self, stats: TokenStats, advantages: Tensor, mask: Tensor) -> Masks:
         warn_tiny_cap(self, int(mask.sum()))
@@ -239,19 +211,14 @@ class ClipCov(Method):
     knob: ClassVar[str | None] = "ratio"
     knob_raises_entropy: ClassVar[int] = 1
 
-    ratio: float = param(2e-4, "fraction of tokens to zero, max(int(ratio*N), 1); 0 = none")
-    lb: float = param(1.0, "lower covariance bound (exclusive)")
-    ub: float = param(5.0, "upper covariance bound (exclusive)")
+    ratio: float = param(2e-4, "fraction of tokens to zero, max(int(ratio*N), 1); 0 = none", ge=0, le=1)
+    lb: float = param(1.0, "lower covariance bound (exclusive)", rule="any finite number < ub")
+    ub: float = param(5.0, "upper covariance bound (exclusive)", rule="any finite number > lb")
     exclude_clipped: bool = param(True, "never pick tokens PPO clipping already removed (reference code)")
 
     def validate(self) -> None:
-        check_fraction(self.ratio, "ratio")
-        check_number(self.lb, "lb")
-        check_number(self.ub, "ub")
         if not self.lb < self.ub:
             raise ValueError(f"lb must be < ub, got lb={self.lb!r}, ub={self.ub!r}")
-        if not isinstance(self.exclude_clipped, bool):
-            raise ValueError(f"exclude_clipped must be a bool, got {self.exclude_clipped!r}")
 
     def minibatch_masks(self, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, *,
                         clipped: Tensor | None = None, generator: torch.Generator | None = None) -> Masks:
@@ -280,12 +247,9 @@ class KLCov(Method):
     knob: ClassVar[str | None] = "ratio"
     knob_raises_entropy: ClassVar[int] = 1
 
-    ratio: float = param(2e-4, "fraction of tokens penalised, max(int(ratio*N), 1); 0 = none (2e-3 for 7B)")
-    coef: float = param(1.0, "coefficient of |logp - old_logp| on the selected tokens")
-
-    def validate(self) -> None:
-        check_fraction(self.ratio, "ratio")
-        check_number(self.coef, "coef", low=0.0)
+    ratio: float = param(2e-4, "fraction of tokens penalised, max(int(ratio*N), 1); 0 = none (2e-3 for 7B)", ge=0,
+                         le=1)
+    coef: float = param(1.0, "coefficient of |logp - old_logp| on the selected tokens", ge=0)
 
     def loss_kwargs(self) -> dict[str, Any]:
         return {"eps_low": None, "eps_high": None, "kl_cov_coef": float(self.coef)}

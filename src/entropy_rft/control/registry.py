@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from torch import Tensor
 
+from entropy_rft.common.constraints import rule_words, type_hints, typed_problem
 from entropy_rft.core.loss_types import Masks
 
 if TYPE_CHECKING:
@@ -48,16 +49,30 @@ class Resample:
     prompt_frac: float
 
 
-def param(default: Any, help: str, choices: tuple | None = None) -> Any:
-    """A method parameter: a dataclass field carrying its help text (and allowed values, if a choice)."""
-    return field(default=default, metadata={"help": help, "choices": choices})
+def param(default: Any, help: str, *, ge: float | None = None, gt: float | None = None, le: float | None = None,
+          lt: float | None = None, choices: tuple | None = None, note: str = "", rule: str = "") -> Any:
+    """A method parameter: a dataclass field carrying its help text and its constraints, declared as a config
+    field's (``config.fields.setting``; words and tests in :mod:`entropy_rft.common.constraints`):
+
+    - its type: a parameter typed ``float`` needs a finite number (not a bool), ``int`` an integer, ``bool`` a bool;
+      one typed ``X | None`` also accepts None;
+    - ``ge`` / ``gt`` / ``le`` / ``lt``: its range; ``choices``: its accepted values; ``note``: words after the range;
+    - ``rule``: the words of what ``Method.validate`` checks beyond these (a rule joining parameters, an entropy
+      level); a number with no range says here why (``any finite number``).
+
+    ``Method.check_params`` checks all of them; ``erft methods`` shows them next to the help."""
+    meta: dict[str, Any] = {"help": help}
+    given = dict(ge=ge, gt=gt, le=le, lt=lt, choices=choices, note=note or None, rule=rule or None)
+    meta.update({k: v for k, v in given.items() if v is not None})
+    return field(default=default, metadata=meta)
 
 
 class Method:
     """Base class of entropy-control methods. Concrete methods are ``@dataclass``es of typed params.
 
-    Subclasses set the class variables, implement ``validate`` (raise ``ValueError`` naming the param),
-    and override the hooks they need; the defaults contribute nothing.
+    Subclasses set the class variables, declare each parameter's type, range and choices on its ``param`` (checked
+    by ``check_params``), implement ``validate`` for the rules no range says (raise ``ValueError`` naming the
+    param), and override the hooks they need; the defaults contribute nothing.
     """
 
     name: ClassVar[str] = ""
@@ -76,10 +91,25 @@ class Method:
     allows_group_filter: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
+        self.check_params()
         self.validate()
 
+    def check_params(self) -> None:
+        """Check every parameter declared with ``param`` against its type, range and choices, in declaration order;
+        the first violation raises ValueError ``NAME must be ..., got VALUE``."""
+        if not dataclasses.is_dataclass(self):
+            return
+        hints = type_hints(type(self))
+        for f in dataclasses.fields(self):
+            if "help" not in f.metadata:  # a field not declared with ``param`` declares nothing
+                continue
+            msg = typed_problem(getattr(self, f.name), f.metadata, hints.get(f.name, Any))
+            if msg is not None:
+                raise ValueError(f"{f.name} {msg}")
+
     def validate(self) -> None:
-        """Check the parameters; raise ValueError naming the bad one."""
+        """Check what the parameters' declarations cannot say (rules that join parameters); raise ValueError
+        naming the bad one. Called after ``check_params``."""
 
     def loss_kwargs(self) -> dict[str, Any]:
         """Static overrides for ``policy_loss`` (eps_low/eps_high, kl_cov_coef, entropy_coef)."""
@@ -167,6 +197,7 @@ class Method:
         old = self.params()
         self._apply_knob(value)
         try:
+            self.check_params()
             self.validate()
         except ValueError:
             for k, v in old.items():
@@ -223,9 +254,10 @@ def build_method(name: str, **params: Any) -> Method:
 
 
 def method_info(name: str) -> dict[str, Any]:
-    """Description of a method: params (default, type, help, choices), knob, direction, paper, doc."""
+    """Description of a method: params (default, type, help, choices, rule: their constraints in words), knob,
+    direction, paper, doc."""
     cls = get_method_class(name)
-    params = []
+    params, hints = [], type_hints(cls)
     for f in dataclasses.fields(cls):
         params.append({
             "name": f.name,
@@ -233,6 +265,7 @@ def method_info(name: str) -> dict[str, Any]:
             "default": f.default,
             "help": f.metadata.get("help", ""),
             "choices": list(f.metadata["choices"]) if f.metadata.get("choices") else None,
+            "rule": rule_words(f.metadata, hints.get(f.name, Any), null="None"),
         })
     direction = {1: "raises", -1: "lowers", 0: None}[cls.knob_raises_entropy]
     from entropy_rft.control.lens import quadrant_effects

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, ClassVar
 import torch
 from torch import Tensor
 
-from entropy_rft.control._common import as_mask, broadcast_advantages, check_like, check_number
+from entropy_rft.control._common import as_mask, broadcast_advantages, check_like
 from entropy_rft.control.registry import Masks, Method, param, register_method
 
 if TYPE_CHECKING:
@@ -89,21 +89,17 @@ class Steer(Method):
     engines: ClassVar[tuple[str, ...]] = ("native",)
 
     token_weight_min: float = param(0.8, "λ_min, the weight of the largest |Ω|; in (0, 1] with mapping exp, "
-                                         "(0, token_weight_max] with linear (authors' scripts: 0.8)")
+                                         "(0, token_weight_max] with linear (authors' scripts: 0.8)", gt=0,
+                                    rule="<= 1 with mapping exp, <= token_weight_max with linear")
     token_weight_max: float = param(1.2, "λ_max, the weight of the smallest |Ω| with mapping linear (authors' "
-                                         "run_linear.sh: 1.2); the exp mapping caps weights at 1")
+                                         "run_linear.sh: 1.2); the exp mapping caps weights at 1", gt=0)
     mapping: str = param("exp", "Ω -> weight: exp (λ_min^(|Ω|/max(Ω_max, omega_floor)), run_exp.sh) or linear "
                                 "(from λ_max at the smallest |Ω| to λ_min at the largest, run_linear.sh)",
                          choices=MAPPINGS)
     omega_floor: float = param(0.02, "exp mapping: k = −log λ_min / max(Ω_max, omega_floor), so a batch of "
-                                     "small |Ω| is not pushed to λ_min (authors' code: 0.02)")
+                                     "small |Ω| is not pushed to λ_min (authors' code: 0.02)", gt=0)
 
     def validate(self) -> None:
-        if self.mapping not in MAPPINGS:
-            raise ValueError(f"mapping must be one of {list(MAPPINGS)}, got {self.mapping!r}")
-        check_number(self.token_weight_min, "token_weight_min", low=0.0, strict=True)
-        check_number(self.token_weight_max, "token_weight_max", low=0.0, strict=True)
-        check_number(self.omega_floor, "omega_floor", low=0.0, strict=True)
         if self.mapping == "exp" and not self.token_weight_min <= 1.0:
             raise ValueError(f"token_weight_min must be in (0, 1] with mapping 'exp' (weights exp(−k·|Ω|) are "
                              f"at most 1), got {self.token_weight_min!r}")
