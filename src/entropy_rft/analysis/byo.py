@@ -9,6 +9,7 @@ same step, and gives what ``erft fit-law`` (``fit_engine_log``) and ``erft repor
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -62,10 +63,11 @@ def choose_keys(log: EngineLog, entropy_key: str | None = None, metric: str | No
             raise UserError(f"{log.path}: --entropy-key {entropy_key!r} is not logged; keys found: {_shown(keys)}")
         ent = entropy_key
     else:
-        ent = next((k for k in ENTROPY_KEYS if k in keys), None)
-        if ent is None:
+        default = next((k for k in ENTROPY_KEYS if k in keys), None)
+        if default is None:
             raise UserError(f"{log.path}: no policy entropy series (looked for {', '.join(ENTROPY_KEYS)}; keys "
                             f"found: {_shown(keys) or 'none'}); name it with --entropy-key KEY")
+        ent = default
     if metric is not None:
         if metric not in keys:
             raise UserError(f"{log.path}: --metric {metric!r} is not logged; keys found: {_shown(keys)}")
@@ -132,7 +134,8 @@ def engine_run(path: str | Path, *, source: str | None = None, entropy_key: str 
     reward = next((k for k in REWARD_KEYS if k in keys), None)
     rows: list[dict] = []
     for step in sorted(log.rows):
-        src, row = log.rows[step], {"step": step}
+        src = log.rows[step]
+        row: dict[str, Any] = {"step": step}
         if choice.entropy_key in src:
             row["entropy/mean"] = src[choice.entropy_key]
         if reward is not None and reward in src:
@@ -155,7 +158,7 @@ def engine_run(path: str | Path, *, source: str | None = None, entropy_key: str 
     return run
 
 
-def load_runs(paths: list[str | Path] | tuple, *, source: str | None = None, entropy_key: str | None = None,
+def load_runs(paths: Sequence[str | Path], *, source: str | None = None, entropy_key: str | None = None,
               metric: str | None = None) -> list[RunData]:
     """The runs of ``paths`` for the report: erft run directories (and folders of them) by ``load_run``, any
     other path as another engine's run (``engine_run``; ``source`` forces the reader for those)."""
@@ -169,5 +172,11 @@ def load_runs(paths: list[str | Path] | tuple, *, source: str | None = None, ent
             runs.extend(load_run(d) for d in expand_run_dirs([p]))
         else:
             runs.append(engine_run(p, source=source, entropy_key=entropy_key, metric=metric))
-    seen: set = set()
-    return [r for r in runs if not (r.path.resolve() in seen or seen.add(r.path.resolve()))]
+    seen: set[Path] = set()
+    unique: list[RunData] = []
+    for r in runs:
+        key = r.path.resolve()
+        if key not in seen:
+            seen.add(key)
+            unique.append(r)
+    return unique

@@ -153,11 +153,11 @@ def read_verl_file(path: Path) -> EngineLog:
         except (ValueError, KeyError, TypeError):
             log.skipped += 1
             continue
-        if not isinstance(data, dict) or number(step) is None:
+        if not isinstance(data, dict) or (step_n := number(step)) is None:
             log.skipped += 1
             continue
         for k, v in data.items():
-            log.add(int(number(step)), str(k), v)
+            log.add(int(step_n), str(k), v)
     return log
 
 
@@ -182,7 +182,8 @@ def _history(path: Path) -> list | None:
     """``log_history`` of a ``trainer_state.json``, None when the file is damaged (cut short, not JSON, nested
     too deep, no list)."""
     try:
-        history = _json_file(path)["log_history"]  # type: ignore[index]
+        data = _json_file(path)
+        history = data["log_history"] if isinstance(data, dict) else None
     except (ValueError, KeyError, TypeError):
         return None
     return history if isinstance(history, list) else None

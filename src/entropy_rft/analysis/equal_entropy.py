@@ -17,8 +17,8 @@ module turns the runs' summaries (``summary.run_summary``) into that comparison:
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, TypedDict
 
 import numpy as np
 
@@ -68,7 +68,14 @@ def _key(key: str, k: int | None) -> str:
     return key.replace("@K", f"@{k}") if k and key.endswith("@K") else key
 
 
-def _stats(vals: Sequence[Any]) -> dict[str, float] | None:
+class _Stats(TypedDict):
+    mean: float
+    std: float
+    n: int
+    se: float | None
+
+
+def _stats(vals: Sequence[Any]) -> _Stats | None:
     v = [float(x) for x in vals if isinstance(x, (int, float)) and math.isfinite(x)]
     if not v:
         return None
@@ -114,9 +121,11 @@ def comparison_rows(summaries: Sequence[dict]) -> list[dict[str, Any]]:
             for key, _ in COLUMNS:
                 if key == "overhead":
                     t = _stats([s.get("time/step_train") for s in ss])
-                    ratio = t["mean"] / none_time["mean"] if t and none_time and none_time["mean"] > 0 else None
-                    row[key] = None if ratio is None else {"mean": ratio, "std": t["std"] / none_time["mean"],
-                                                           "n": t["n"], "se": None}
+                    if t and none_time and none_time["mean"] > 0:
+                        row[key] = {"mean": t["mean"] / none_time["mean"], "std": t["std"] / none_time["mean"],
+                                    "n": t["n"], "se": None}
+                    else:
+                        row[key] = None
                 elif key == "autopilot/in_band":  # an own-law row: its own controller's figure, as its status
                     row[key] = _stats([_tracked(s, "in_band") for s in ss])
                 else:
@@ -135,7 +144,7 @@ def comparison_rows(summaries: Sequence[dict]) -> list[dict[str, Any]]:
 
 def _tracked(s: dict, key: str) -> Any:
     """A run's tracking figure: a method's own law (controller/kind "own") by its own controller's tracking of
-    the raw batch entropy, the autopilot by the smoothed entropy it reads (as before issue 28)."""
+    the raw batch entropy, the autopilot by the smoothed entropy it reads."""
     return s.get(("controller/" if s.get("controller/kind") == "own" else "autopilot/") + key)
 
 
@@ -176,7 +185,7 @@ def best_within_noise(rows: Sequence[dict], key: str) -> tuple[str | None, list[
     return best["method"], near
 
 
-def _cell(v: dict | None, pct: bool = False) -> str:
+def _cell(v: Mapping[str, Any] | None, pct: bool = False) -> str:
     if v is None:
         return "–"
     m, s = (100 * v["mean"], 100 * v["std"]) if pct else (v["mean"], v["std"])
@@ -283,9 +292,9 @@ def dynamics_verdict(summaries: Sequence[dict]) -> str:
     """The law's forecast error against Paper B's (~1% RMSE at step 200 from the first 36 steps) and the two
     batch predictions' agreement with the measured entropy change, over all runs and for GRPO (``none``)."""
     parts = []
-    errs = {f: _stats([abs(s[f"law/forecast_err@{f}"]) for s in summaries
-                       if isinstance(s.get(f"law/forecast_err@{f}"), (int, float))]) for f in ("10%", "20%", "40%")}
-    errs = {f: v for f, v in errs.items() if v}
+    all_errs = {f: _stats([abs(s[f"law/forecast_err@{f}"]) for s in summaries
+                           if isinstance(s.get(f"law/forecast_err@{f}"), (int, float))]) for f in ("10%", "20%", "40%")}
+    errs = {f: v for f, v in all_errs.items() if v}
     if errs:
         bits = [f"{100 * v['mean']:.1f} points from the first {f} (n = {v['n']})" for f, v in errs.items()]
         r2 = _stats([s.get("law/r2") for s in summaries])

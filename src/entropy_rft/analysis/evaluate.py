@@ -134,7 +134,7 @@ def plan(models: list[str], runs: list[Path], checkpoints: bool, datasets: list[
         specs += run_models(r, checkpoints)
     if not specs:
         raise UserError("nothing to evaluate: pass --model NAME_OR_PATH and/or --run DIR")
-    named = [(d, {}) for d in datasets] or default_datasets(runs, task_params)
+    named: list[tuple[str, dict]] = [(d, {}) for d in datasets] or default_datasets(runs, task_params)
     tasks = []
     for name, params in named:
         params = {**params, **task_params}
@@ -155,7 +155,7 @@ def plan(models: list[str], runs: list[Path], checkpoints: bool, datasets: list[
 
 
 def evaluate(specs: list[dict[str, Any]], tasks: list[tuple[str, Any, list]], s: Sampling, ks: list[int],
-             on_result: Callable[[list[dict[str, Any]]], None] | None = None) -> list[dict[str, Any]]:
+             on_result: Callable[[list[dict[str, Any]]], object] | None = None) -> list[dict[str, Any]]:
     """Every (policy, dataset) result, printed as it finishes; ``on_result(results so far)`` after each. A
     checkpoint that a live run pruned since it was listed is skipped with a warning."""
     import torch

@@ -121,7 +121,8 @@ def summary_paragraph(runs: Sequence[RunData], summaries: Sequence[dict], lens: 
         if len(acc) >= 2:
             best_k = _best_sentence({x: v[1] for x, v in acc.items() if v[1] is not None}, f"pass@{k}", kind) \
                 if k else ""
-            parts.append((_best_sentence({x: v[0] for x, v in acc.items()}, "pass@1", kind) + " " + best_k).strip())
+            best_1 = _best_sentence({x: p1 for x, (p1, _) in acc.items() if p1 is not None}, "pass@1", kind)
+            parts.append((best_1 + " " + best_k).strip())
         if basek is not None:
             below = [lab for lab, (_, pk) in acc.items() if pk is not None and pk < basek]
             if below:
@@ -231,8 +232,8 @@ def deeper_probe_sentences(runs: Sequence[RunData]) -> list[str]:
         out.append(txt + ".")
     bits = []
     for lab in methods_in_order(runs):
-        eff = [row.get("probe/dH_method_effect") for r in runs if r.label == lab for row in r.train_rows]
-        eff = [v for v in eff if isinstance(v, (int, float)) and math.isfinite(v)]
+        logged = [row.get("probe/dH_method_effect") for r in runs if r.label == lab for row in r.train_rows]
+        eff = [v for v in logged if isinstance(v, (int, float)) and math.isfinite(v)]
         if eff and any(v != 0 for v in eff):
             pos, neg = sum(v > 0 for v in eff), sum(v < 0 for v in eff)
             bits.append(f"{lab} {np.mean(eff):+.2e} nats per step (above vanilla in {pos}, below in {neg} of "

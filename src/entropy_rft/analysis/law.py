@@ -49,7 +49,7 @@ class LawFit:
         return asdict(self)
 
 
-def fit_law(entropy: Sequence[float], perf: Sequence[float], *, what: str = "points",
+def fit_law(entropy: Sequence[float] | np.ndarray, perf: Sequence[float] | np.ndarray, *, what: str = "points",
             min_points: int = 3) -> LawFit:
     """Least-squares fit of R = −a·exp(H) + b. ``what`` names the data in error messages.
 

@@ -29,7 +29,7 @@ class RunData:
     name: str
     method: str
     label: str  # the series this run belongs to (assign_labels); the variant until then
-    seed: int | None
+    seed: int | str | None  # a damaged recorded seed is kept as text: only compared
     cfg: dict
     rows: list[dict]
     records: list[dict]
@@ -61,8 +61,14 @@ def expand_run_dirs(paths: Sequence[str | Path]) -> list[Path]:
             raise UserError(f"{p}: not a run directory (no metrics.jsonl) and holds none; give the --out "
                             "folder of erft train or erft compare")
         out.extend(kids)
-    seen: set = set()
-    return [p for p in out if not (p.resolve() in seen or seen.add(p.resolve()))]
+    seen: set[Path] = set()
+    unique: list[Path] = []
+    for p in out:
+        key = p.resolve()
+        if key not in seen:
+            seen.add(key)
+            unique.append(p)
+    return unique
 
 
 def _label(cfg: dict) -> tuple[str, str]:

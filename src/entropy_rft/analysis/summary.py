@@ -230,7 +230,7 @@ def aggregate(summaries: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
         keys = [k for k in runs[0] if k not in ("run", "method", "seed")]
         agg: dict[str, Any] = {"n": len(runs)}
         for key in keys:
-            vals = [r.get(key) for r in runs if isinstance(r.get(key), (int, float)) and math.isfinite(r[key])]
+            vals = [r[key] for r in runs if isinstance(r.get(key), (int, float)) and math.isfinite(r[key])]
             agg[key] = {"mean": float(np.mean(vals)), "std": float(np.std(vals))} if vals else None
         out[method] = agg
     return out
@@ -310,7 +310,8 @@ def compare_summary(runs: Sequence[tuple[str, Path]], *, knob: bool, equal_entro
         summ["control/knob_last"] = knob_last(run_dir)
         summaries.append(summ)
     agg = aggregate(summaries)
-    columns, short = DEFAULT_COLUMNS, SHORT_COLUMNS
+    columns: tuple[str, ...] = DEFAULT_COLUMNS
+    short: tuple[str, ...] = SHORT_COLUMNS
     if knob:
         columns, short = (*DEFAULT_COLUMNS, "control/knob_last"), (*SHORT_COLUMNS, "control/knob_last")
     table = markdown_table(agg, columns)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import os
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -93,6 +93,7 @@ def synthetic_logits(positions: int, vocab_sizes: Sequence[int], seed: int) -> l
 
 
 def _load_model(name: str, device: str):
+    load_policy: Callable[..., Any] | None
     try:
         from entropy_rft.training.policies import load_policy
     except ImportError:

@@ -16,6 +16,7 @@ import os
 import re
 import sys
 import threading
+from typing import NoReturn
 
 from entropy_rft.cli import compare, experiment, export_verl, fit_law, methods, probe, report, tasks, train
 from entropy_rft.cli import eval as eval_cmd
@@ -68,11 +69,11 @@ class _Parser(argparse.ArgumentParser):
 
     _tokens: list[str] = []  # the arguments this parser was last given (for the hint in ``error``)
 
-    def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
+    def parse_known_args(self, args=None, namespace=None):
         self._tokens = [str(a) for a in (sys.argv[1:] if args is None else args)]
         return super().parse_known_args(args, namespace)
 
-    def error(self, message: str) -> None:  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         message = _one_line(message) + self._dash_value_hint(message)
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
 

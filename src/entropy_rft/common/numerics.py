@@ -1,4 +1,4 @@
-"""Pinned CPU numerics: the same bytes on every x86-64 CPU (issue 36).
+"""Pinned CPU numerics: the same bytes on every x86-64 CPU.
 
 ATen's vectorised CPU kernels, MKL's GEMMs and oneDNN's primitives pick their code path from the CPU's
 instruction set, and the paths round differently: the built-in base policy built with AVX-512 and with AVX2

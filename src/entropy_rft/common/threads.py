@@ -3,7 +3,7 @@
 torch's default is one OpenMP thread per core. On a machine whose cores are shared with other busy processes
 (other jobs, other agents, a second run), OpenMP's worker threads wait for each other at every parallel
 region, spinning while a sibling is descheduled: on this project's 2-core machine with one other CPU-bound
-process, steps of the built-in default policy took 11-49 s at 2 threads against 2.4-4.5 s at 1 (issue 15).
+process, steps of the built-in default policy took 11-49 s at 2 threads against 2.4-4.5 s at 1.
 Small models gain nothing from a second thread even on an idle machine (their ops are too small to split),
 so the automatic choice is 1 thread below ``SMALL_MODEL_PARAMS``; larger models get the cores, at most
 ``MAX_AUTO_THREADS``. ``benchmarks/cpu/threads.py`` measures the rule.

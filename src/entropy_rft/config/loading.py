@@ -80,7 +80,7 @@ def _from_dict(cls: type, data: dict, prefix: str) -> Any:
                 f"unknown config field '{prefix}{key}'; valid fields here: {', '.join(sorted(fields))}"
             )
         tp = hints[key]
-        if dataclasses.is_dataclass(tp):
+        if isinstance(tp, type) and dataclasses.is_dataclass(tp):
             if value is None or value == "":  # 'model:' with nothing under it
                 value = {}
             kwargs[key] = _from_dict(tp, value, f"{prefix}{key}.")

@@ -96,6 +96,7 @@ def validate_method(cfg: Config) -> Method:
     if cfg.method.entropy_target is not None:
         from entropy_rft.control import autopilot
 
-        autopilot.Autopilot(method, autopilot.parse_target(cfg.method.entropy_target), cfg.autopilot,
-                            cfg.train.max_steps)
+        target = autopilot.parse_target(cfg.method.entropy_target)
+        assert target is not None  # None only for a None spec
+        autopilot.Autopilot(method, target, cfg.autopilot, cfg.train.max_steps)
     return method

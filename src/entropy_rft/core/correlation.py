@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypeAlias
 
 import numpy as np
 import torch
@@ -26,7 +27,7 @@ from torch import Tensor
 
 MIN_PAIRS = 3  # Pearson r of fewer pairs is None
 
-Values = Tensor | np.ndarray | Sequence[float]
+Values: TypeAlias = Tensor | np.ndarray | Sequence[float]
 
 
 def _as_float64(x: Values) -> Tensor:

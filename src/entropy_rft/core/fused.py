@@ -75,7 +75,7 @@ class _FusedLogp(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, ids, temperature, rows, cols, cd):  # type: ignore[override]
+    def forward(ctx, hidden, weight, bias, ids, temperature, rows, cols, cd):
         n, vocab = hidden.shape[0], weight.shape[0]
         dev = hidden.device
         m = torch.full((n,), float("-inf"), dtype=cd, device=dev)
@@ -119,7 +119,7 @@ class _FusedLogp(torch.autograd.Function):
         return logp, ent, s_star, s_exp
 
     @staticmethod
-    def backward(ctx, g_logp, g_ent, _g1, _g2):  # type: ignore[override]
+    def backward(ctx, g_logp, g_ent, _g1, _g2):
         hidden, weight, bias, ids, lse, ent = ctx.saved_tensors
         t, rows, cols, cd = ctx.temperature, ctx.rows, ctx.cols, ctx.cd
         need_h, need_w, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.needs_input_grad[2]
@@ -154,15 +154,15 @@ class _FusedLogp(torch.autograd.Function):
                     g = gb_.zero_()
                 if t != 1.0:
                     g.div_(t)
-                if need_h:
+                if grad_h is not None:
                     grad_h[sl] += (g.to(weight.dtype) @ weight[cb]).to(acc)
-                if need_w:
+                if grad_w is not None:
                     grad_w[cb].addmm_(g.T.to(acc), hc.to(acc))
-                if need_b:
+                if grad_b is not None:
                     grad_b[cb] += g.sum(0).to(acc)
-        gh = grad_h.to(hidden.dtype) if need_h else None
-        gw = grad_w.to(weight.dtype) if need_w else None
-        gb = grad_b.to(bias.dtype) if need_b else None
+        gh = grad_h.to(hidden.dtype) if grad_h is not None else None
+        gw = grad_w.to(weight.dtype) if grad_w is not None else None
+        gb = grad_b.to(bias.dtype) if grad_b is not None else None
         return gh, gw, gb, None, None, None, None, None
 
 

@@ -316,8 +316,8 @@ def policy_loss(
     ``eps_low``/``eps_high`` tensor shaped like the mask is per-token widths (``Masks.eps_*``)."""
     widths = {k: v if isinstance(v, Tensor) else None for k, v in (("eps_low", eps_low), ("eps_high", eps_high))}
     settings = LossSettings(
-        eps_low=None if widths["eps_low"] is not None else eps_low,  # type: ignore[arg-type]
-        eps_high=None if widths["eps_high"] is not None else eps_high,  # type: ignore[arg-type]
+        eps_low=None if widths["eps_low"] is not None else eps_low,
+        eps_high=None if widths["eps_high"] is not None else eps_high,
         dual_clip=dual_clip, agg=agg, kl_cov_coef=kl_cov_coef, ref_kl_coef=ref_kl_coef,  # type: ignore[arg-type]
         ref_kl_estimator=ref_kl_estimator, ref_kl_ratio_weighted=ref_kl_ratio_weighted,  # type: ignore[arg-type]
         entropy_coef=entropy_coef, ce_beta_low=ce_beta_low, ce_beta_high=ce_beta_high, weight_alpha=weight_alpha)

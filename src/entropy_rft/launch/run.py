@@ -125,6 +125,7 @@ def train_native(cfg: Config, out: str | Path, *, resume: bool = False,
                          "no checkpoint (train.checkpoints is false): a resume starts again from step 0 with")
                 print(f"stopped at step {run.step}, {saved} `{resume_command(cfg, out)}`", file=sys.stderr,
                       flush=True)
+                assert stop.signum is not None  # train stops early only when stop() says so: on a signal
                 raise SystemExit(128 + stop.signum)
             status = "finished"
         except KeyboardInterrupt:  # a second signal: stopped at once, mid-step; a resume starts from a checkpoint

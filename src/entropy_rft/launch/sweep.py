@@ -300,7 +300,7 @@ def train_all(plans: list[Plan], out: Path, jobs: int, overwrite: bool) -> int |
         try:
             launch.start_or_resume(cfg, run_dir_of(out, v, seed), overwrite=overwrite)
         except SystemExit as e:  # the run's own handlers (launch.run.StopSignals) saved it and said so
-            if e.code in stops:
-                return int(e.code) - 128
+            if isinstance(e.code, int) and e.code in stops:
+                return e.code - 128
             raise
     return None

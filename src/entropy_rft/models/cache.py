@@ -127,7 +127,7 @@ def checksum_problem(folder: str | os.PathLike, *, recorded_only: bool = False) 
     return None
 
 
-def cached_build(final: Path, build: Callable[[Path], None], *, timeout: float = LOCK_TIMEOUT_S) -> Path:
+def cached_build(final: Path, build: Callable[[Path], object], *, timeout: float = LOCK_TIMEOUT_S) -> Path:
     """Return ``final``, building it first with ``build(tmp_dir)`` if it is missing.
 
     The build runs under a file lock, into a temporary sibling folder that is renamed onto ``final``

@@ -1,4 +1,4 @@
-"""Whether low-precision weights can hold an optimizer's updates (issue 27, item 2).
+"""Whether low-precision weights can hold an optimizer's updates.
 
 ``model.dtype=bfloat16`` loads the weights in bf16 and AdamW updates them in place, in bf16: a weight w moves
 only when its update is at least half the spacing of bf16 numbers around w (round to nearest). bf16 keeps

@@ -9,10 +9,13 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeAlias
 
 import numpy as np
 import torch
+
+# A [problems, K] table of 0/1 (or fractional) scores: nested sequences or an array.
+Scores: TypeAlias = Sequence[Sequence[float]] | np.ndarray
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -37,7 +40,7 @@ def pass_at_k_from_hist(hist: Sequence[int], ks: Sequence[int]) -> dict[int, flo
     return {k: sum(h * pass_at_k(n, c, k) for c, h in enumerate(hist)) / total for k in ks}
 
 
-def avg_at_k(correct: Sequence[Sequence[float]]) -> float:
+def avg_at_k(correct: Scores) -> float:
     """Avg@K: mean accuracy over all K samples of all problems (rows: problems, columns: samples)."""
     arr = np.asarray(correct, dtype=np.float64)
     if arr.ndim != 2 or arr.size == 0:
@@ -45,7 +48,7 @@ def avg_at_k(correct: Sequence[Sequence[float]]) -> float:
     return float(arr.mean())
 
 
-def mean_pass_at_k(correct: Sequence[Sequence[float]], k: int) -> float:
+def mean_pass_at_k(correct: Scores, k: int) -> float:
     """Mean over problems of the unbiased Pass@K, from a [problems, n] 0/1 array."""
     arr = np.asarray(correct, dtype=np.float64)
     if arr.ndim != 2 or arr.size == 0:
@@ -54,7 +57,7 @@ def mean_pass_at_k(correct: Sequence[Sequence[float]], k: int) -> float:
     return float(np.mean([pass_at_k(n, int(round(c)), k) for c in arr.sum(axis=1)]))
 
 
-def maj_at_k(answers: Sequence[Sequence[str | None]], correct: Sequence[Sequence[float]]) -> float:
+def maj_at_k(answers: Sequence[Sequence[str | None]], correct: Scores) -> float:
     """Maj@K: a problem counts as solved when its most frequent (valid) answer is a correct one.
 
     Ties are broken by first occurrence. ``answers[i][j]`` is the canonical answer of sample j (None if
@@ -73,13 +76,13 @@ def maj_at_k(answers: Sequence[Sequence[str | None]], correct: Sequence[Sequence
     return float(np.mean(solved)) if solved else 0.0
 
 
-def distinct_correct(answers: Sequence[Sequence[str | None]], correct: Sequence[Sequence[float]]) -> float:
+def distinct_correct(answers: Sequence[Sequence[str | None]], correct: Scores) -> float:
     """Mean number of distinct correct answers per problem (exploration; feasibility.md's diversity measure)."""
     per = [len({a for a, c in zip(ans, cor) if c > 0 and a is not None}) for ans, cor in zip(answers, correct)]
     return float(np.mean(per)) if per else 0.0
 
 
-def pass_rate_histogram(correct: Sequence[Sequence[float]]) -> list[int]:
+def pass_rate_histogram(correct: Scores) -> list[int]:
     """Counts of problems with c = 0, 1, ..., n correct samples (Paper A's pass-rate histogram)."""
     arr = np.asarray(correct, dtype=np.float64)
     n = arr.shape[1]
@@ -87,7 +90,7 @@ def pass_rate_histogram(correct: Sequence[Sequence[float]]) -> list[int]:
     return np.bincount(c, minlength=n + 1).tolist()
 
 
-def summarize(correct: Sequence[Sequence[float]], answers: Sequence[Sequence[str | None]],
+def summarize(correct: Scores, answers: Sequence[Sequence[str | None]],
               prefix: str = "eval/") -> dict[str, float | list[int]]:
     """All evaluation figures for one [problems, K] result, with slash names."""
     arr = np.asarray(correct, dtype=np.float64)
@@ -125,7 +128,8 @@ def evaluate_policy(model, tokenizer, task, examples: Sequence, *, n_samples: in
     per_chunk = max(1, batch_size // n_samples)
     correct: list[list[float]] = []
     answers: list[list[str | None]] = []
-    ent_sum, n_tok, shown = 0.0, 0, []
+    ent_sum, n_tok = 0.0, 0
+    shown: list[dict[str, Any]] = []
     for i in range(0, len(examples), per_chunk):
         if on_progress is not None:
             on_progress(i, len(examples))

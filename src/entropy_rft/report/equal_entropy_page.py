@@ -153,7 +153,7 @@ def fig_controllers(runs: Sequence[RunData], summaries: Sequence[dict]) -> bytes
     rolling mean) with the target dotted and its ±15% band shaded; each legend gives the mean share of steps in
     the band after the target was first reached (``controller/in_band``, as the controller table)."""
     groups = series_by_setpoint(runs, summaries)
-    band = {}
+    band: dict[tuple[str, str], list[Any]] = {}
     for s in summaries:
         band.setdefault((str(s.get("setpoint") or PRESET), str(s.get("method_name"))), []).append(
             s.get("controller/in_band"))

@@ -242,7 +242,7 @@ def fig_lens(runs: Sequence[RunData]) -> bytes | None:
     if ppo_any:
         ppo_pool = {}
         for key in next(iter(ppo.values())):
-            vals = [v[key] for v in ppo.values() if v[key] is not None]
+            vals = [val for val in (v[key] for v in ppo.values()) if val is not None]
             ppo_pool[key] = float(np.mean(vals)) if vals else None
         groups = {**groups, "PPO ratio clip": ppo_pool}
     colors, fig, ax1, ax2 = two_panels(runs)

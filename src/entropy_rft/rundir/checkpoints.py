@@ -237,7 +237,7 @@ def resume_point(out: str | Path, required: tuple[str, ...],
         older, older_state = load_latest_intact(out, before=gaps[0], required=required)
     except UserError:
         older, older_state = None, None
-    if older_state is not None:
+    if older is not None and older_state is not None:
         warn(f"{out / 'metrics.jsonl'} lacks step(s) {shown}; resuming from {older.name} to write them again")
         return older, older_state
     warn(f"{out / 'metrics.jsonl'} lacks step(s) {shown} and no checkpoint precedes them; they stay missing "

@@ -277,10 +277,13 @@ def read_step_log(path: str | Path) -> list[dict]:
         kind = "a directory" if p.is_dir() else "not a regular file"
         raise UserError(f"{p}: is {kind}, not a file; move it away and put the run's {p.name} back")
     lines, torn = _parse_lines(p)
-    out, damaged, bad_values = [], [], []
+    out: list[dict] = []
+    damaged: list[tuple[int, str, str]] = []
+    bad_values: list[tuple[int, str, str, Any, int]] = []
     for k, (n, text, rec) in enumerate(lines):
         why = _step_damage(rec)
         if why is None:
+            assert rec is not None  # _step_damage(None) is a reason
             # A metric is a number, null (NaN) or a list (eval/pass_rate_hist); text or a mapping is damage:
             # that value is read as null, the rest of the row is used.
             bad = [key for key, v in rec.items() if isinstance(v, (str, dict))]
@@ -298,8 +301,8 @@ def read_step_log(path: str | Path) -> list[dict]:
     for n, text, why in damaged:
         _warn_line(p, n, text, f"{p}:{n} {why}; skipped")
     _warn_order(p, out, [n for n, _t, rec in lines if _step_damage(rec) is None])
-    for n, text, key, v, more in bad_values:
-        others = f" (and {more} other value(s))" if more else ""
+    for n, text, key, v, n_others in bad_values:
+        others = f" (and {n_others} other value(s))" if n_others else ""
         _warn_line(p, n, text, f"{p}:{n} has {key} = {json.dumps(v)[:40]}, not a number{others}; read as null, "
                                "the rest of the row used")
     return out
@@ -352,7 +355,7 @@ def truncate_jsonl(path: str | Path, max_step: int) -> int:
                 warn(f"{p}:{n} is damaged (not a JSON object); set aside in {p.name}.damaged, the rows around it kept")
             elif not torn:
                 warn(f"{p}:{n} (the last line) is damaged; set aside in {p.name}.damaged")
-        elif (_step(rec) if _step(rec) is not None else 0) <= max_step:
+        elif (_step(rec) or 0) <= max_step:
             kept.append(text + "\n")
     if damaged:
         set_aside(p, damaged)

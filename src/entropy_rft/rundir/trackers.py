@@ -37,7 +37,8 @@ from entropy_rft.common.errors import UserError
 from entropy_rft.common.options import TRACKERS, trackers_requested, trackers_selected
 
 # The module each backend imports, and what to pip install for it.
-_MODULES = {"tensorboard": ("tensorboard",), "wandb": ("wandb",), "mlflow": ("mlflow",), "trackio": ("trackio",)}
+_MODULES: dict[str, tuple[str, ...]] = {"tensorboard": ("tensorboard",), "wandb": ("wandb",), "mlflow": ("mlflow",),
+                                         "trackio": ("trackio",)}
 _PIP = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow-skinny", "trackio": "trackio"}
 # MLflow's SQLite store in the run directory (no MLFLOW_TRACKING_URI) needs these too.
 _MLFLOW_LOCAL = (("sqlalchemy", "alembic"), "mlflow-skinny sqlalchemy alembic")

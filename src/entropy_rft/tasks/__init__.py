@@ -118,7 +118,7 @@ def _registered_factories() -> list[Any]:
 def _checked_target(path: str) -> TaskFactory:
     """The object behind a task import path, refused unless it is a Task subclass or a registered factory (checked
     before anything calls it)."""
-    obj = _import_path(path)
+    obj: Any = _import_path(path)  # not yet checked: whatever the path names
     if isinstance(obj, type) and issubclass(obj, Task):
         return obj
     if any(obj is f for f in _registered_factories()):

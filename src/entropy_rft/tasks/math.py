@@ -31,6 +31,7 @@ import re
 from collections import OrderedDict
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from entropy_rft.common.errors import UserError
 from entropy_rft.tasks.base import Example, Task
@@ -44,6 +45,9 @@ from entropy_rft.tasks.rows import (  # noqa: F401  (DAPO_*, BadRows, get_path: 
     load_rows,
     rows_to_pairs,
 )
+
+if TYPE_CHECKING:
+    from entropy_rft.tasks.rewards import RewardPool
 
 
 @dataclass(frozen=True)
@@ -184,7 +188,7 @@ class MathTask(Task):
         self.holdout_seed, self.part, self.limit = int(holdout_seed), part, limit
         self.val_task, self.val_task_params = val_task, dict(val_task_params or {})
         self.reward_name = reward
-        self._pool = None
+        self._pool: RewardPool | None = None
         self._cache: OrderedDict[tuple[str, str], tuple[float, str | None]] = OrderedDict()
         if reward != "math":
             if ":" not in str(reward):
@@ -204,7 +208,7 @@ class MathTask(Task):
         elif dataset == "gsm_symbolic":
             rows, spec = gsm_symbolic_rows(size, gen_seed), DatasetSpec("reasoning-gym:gsm_symbolic", val_size=50)
         elif dataset is None or dataset in DATASETS:
-            spec = DATASETS.get(dataset) if dataset else DatasetSpec(source or "", val_size=0)
+            spec = DATASETS[dataset] if dataset else DatasetSpec(source or "", val_size=0)
             if dataset is None and not source:
                 raise UserError("task 'math' needs task.params.dataset (one of "
                                 f"{', '.join(sorted(DATASETS))}, champ, gsm_symbolic) or task.params.source")

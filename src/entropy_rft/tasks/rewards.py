@@ -195,10 +195,12 @@ class _Worker:
         self.proc = subprocess.Popen([sys.executable, "-m", "entropy_rft.tasks.rewards", fn_path],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=_worker_env(),
                                      close_fds=True)
-        self.wconn = Connection(os.dup(self.proc.stdin.fileno()), readable=False)
-        self.conn = Connection(os.dup(self.proc.stdout.fileno()), writable=False)
-        self.proc.stdin.close()
-        self.proc.stdout.close()
+        stdin, stdout = self.proc.stdin, self.proc.stdout
+        assert stdin is not None and stdout is not None  # both are PIPE
+        self.wconn = Connection(os.dup(stdin.fileno()), readable=False)
+        self.conn = Connection(os.dup(stdout.fileno()), writable=False)
+        stdin.close()
+        stdout.close()
         self.ready = False
         self.job: int | None = None
         self.deadline = 0.0
@@ -348,6 +350,7 @@ class RewardPool:
                         try:
                             job_id, res = w.conn.recv()
                         except (EOFError, OSError):  # crashed on this job: it scores default
+                            assert w.job is not None  # a started worker waited on is a busy one
                             results[w.job], w.job = self.default, None
                             pending -= 1
                             self._replace(w)

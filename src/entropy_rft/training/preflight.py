@@ -39,7 +39,7 @@ _passed: set[tuple] = set()
 
 
 def _stamp(paths: list[Path]) -> tuple:
-    out = []
+    out: list[tuple[str, int | None, int | None]] = []
     for p in paths:
         try:
             st = p.stat()

@@ -46,7 +46,7 @@ def probe_metrics(pred: Tensor, actual: Tensor, mask: Tensor) -> dict[str, float
     p, a = pred[valid].double(), actual[valid].double()
     mp, ma = (float(p.mean()), float(a.mean())) if p.numel() else (None, None)
     batch_agree = None
-    if mp is not None and mp != 0 and ma != 0:
+    if mp is not None and ma is not None and mp != 0 and ma != 0:
         batch_agree = float((mp > 0) == (ma > 0))
     out = agreement_metrics(pred, actual, mask, "probe/")
     del out["probe/rel_err"]

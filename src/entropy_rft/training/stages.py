@@ -284,6 +284,7 @@ def micro_loss(run: Run, s: Scored, old: OldPolicy, sel: Selection, rule: Rule, 
         loss = loss * control.microbatch_loss_scale(agg_weights(mb.counted, a.agg)[local], mb.counted[local], a.agg)
     vloss = None
     if run.value_head is not None:
+        assert old.returns is not None  # PPO's value targets come with the value head
         vloss = value_loss(run.value_head(out.hidden), old.returns[mi], s.mask[mi])
         loss = loss + a.value_coef * vloss * (len(mi) / len(idx))
     return loss, lo, vloss

@@ -13,7 +13,7 @@ import math
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -40,7 +40,7 @@ def seed_everything(seed: int) -> None:
 def rng_state(gens: dict[str, torch.Generator]) -> dict[str, Any]:
     """Every RNG's state as tensors and plain Python values (``torch.load(..., weights_only=True)`` loads it:
     numpy's key array is a tensor here, not a pickled ndarray)."""
-    name, keys, pos, has_gauss, gauss = np.random.get_state()
+    name, keys, pos, has_gauss, gauss = cast(tuple[str, np.ndarray, int, int, float], np.random.get_state())
     return {"python": random.getstate(),
             "numpy": {"name": str(name), "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
                       "has_gauss": int(has_gauss), "cached_gaussian": float(gauss)},
@@ -206,6 +206,7 @@ def checkpoint_state(run: Run) -> dict[str, Any]:
         st["trainer"]["autopilot"] = run.autopilot.state_dict()
     if run.value_head is not None:
         st["value_head"] = run.value_head.state_dict()
+        assert run.value_optim is not None  # made with the value head
         st["value_optim"] = run.value_optim.state_dict()
     return st
 
@@ -225,6 +226,7 @@ def load_checkpoint_state(run: Run, st: dict[str, Any]) -> None:
     run.sched.load_state_dict(st["sched"])
     if run.value_head is not None:
         run.value_head.load_state_dict(st["value_head"])
+        assert run.value_optim is not None  # made with the value head
         run.value_optim.load_state_dict(st["value_optim"])
     set_rng_state(st["rng"], run.gens)
     run.step = int(st["trainer"]["step"])

@@ -122,7 +122,7 @@ class FusedHead(torch.autograd.Function):
     bias (see the module docstring). ``temperature``: a float, or a float32 [N] tensor (one per row)."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, ids, temperature, rows, cols):  # type: ignore[override]
+    def forward(ctx, hidden, weight, bias, ids, temperature, rows, cols):
         n, vocab = hidden.shape[0], weight.shape[0]
         dev = hidden.device
         blocks = _blocks(vocab, cols)
@@ -148,7 +148,7 @@ class FusedHead(torch.autograd.Function):
         return logp, ent, s_star, s_exp, flags
 
     @staticmethod
-    def backward(ctx, g_logp, g_ent, _g1, _g2, _g3):  # type: ignore[override]
+    def backward(ctx, g_logp, g_ent, _g1, _g2, _g3):
         hidden, weight, bias, ids, lse, ent, t_saved = ctx.saved_tensors
         temperature = t_saved if ctx.per_row else float(t_saved)
         need_h, need_w, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.needs_input_grad[2]
@@ -166,21 +166,21 @@ class FusedHead(torch.autograd.Function):
         with torch.no_grad():
             for r0 in range(0, n, rows):
                 sl = slice(r0, min(r0 + rows, n))
-                t = temperature[sl] if ctx.per_row else temperature
+                t = t_saved[sl] if ctx.per_row else temperature
                 for cb in _blocks(vocab, cols):
                     g = buf[: (sl.stop - sl.start) * (cb.stop - cb.start)].view(sl.stop - sl.start, -1)
                     _logits_into(g, hidden[sl], weight[cb], None if bias is None else bias[cb])
                     logit_grad_(g, ids[sl], t, lse[sl], ent[sl], None if g_logp is None else g_logp[sl],
                                 None if g_ent is None else g_ent[sl], col0=cb.start)
-                    if need_h:
+                    if grad_h is not None:
                         _addmm_f32(grad_h[sl], g, weight[cb])
-                    if need_w and one_chunk:
+                    if grad_w is not None and one_chunk:
                         torch.matmul(g.T, hidden[sl], out=grad_w[cb])
-                    elif need_w:
+                    elif grad_w is not None:
                         _addmm_f32(grad_w[cb], g.T, hidden[sl])
-                    if need_b:
+                    if grad_b is not None:
                         grad_b[cb] += g.sum(0, dtype=torch.float32)
-        gh = grad_h.to(hidden.dtype) if need_h else None
-        gw = grad_w.to(weight.dtype) if need_w else None
-        gb = grad_b.to(bias.dtype) if need_b else None
+        gh = grad_h.to(hidden.dtype) if grad_h is not None else None
+        gw = grad_w.to(weight.dtype) if grad_w is not None else None
+        gb = grad_b.to(bias.dtype) if grad_b is not None else None
         return gh, gw, gb, None, None, None, None

@@ -308,9 +308,9 @@ def row_stats(logits: Tensor, token_ids: Tensor, temperature: float | Tensor = 1
     if flags is None:
         flags = torch.zeros(4, dtype=torch.int32, device=dev)
     if rows == 0:
-        return RowStats(*out, flags)
+        return RowStats(out[0], out[1], out[2], out[3], out[4], flags)
     per_row = isinstance(temperature, Tensor)
-    t_tensor = temperature.reshape(-1) if per_row else flags  # an unread placeholder when scalar
+    t_tensor = temperature.reshape(-1) if isinstance(temperature, Tensor) else flags  # flags: unread placeholder
     t_scalar = 1.0 if per_row else float(temperature)
     blk = int(block) if block is not None else default_block(vocab)
     n_split = int(splits) if splits is not None else default_splits(rows, vocab, blk, dev)
@@ -319,7 +319,7 @@ def row_stats(logits: Tensor, token_ids: Tensor, temperature: float | Tensor = 1
         _stats_rows_kernel[(rows,)](x, ids, t_tensor, t_scalar, out, flags, out.stride(0), inner, s_outer,
                                     s_inner, V=vocab, SPAN=triton.cdiv(vocab, blk) * blk, BLOCK=blk,
                                     PER_ROW=per_row, num_warps=warps)
-        return RowStats(*out, flags)
+        return RowStats(out[0], out[1], out[2], out[3], out[4], flags)
     span = triton.cdiv(triton.cdiv(vocab, n_split), blk) * blk
     n_split = triton.cdiv(vocab, span)
     part = torch.empty(rows, n_split, 6, dtype=torch.float32, device=dev)
@@ -328,7 +328,7 @@ def row_stats(logits: Tensor, token_ids: Tensor, temperature: float | Tensor = 1
                                          num_warps=warps)
     _merge_kernel[(rows,)](part, ids, t_tensor, out, flags, out.stride(0), V=vocab, SPAN=span,
                            SPLITS=n_split, PER_ROW=per_row, num_warps=1)
-    return RowStats(*out, flags)
+    return RowStats(out[0], out[1], out[2], out[3], out[4], flags)
 
 
 def block_partials(z: Tensor, ids: Tensor, col0: int, temperature: float | Tensor, part: Tensor, j: int, *,
@@ -340,7 +340,7 @@ def block_partials(z: Tensor, ids: Tensor, col0: int, temperature: float | Tenso
         return
     blk = int(block) if block is not None else default_block(ncols)
     per_row = isinstance(temperature, Tensor)
-    t_tensor = temperature.reshape(-1) if per_row else part
+    t_tensor = temperature.reshape(-1) if isinstance(temperature, Tensor) else part
     _stats_block_kernel[(rows,)](z, z.stride(0), ids, col0, t_tensor, 1.0 if per_row else float(temperature), part,
                                  j, NCOLS=ncols, SPAN=triton.cdiv(ncols, blk) * blk, SPLITS=part.shape[1],
                                  BLOCK=blk, PER_ROW=per_row, num_warps=default_warps(blk, z.element_size()))
@@ -354,6 +354,6 @@ def merge_partials(part: Tensor, ids: Tensor, vocab: int, span: int, temperature
     if rows == 0:
         return
     per_row = isinstance(temperature, Tensor)
-    t_tensor = temperature.reshape(-1) if per_row else flags
+    t_tensor = temperature.reshape(-1) if isinstance(temperature, Tensor) else flags
     _merge_kernel[(rows,)](part, ids, t_tensor, out, flags, out.stride(0), V=vocab, SPAN=span, SPLITS=part.shape[1],
                            PER_ROW=per_row, num_warps=1)
