@@ -21,6 +21,7 @@ import functools
 import math
 import types
 import typing
+from collections.abc import Mapping
 from typing import Any
 
 from entropy_rft.common.options import or_list
@@ -41,7 +42,7 @@ def _base(tp: Any) -> Any:
     return tp
 
 
-def range_rule(meta: dict, integer: bool) -> str | None:
+def range_rule(meta: Mapping[str, Any], integer: bool) -> str | None:
     """The words of a numeric range: ``>= 1``, ``> 0``, ``in (0, 1]``, ``in [0, 1]``, ``in 0..N`` (integers)."""
     lo, hi = meta.get("ge", meta.get("gt")), meta.get("le", meta.get("lt"))
     if lo is not None and hi is not None:
@@ -55,13 +56,13 @@ def range_rule(meta: dict, integer: bool) -> str | None:
     return None
 
 
-def in_range(value: Any, meta: dict) -> bool:
+def in_range(value: Any, meta: Mapping[str, Any]) -> bool:
     """Whether ``value`` lies in the range ``meta`` declares (True with none)."""
     return (("ge" not in meta or value >= meta["ge"]) and ("gt" not in meta or value > meta["gt"])
             and ("le" not in meta or value <= meta["le"]) and ("lt" not in meta or value < meta["lt"]))
 
 
-def problem(value: Any, meta: dict, tp: Any, null: str = "null") -> str | None:
+def problem(value: Any, meta: Mapping[str, Any], tp: Any, null: str = "null") -> str | None:
     """What is wrong with ``value`` under the constraints ``meta`` of a field typed ``tp`` (None: nothing), in the
     words that follow the field's name; ``null`` is the word for None (``null`` in a config, ``None`` in Python)."""
     if value is None:
@@ -83,7 +84,7 @@ def problem(value: Any, meta: dict, tp: Any, null: str = "null") -> str | None:
     return None
 
 
-def _choice_words(meta: dict) -> str:
+def _choice_words(meta: Mapping[str, Any]) -> str:
     return meta.get("shown") or or_list(tuple(str(c) for c in meta["choices"]))
 
 
@@ -102,7 +103,7 @@ def _of_kind(value: Any, kind: str) -> bool:
     return not isinstance(value, float) or math.isfinite(value)
 
 
-def typed_problem(value: Any, meta: dict, tp: Any, null: str = "None") -> str | None:
+def typed_problem(value: Any, meta: Mapping[str, Any], tp: Any, null: str = "None") -> str | None:
     """:func:`problem` for a value no loader has typed: a field typed ``bool``, ``int`` or ``float`` (or one of them
     ``| None``) first needs a value of that kind (bools are no numbers; numbers finite; None only where
     nullable), said with the field's range: ``must be a finite number >= 0, got 'big'``; a choice is not None
@@ -116,7 +117,7 @@ def typed_problem(value: Any, meta: dict, tp: Any, null: str = "None") -> str | 
     return problem(value, meta, tp, null)
 
 
-def rule_words(meta: dict, tp: Any, null: str = "null") -> str | None:
+def rule_words(meta: Mapping[str, Any], tp: Any, null: str = "null") -> str | None:
     """The constraints of a field in words, for a help text: its range (``in [0, 1] or None``, with its note), its
     choices (``exp or linear``) and its ``rule``, joined by ``; ``; None when it declares none."""
     parts = []
@@ -131,10 +132,16 @@ def rule_words(meta: dict, tp: Any, null: str = "null") -> str | None:
     return "; ".join(parts) or None
 
 
-@functools.cache
 def type_hints(cls: type) -> dict[str, Any]:
     """The resolved types of a dataclass's fields (``typing.get_type_hints``); a class whose annotations do not
-    resolve (a name only its defining function knew) gives each field's annotation as written."""
+    resolve (a name only its defining function knew) gives each field's annotation as written. Cached per class."""
+    # a plain function over the cached one: mypy takes a class object (``type[X]``) for no ``Hashable``, the
+    # argument type of a ``functools.cache`` wrapper, so callers passing ``type(obj)`` would not type-check
+    return _type_hints(cls)
+
+
+@functools.cache
+def _type_hints(cls: type) -> dict[str, Any]:
     try:
         return typing.get_type_hints(cls)
     except (NameError, TypeError):

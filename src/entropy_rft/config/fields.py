@@ -21,6 +21,7 @@ shared with the methods' parameters (``control.registry.param``). Torch-free.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 from collections.abc import Callable
 from dataclasses import field
@@ -40,7 +41,7 @@ def setting(default: Any, help: str, *, ge: float | None = None, gt: float | Non
                  names=names or None, check=check, note=note or None)
     meta.update({k: v for k, v in given.items() if v is not None})
     if isinstance(default, (dict, list)):
-        return field(default_factory=lambda d=default: type(d)(d), metadata=meta)
+        return field(default_factory=functools.partial(type(default), default), metadata=meta)  # a fresh copy
     return field(default=default, metadata=meta)
 
 

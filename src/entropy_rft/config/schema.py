@@ -13,7 +13,7 @@ import math
 import re
 import typing
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from entropy_rft.common.errors import UserError
 from entropy_rft.common.options import AGG_MODES, ENGINES, KL_ESTIMATORS, ROLLOUT_BACKENDS, or_list
@@ -297,8 +297,12 @@ def help_text(cls: type = Config, prefix: str = "") -> list[str]:
     for f in dataclasses.fields(cls):
         tp = hints[f.name]
         if dataclasses.is_dataclass(tp):
-            lines += help_text(tp, f"{prefix}{f.name}.")
+            lines += help_text(cast(type, tp), f"{prefix}{f.name}.")  # a field's type: a section's class
             continue
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        if f.default is not dataclasses.MISSING:
+            default = f.default
+        else:
+            assert f.default_factory is not dataclasses.MISSING, "every config field has a default"
+            default = f.default_factory()
         lines.append(f"{prefix}{f.name} = {default!r}: {f.metadata.get('help', '')}")
     return lines

@@ -7,6 +7,8 @@ The generic tensor checks live in :mod:`entropy_rft.core.tensor_checks` and the 
 
 from __future__ import annotations
 
+from typing import Literal, overload
+
 import torch
 from torch import Tensor
 
@@ -93,6 +95,14 @@ LEVEL_RULE = "None, nats > 0 or a multiple of the first batch's entropy such as 
 LEVEL_RULE_REQUIRED = "nats > 0 or a multiple of the first batch's entropy such as '0.5x'"
 
 
+@overload
+def check_level(value: float | str | None, name: str, allow_none: Literal[False]) -> tuple[float, bool]: ...
+
+
+@overload
+def check_level(value: float | str | None, name: str, allow_none: bool = True) -> tuple[float, bool] | None: ...
+
+
 def check_level(value: float | str | None, name: str, allow_none: bool = True) -> tuple[float, bool] | None:
     """An entropy level of a method's own controller: nats (a number > 0), or ``"0.9x"`` (0.9 times the entropy
     of the first batch the controller sees), or None when ``allow_none``. Returns (value, relative)."""
@@ -112,9 +122,20 @@ def check_level(value: float | str | None, name: str, allow_none: bool = True) -
     return float(raw), rel
 
 
+@overload
+def resolve_level(level: tuple[float, bool], base: float | None) -> float: ...
+
+
+@overload
+def resolve_level(level: tuple[float, bool] | None, base: float | None) -> float | None: ...
+
+
 def resolve_level(level: tuple[float, bool] | None, base: float | None) -> float | None:
     """A checked ``check_level`` value in nats (relative levels times ``base``, the first measured entropy)."""
     if level is None:
         return None
     value, relative = level
-    return value * base if relative else value
+    if not relative:
+        return value
+    assert base is not None, "a relative level needs its base"  # callers set it from the first batch first
+    return value * base

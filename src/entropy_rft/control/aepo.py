@@ -1,4 +1,4 @@
-"""AEPO (arXiv 2510.08141, issue 39): entropy held at a target by REINFORCE on rollouts sampled from a
+"""AEPO (arXiv 2510.08141): entropy held at a target by REINFORCE on rollouts sampled from a
 temperature-adjusted policy. The rule, its source and how far it was checked are in ``AEPO``'s docstring; the
 maths is in the pure functions ``aepo_temperature``, ``aepo_sample_num`` and ``aepo_splice``.
 """
@@ -114,7 +114,10 @@ class AEPOMethod(Method):
                          choices=("sampled", "true"))
 
     def __post_init__(self) -> None:
-        self._last_h, self._base, self._temperature, self._spliced = 0.0, None, None, 0
+        self._last_h = 0.0
+        self._base: float | None = None  # the first batch's entropy, set by observe
+        self._temperature: float | None = None  # the last resample_plan's temperature
+        self._spliced = 0
         self._update_h: list[float] = []  # this step's update, one reading a micro-batch
         super().__post_init__()
 

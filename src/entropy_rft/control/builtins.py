@@ -1,9 +1,9 @@
 """The built-in entropy-control methods, registered in a fixed order by importing their three families:
 the baseline and the papers' methods (:mod:`~entropy_rft.control.paper_methods`), the classic ones
-(:mod:`~entropy_rft.control.classic_methods`) and the field's methods of issue 28
-(:mod:`~entropy_rft.control.field_methods`, then STEER in :mod:`~entropy_rft.control.steer`) and issue 39's
-Entrocraft (:mod:`~entropy_rft.control.entrocraft`), AEPO (:mod:`~entropy_rft.control.aepo`) and Flexible
-Entropy Control (:mod:`~entropy_rft.control.fec`). Every name stays importable from here.
+(:mod:`~entropy_rft.control.classic_methods`) and the field's methods
+(:mod:`~entropy_rft.control.field_methods`, then STEER in :mod:`~entropy_rft.control.steer`, Entrocraft in
+:mod:`~entropy_rft.control.entrocraft`, AEPO in :mod:`~entropy_rft.control.aepo` and Flexible Entropy Control in
+:mod:`~entropy_rft.control.fec`). Every name stays importable from here.
 """
 
 from entropy_rft.control.paper_methods import (

@@ -1,4 +1,4 @@
-"""Entrocraft (Li et al. 2026, issue 39): the batch entropy held inside a band that moves linearly over training,
+"""Entrocraft (Li et al. 2026): the batch entropy held inside a band that moves linearly over training,
 by training on one side of the reward only (RAFT++ or NSR) whenever the entropy leaves the band. The rule, its
 source and how far it was checked are in ``Entrocraft``'s docstring; the maths is in the pure functions
 ``entrocraft_band``, ``entrocraft_mode`` and ``entrocraft_advantages``.
@@ -111,7 +111,8 @@ class Entrocraft(Method):
                                 ge=0)
 
     def __post_init__(self) -> None:
-        self._step, self._mode, self._base = 0, HOLD, None
+        self._step, self._mode = 0, HOLD
+        self._base: float | None = None  # the first batch's entropy, set by observe
         super().__post_init__()
 
     def validate(self) -> None:

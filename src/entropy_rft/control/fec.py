@@ -1,4 +1,4 @@
-"""Flexible Entropy Control (Chen et al. 2026, arXiv 2602.09782, issue 39): PPO's clip bounds made functions of
+"""Flexible Entropy Control (Chen et al. 2026, arXiv 2602.09782): PPO's clip bounds made functions of
 the token's probability, moved over training by a schedule. The rule, its source and how far it was checked are
 in ``FlexibleEntropyControl``'s docstring; the maths is in the pure functions ``fec_width``, ``fec_bounds``,
 ``fec_od_state`` and ``fec_od_thresholds``.
@@ -131,7 +131,8 @@ class FlexibleEntropyControl(Method):
                                        rule=LEVEL_RULE)
 
     def __post_init__(self) -> None:
-        self._step, self._state, self._h_init = 0, LOWER_MODE, None
+        self._step, self._state = 0, LOWER_MODE
+        self._h_init: float | None = None  # the first batch's entropy, set by observe
         super().__post_init__()
 
     def validate(self) -> None:

@@ -1,4 +1,4 @@
-"""The field's entropy-control methods (issue 28): entropy-based advantage shaping (Cheng et al.), the adaptive
+"""The field's entropy-control methods: entropy-based advantage shaping (Cheng et al.), the adaptive
 entropy coefficient (Skywork-OR1, as TRL runs it), CE-GPPO, clip-low as the knob (Park et al.) and EntroPIC, with
 the pure control laws of the ones that carry their own controller. Each docstring gives the rule, its paper and
 how far it was checked.
@@ -52,7 +52,7 @@ class EntropyAdvantage(Method):
     entropy for its own sake; the knob's direction (+1: a larger alpha raises entropy) is its intent and what the
     autopilot assumes, not a theorem (Theorem 3.3 gives the term −ψ·S_c, of either sign).
 
-    Sources, as checked for issue 28: only the paper's abstract and first page (arXiv HTML v1/v3) and third-party
+    Sources, as checked: only the paper's abstract and first page (arXiv HTML v1/v3) and third-party
     summaries could be read here, and no code of the authors was found. Those confirm the ingredients (a per-token
     term from the entropy, gradient-detached, clipped so that it cannot reverse the advantage's sign, added to
     the PPO/GRPO advantage), not the exact formula: **the paper's equation numbers are not cited because they
@@ -106,7 +106,7 @@ class AdaptiveEntropy(Method):
     ``target`` None switches the controller off (a fixed bonus ``coef``). With ``method.entropy_target`` the
     autopilot drives ``coef`` instead (its PI law in log space replaces this one, and the bonus always applies).
 
-    Sources, as checked for issue 28. The paper's full text could not be read here (only its abstract and first
+    Sources, as checked. The paper's full text could not be read here (only its abstract and first
     page), so its equation numbers are not cited. The authors' released code was read (github.com/SkyworkAI/
     Skywork-OR1: ``EntController`` in ``verl/trainer/ppo/core_algos.py``, applied in ``dp_actor.py``, stepped in
     ``ray_trainer.py`` after each training step on the update's mean token entropy): it is this law with two
@@ -211,7 +211,7 @@ class CEGPPO(Method):
     probability fell past it (entropy down, beta_low). Knob beta_high, raising entropy. On a single update per
     rollout batch nothing is clipped (r = 1), so it acts only with several minibatches or PPO epochs.
 
-    Sources, as checked for issue 28. The paper's full text could not be read here (only its abstract and first
+    Sources, as checked. The paper's full text could not be read here (only its abstract and first
     page), so its equation numbers are not cited. The authors' released code was read (github.com/Kwai-Klear/
     CE-GPPO, ``compute_gppo_loss_general_beta`` in ``verl/trainer/ppo/core_algos.py``, also quoted in its README):
     its token loss is −beta1·(1 − eps_low)·A·r/sg(r) for A < 0, r < 1 − eps_low; −beta2·(1 + eps_high)·A·r/sg(r)
@@ -256,7 +256,7 @@ class ClipLow(Method):
     whose further push would lower entropy by Theorem 3.3: −A·S_c < 0), so a larger eps_low lowers entropy
     (knob direction −1). Like clip-higher it acts only off-policy (several minibatches or epochs).
 
-    Sources, as checked for issue 28. The paper's full text could not be read here (only its abstract and first
+    Sources, as checked. The paper's full text could not be read here (only its abstract and first
     page and third-party summaries; no code of the authors was found), so its equation and theorem numbers are
     not cited. The rule itself is PPO's clip (Schulman et al. 2017, Eq. 7) with separate bounds, as DAPO's
     clip-higher; what the paper adds is the direction, stated in its title and abstract (clip-low raises
@@ -301,7 +301,7 @@ class EntropicControl(Method):
     entropy), moved in log space by the autopilot's PI law. The high-probability test uses the old policy's
     probability of the sampled token (the authors: the current one; equal on a step's first update).
 
-    Sources, as checked for issue 28. The paper's full text could not be read here (only its abstract and first
+    Sources, as checked. The paper's full text could not be read here (only its abstract and first
     page and the project page), so its equation numbers are not cited. The authors' released code was read
     (github.com/yk7333/EntroPIC: the PI step in ``dp_actor.py``, the adjustment in ``core_algos.py``, both also
     quoted in its README), and ``tests/test_field_methods.py`` checks the loss and the alpha sequence against

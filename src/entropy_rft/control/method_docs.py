@@ -13,12 +13,12 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from entropy_rft.control.registry import available_methods, get_method_class
+from entropy_rft.control.registry import Method, available_methods, get_method_class
 
 BEGIN, END = "<!-- methods:{}:begin -->\n", "<!-- methods:{}:end -->"
 
 
-def _names(keep: Callable[[type], bool]) -> list[str]:
+def _names(keep: Callable[[type[Method]], bool]) -> list[str]:
     return [n for n in available_methods() if keep(get_method_class(n))]
 
 

@@ -121,7 +121,7 @@ def tiny_cap_message(name: str, max_frac: float | None, n_tokens: int) -> str | 
             f"(the default config's preset: mu 2, max_frac null)")
 
 
-def warn_tiny_cap(method: Method, n_tokens: int) -> None:
+def warn_tiny_cap(method: ClipV | ClipVPaper, n_tokens: int) -> None:
     """Warn once per method instance (``tiny_cap_message``)."""
     if method.__dict__.get("_warned_tiny_cap"):
         return
@@ -142,7 +142,8 @@ class ClipV(Method):
     rewards are all equal) are all dropped, outside the cap: they carry no gradient, but they leave the
     token-mean loss's denominator, so the step differs from dropping A < 0 only. That is
     ``advantage_sign="released"`` (the default); ``"negative"`` is the strict rule (A < 0 only, the rule of
-    DESIGN.md and of this project's results measured before issue 39). Paper sweep mu 7.5–8.5.
+    DESIGN.md and of this project's results measured before ``released`` became the default). Paper sweep
+    mu 7.5–8.5.
     """
 
     name: ClassVar[str] = "clip_v"

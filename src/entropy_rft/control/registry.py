@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 from torch import Tensor
 
@@ -241,10 +241,16 @@ def get_method_class(name: str) -> type[Method]:
         raise ValueError(f"unknown method {name!r}; known methods: {known}") from None
 
 
+def _fields(cls: type[Method]) -> tuple[dataclasses.Field[Any], ...]:
+    """The dataclass fields of a registered method class (``register_method`` takes dataclasses only; ``Method``
+    itself is no dataclass, so its type says nothing of them)."""
+    return dataclasses.fields(cast("type[Any]", cls))
+
+
 def build_method(name: str, **params: Any) -> Method:
     """Build a configured method. Unknown names and parameters, and bad values, raise ValueError."""
     cls = get_method_class(name)
-    accepted = [f.name for f in dataclasses.fields(cls)]
+    accepted = [f.name for f in _fields(cls)]
     for p in params:
         if p not in accepted:
             raise ValueError(
@@ -258,7 +264,7 @@ def method_info(name: str) -> dict[str, Any]:
     direction, paper, doc."""
     cls = get_method_class(name)
     params, hints = [], type_hints(cls)
-    for f in dataclasses.fields(cls):
+    for f in _fields(cls):
         params.append({
             "name": f.name,
             "type": str(f.type),

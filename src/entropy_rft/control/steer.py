@@ -1,4 +1,4 @@
-"""STEER (Hao et al. 2025, issue 28): tokens reweighted by their estimated entropy change, so that no token's
+"""STEER (Hao et al. 2025): tokens reweighted by their estimated entropy change, so that no token's
 update moves the entropy much more than the others'. The rule, its paper and how far it was checked are in
 ``Steer``'s docstring; the maths is in the two pure functions ``steer_entropy_change`` and ``steer_weights``.
 
@@ -59,7 +59,7 @@ class Steer(Method):
     p_k, no pass over the vocabulary), and Ω carries an extra 1/p_k, which weighs unlikely tokens up. Only |Ω|
     is used, so its sign convention does not matter.
 
-    Sources, as checked for issue 28. The paper's full text could not be read here (only its abstract and
+    Sources, as checked. The paper's full text could not be read here (only its abstract and
     third-party summaries), so **equation numbers not verified**. The rule is pinned down from the authors'
     released code (github.com/zz-haooo/STEER, ``compute_token_weights`` and ``compute_policy_loss_with_entropy``
     in ``verl/trainer/ppo/core_algos.py``, called from ``verl/workers/actor/dp_actor.py``), and

@@ -5,6 +5,8 @@ The lowest torch layer of the training path: it knows masks and advantages, noth
 
 from __future__ import annotations
 
+from typing import TypeGuard
+
 import torch
 from torch import Tensor
 
@@ -66,6 +68,6 @@ def broadcast_advantages(advantages: Tensor, mask: Tensor) -> Tensor:
     )
 
 
-def is_number(value: object) -> bool:
+def is_number(value: object) -> TypeGuard[int | float]:
     """A real int or float (bools excluded)."""
     return isinstance(value, (int, float)) and not isinstance(value, bool)
