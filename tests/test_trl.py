@@ -141,7 +141,7 @@ def test_masks_and_loss_equal_native(policy_dir, tmp_path, method):
     inputs = {"prompt_ids": prompt, "prompt_mask": torch.ones_like(prompt), "completion_ids": comp,
               "completion_mask": cmask.long(), "advantages": adv, "old_per_token_logps": old_logp,
               "erft_old_logps": old_logp, "erft_keep": keep}
-    trainer._buffered_inputs, trainer._step, trainer._erft_window = [inputs], 0, None
+    trainer._buffered_inputs, trainer._step = [inputs], 0
     if trainer.delegates:  # drops and clips composed into TRL's own loss: its loss mask and normaliser
         inputs["num_items_in_batch"] = cmask.sum()
         trainer._compose_keep(inputs) if m_stage(method) == "rollout" else None
@@ -167,7 +167,7 @@ def test_masks_and_loss_equal_native(policy_dir, tmp_path, method):
         clipped = ppo_clipped_mask(cur.logp.detach(), nat_old.logp, adv_tok, cmask, kw["eps_low"], kw["eps_high"])
         masks = m.minibatch_masks(cur.logp.detach(), nat_old.logp, adv_tok, cmask, clipped=clipped,
                                   generator=torch.Generator().manual_seed(3 + 2))
-        win = trainer._erft_window.masks[0]
+        win = inputs["erft_window"].masks[0]
         for f in ("keep", "zeroed", "kl_cov_select"):
             a, b = getattr(win, f), getattr(masks, f)
             assert (a is None) == (b is None) and (a is None or torch.equal(a, b)), f
@@ -234,6 +234,37 @@ def test_clip_higher_is_trls_own_clip_widened(policy_dir, tmp_path):
     assert ours == want and ours != narrow
 
 
+def test_a_composing_methods_settings_reach_trl_through_its_config_and_follow_the_knob(policy_dir, tmp_path):
+    """clip-higher's clip is in the GRPOConfig TRL received (a copy: the caller's stays as given), so TRL set its
+    loss up from it; a knob moved afterwards (a resume, a controller) reaches TRL's loss at the next loss call.
+    The entropy bonus owns TRL's entropy term even at coefficient 0."""
+    trainer = make_trainer(policy_dir, "clip_higher", {"eps_high": 0.3}, tmp_path, loss_type="bnpo")
+    assert (trainer.args.epsilon, trainer.args.epsilon_high, trainer.epsilon_high) == (0.2, 0.3, 0.3)
+    inputs = delegated_inputs(trainer, seed=4)
+    trainer.method.set_knob(0.35)
+    trainer._compute_loss(trainer.model, dict(inputs))
+    assert trainer.epsilon_high == 0.35 and trainer.epsilon_low == 0.2
+
+    trainer = make_trainer(policy_dir, "entropy_bonus", {"coef": 0.0}, tmp_path)
+    assert trainer.args.entropy_coef == 0.0 and not trainer._entropy_bonus_enabled  # TRL's rule for a 0 config
+    trainer.method.set_knob(0.05)
+    trainer._compute_loss(trainer.model, dict(delegated_inputs(trainer, seed=4)))
+    assert trainer._entropy_bonus_enabled and trainer.entropy_coef == 0.05
+
+    from datasets import Dataset
+    from trl import GRPOConfig
+
+    # GRPOTrainer's arguments by position: the config is found as ``args`` and the caller's is left as given
+    args = GRPOConfig(output_dir=str(tmp_path / "trl"), use_cpu=True, report_to=[], epsilon_high=None)
+    model, tok = load_policy(str(policy_dir))
+    trainer = erft_trl.EntropyControlGRPOTrainer(model, lambda completions, **kw: [0.0] * len(completions), args,
+                                                 Dataset.from_dict({"prompt": ["123>7:"] * 8}), None, tok,
+                                                 method="clip_low")
+    assert args.epsilon_high is None and trainer.args is not args
+    want = trainer.method.loss_kwargs()
+    assert (trainer.epsilon_low, trainer.epsilon_high) == (want["eps_low"], want["eps_high"])
+
+
 LOSS_TYPES = [{"loss_type": t} for t in ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo")] + [
     {"loss_type": "grpo", "importance_sampling_level": "sequence"}]
 
@@ -249,7 +280,7 @@ def delegated_inputs(trainer, seed: int, shift: float = 0.05):
     inputs = {"prompt_ids": prompt, "prompt_mask": torch.ones_like(prompt), "completion_ids": comp,
               "completion_mask": cmask.long(), "advantages": adv, "old_per_token_logps": old,
               "erft_old_logps": old, "erft_keep": cmask.clone(), "num_items_in_batch": cmask.sum()}
-    trainer._buffered_inputs, trainer._step, trainer._erft_window = [inputs], 0, None
+    trainer._buffered_inputs, trainer._step = [inputs], 0
     trainer.current_gradient_accumulation_steps = 1
     return inputs
 
@@ -277,7 +308,7 @@ def test_clip_cov_is_trls_own_loss_with_zero_advantages(policy_dir, tmp_path, cf
     adv = inputs["advantages"]
     ours = loss_and_grad(trainer._compute_loss, model, inputs)
     assert inputs["advantages"] is adv
-    zeroed = trainer._erft_window.masks[0].zeroed
+    zeroed = inputs["erft_window"].masks[0].zeroed
     assert zeroed is not None and 0 < int(zeroed.sum()) < int(inputs["completion_mask"].sum())
     by_hand = torch.where(zeroed, 0.0, adv[:, None].expand(zeroed.shape))
     want = loss_and_grad(lambda m, x: GRPOTrainer._compute_loss(trainer, m, x), model,

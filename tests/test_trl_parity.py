@@ -1,4 +1,4 @@
-"""Method ``none`` through EntropyControlGRPOTrainer trains as stock ``trl.GRPOTrainer`` (issue 25, item 1).
+"""Method ``none`` through EntropyControlGRPOTrainer trains as stock ``trl.GRPOTrainer``.
 
 Both trainers run the same GRPOConfig from the same weights and seed for three optimizer steps, on prompts of
 different lengths (so TRL left-pads them), with a reward that varies. The reference is TRL itself. Compared:

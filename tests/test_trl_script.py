@@ -1,7 +1,7 @@
-"""Issue 35: TRL's own GRPO script (``trl/scripts/grpo.py`` from the installed wheel), unchanged and with the plug-in in
-place of ``GRPOTrainer`` (method ``none``), over issue 35's table of configurations: every logged loss and
-grad_norm and the saved weights are the same, row by row. The table below is the documentation of what the
-drop-in runs as stock (docs/trl.md); every row ran as stock's or was refused before issue 35.
+"""TRL's own GRPO script (``trl/scripts/grpo.py`` from the installed wheel), unchanged and with the plug-in in
+place of ``GRPOTrainer`` (method ``none``), over a table of configurations: every logged loss and grad_norm and
+the saved weights are the same, row by row. The table below is the documentation of what the drop-in runs as
+stock (docs/trl.md).
 """
 
 from __future__ import annotations
@@ -142,7 +142,7 @@ def test_methods_compose_with_every_loss_type_and_level(tmp_path, method, params
     ("kl_cov", {"ratio": 0.2}, "control/kl_cov_selected_frac"),
 ], ids=["clip_v", "clip_cov", "kl_cov"])
 def test_methods_train_lora_adapters_with_dropout(tmp_path, method, params, acted):
-    """Issue 35, item 3: with peft's LoRA (its default dropout 0.05, as ``--use_peft``) each method trains the
+    """With peft's LoRA (its default dropout 0.05, as ``--use_peft``) each method trains the
     adapters: it acts, the adapters move, and the base weights stay as loaded."""
     from peft import LoraConfig
 

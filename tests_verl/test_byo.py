@@ -1,7 +1,8 @@
-"""Issue 38 on logs that verl's own code writes: ``verl.utils.tracking.Tracking`` with the ``console`` and ``file``
-backends (``trainer.logger=['console','file']``), fed numpy scalars as verl's trainer feeds them, the console
-text behind Ray's coloured worker prefix as ``ray`` prints a TaskRunner's stdout. ``erft fit-law`` on either
-file gives the plain least-squares fit of the same (H, R) pairs, and ``erft report`` draws them."""
+"""The foreign-log readers on logs that verl's own code writes: ``verl.utils.tracking.Tracking`` with the
+``console`` and ``file`` backends (``trainer.logger=['console','file']``), fed numpy scalars as verl's trainer
+feeds them, the console text behind Ray's coloured worker prefix as ``ray`` prints a TaskRunner's stdout.
+``erft fit-law`` on either file gives the plain least-squares fit of the same (H, R) pairs, and ``erft report``
+draws them."""
 
 from __future__ import annotations
 

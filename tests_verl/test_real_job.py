@@ -1,10 +1,10 @@
-"""Real verl jobs on the CPU (issue 47): ``python -m verl.trainer.main_ppo`` in a subprocess, Ray, TransferQueue,
+"""Real verl jobs on the CPU: ``python -m verl.trainer.main_ppo`` in a subprocess, Ray, TransferQueue,
 verl's FSDP2 engine and v1 trainer, the plug-in loaded through ``VERL_USE_EXTERNAL_MODULES``. What a CPU
 machine lacks comes from the test-only harness in ``tests_verl/cpu_job/`` through verl's own hooks (a CPU
 platform, gloo, the FSDP engines registered for ``cpu``, a transformers rollout server); no verl file is changed.
 
 - ``none`` is stock verl: the same seeded job with verl's ``vanilla`` loss (trainer ``sync``) and with
-  ``erft_none`` under ``erft_sync`` (the plug-in's worker, unreachable before issue 47's fix) samples the same
+  ``erft_none`` under ``erft_sync`` (the plug-in's worker) samples the same
   responses, scores the same rewards and logs the same per-step loss, gradient norm and entropy, to float32
   rounding (fp32 parameters; bit for bit only where the order of the batch's rows does not matter: maximum and
   minimum reward and advantage, response lengths);
@@ -175,7 +175,7 @@ def test_clip_cov_and_kl_cov_equal_verls_own_on_the_jobs_micro_batches(assets, t
 
 
 def test_fit_law_and_report_on_the_real_jobs_logs(none_jobs, tmp_path):
-    """Issue 38's readers on a genuine verl log: ``erft fit-law`` on the console log and on the file log the real
+    """The foreign-log readers on a genuine verl log: ``erft fit-law`` on the console log and on the file log the real
     job wrote gives the plain least-squares fit of its (actor/entropy, validation score) pairs, read here from
     the console log by the harness's own parser; ``erft report`` draws both."""
     from entropy_rft.cli.main import main

@@ -1,6 +1,6 @@
-"""The worker's overrides keep verl's dispatch (issue 47): Ray's worker group binds only methods that carry
-``@register``'s attribute, so an override without it (``init_model``, ``compute_log_prob``, ``update_actor``
-before the fix) was unreachable from the trainer and ``trainer_mode=erft_sync`` died at start-up with
+"""The worker's overrides keep verl's dispatch: Ray's worker group binds only methods that carry
+``@register``'s attribute, so an override without it (``init_model``, ``compute_log_prob``, ``update_actor``) is
+unreachable from the trainer and ``trainer_mode=erft_sync`` dies at start-up with
 ``'RayWorkerGroup' object has no attribute 'init_model'``. Checked without Ray: the attribute itself, and the
 method names verl's own ``WorkerGroup._bind_worker_method`` binds."""
 

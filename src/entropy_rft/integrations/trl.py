@@ -1,5 +1,5 @@
 """TRL integration: ``EntropyControlGRPOTrainer``, a ``trl.GRPOTrainer`` with entropy-rft's statistics,
-masks and loss, and ``train_trl``, the ``erft train --engine trl`` entry point.
+masks and loss.
 
 Thin by design: the maths comes from ``dynamics``, ``control`` and ``loss``, the policy forward from
 ``integrations.stats_forward``, the selections over all processes from ``integrations.window``. This file
@@ -7,12 +7,26 @@ adds only *where* TRL's pipeline gets them: ``_get_per_token_logps_and_entropies
 ``_generate_and_score_completions`` (old-policy TokenStats, the rollout-stage masks once per generation
 batch) and ``_compute_loss`` (``policy_loss``, the minibatch selection and loss scales once per optimizer
 step). docs/trl.md says what each hook does and the one configuration where selection stays per micro-batch.
+
+A guest in TRL: no module, class or function of TRL is modified (``trl_script`` rebinds ``trl.GRPOTrainer`` for
+its run only). The subclass overrides those three hooks and ``_save_checkpoint`` / ``_load_rng_state``
+(tests/test_trl_contract.py pins each, with its parameters, against the installed TRL). A method's clip and
+entropy coefficient reach TRL through the ``GRPOConfig`` it receives (``trl_support.config_for_trl``); the one
+write into TRL's attributes is ``_apply_knob_to_trl``, for a knob that moves after TRL read its config. State
+between the hooks lives in two places, each with a visible start and end:
+
+- per micro-batch, in TRL's own ``inputs`` dict (the generation batch TRL splits and buffers), under the keys of
+  ``trl_support.INPUT_KEYS``;
+- per call of a hook that TRL's forward hook serves, in a ``trl_support.HookCall`` made when the hook starts and
+  dropped when it returns (``_serving``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import inspect
 import warnings
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -34,11 +48,16 @@ from entropy_rft.integrations.stats_forward import (
 )
 from entropy_rft.integrations.trl_support import (
     AGG_FOR_LOSS_TYPE,
+    Capture,
+    HookCall,
+    bound_arguments,
+    config_for_trl,
     delegates_loss,
     has_active_dropout,
     model_config_of,
     quiet_pass,
     refusals,
+    replace_argument,
     trl_log_metrics,
 )
 from entropy_rft.integrations.trl_task import prompt_dataset, task_reward_func
@@ -66,6 +85,18 @@ from trl import GRPOTrainer  # noqa: E402
 # policy_loss metrics that are per micro-batch counts; the trainer logs batch-level ones instead.
 _BATCH_LEVEL = ("loss/counted_frac", "loss/zeroed_frac", "tokens/counted")
 
+# GRPOTrainer's own signature: the subclass reads its arguments by name (``model``, ``args``), however the caller
+# passed them (positionally or by keyword, as TRL allows).
+_TRL_INIT = inspect.signature(GRPOTrainer.__init__)
+if missing := [n for n in ("model", "args") if n not in _TRL_INIT.parameters]:
+    raise ImportError(f"trl {trl.__version__}: GRPOTrainer.__init__ has no parameter {missing[0]!r}, which "
+                      "EntropyControlGRPOTrainer reads by name")
+
+
+def _hidden_states(core: Any, on: bool) -> contextlib.AbstractContextManager[list[Tensor]]:
+    """``captured_hidden(core)`` when ``on``, else a block that captures nothing."""
+    return captured_hidden(core) if on else contextlib.nullcontext([])
+
 
 class EntropyControlGRPOTrainer(GRPOTrainer):
     """``trl.GRPOTrainer`` whose token statistics, masks and loss are entropy-rft's.
@@ -81,10 +112,15 @@ class EntropyControlGRPOTrainer(GRPOTrainer):
       default True). False skips the statistics altogether, so a method that needs none of them (``none``,
       ``clip_higher``, ``entropy_bonus``) costs exactly what stock GRPOTrainer costs; other methods refuse it.
 
-    The ratio clip is ``args.epsilon`` / ``args.epsilon_high`` unless the method overrides it (clip-higher,
-    KL-Cov); the reference KL is ``args.beta`` with the k3 estimator, as TRL. Logs entropy-rft's metric
-    names (``entropy/mean``, ``dynamics/*``, ``control/*``, ``loss/*``, ``clip/*``, ``ratio/*``) next to TRL's.
+    GRPOTrainer's arguments are taken by name, given positionally or by keyword as TRL's signature allows. The
+    ratio clip is ``args.epsilon`` / ``args.epsilon_high`` unless the method overrides it (clip-higher,
+    KL-Cov); a method that composes into TRL's own loss sets its clip or entropy coefficient in the
+    ``GRPOConfig`` TRL receives, a copy of ``args`` (``trainer.args`` shows the values that train). The
+    reference KL is ``args.beta`` with the k3 estimator, as TRL. Logs entropy-rft's metric names
+    (``entropy/mean``, ``dynamics/*``, ``control/*``, ``loss/*``, ``clip/*``, ``ratio/*``) next to TRL's.
     """
+
+    _entropy_bonus_enabled: bool  # TRL's switch of its entropy term (set in its __init__; see _apply_knob_to_trl)
 
     def __init__(self, *args: Any, method: str | Method = "none", method_params: dict[str, Any] | None = None,
                  agg: str | None = None, dual_clip: float | None = None, dynamics_metrics: bool = True,
@@ -100,14 +136,19 @@ class EntropyControlGRPOTrainer(GRPOTrainer):
                              f"statistics ({self.method.stage} stage); keep dynamics_metrics=True, or use a "
                              "method without selection (none, clip_higher, entropy_bonus)")
         self.dynamics_metrics = bool(dynamics_metrics)
-        grpo_args = kwargs.get("args", args[2] if len(args) > 2 else None)
-        model = kwargs.get("model", args[0] if args else None)
+        named = bound_arguments(_TRL_INIT, args, kwargs)
+        grpo_args, model = named.get("args"), named.get("model")
         self.delegates = delegates_loss(self.method, agg, dual_clip)
         if bad := refusals(self.method, grpo_args, model_config_of(model), self.delegates):  # before any weight
             raise ValueError("EntropyControlGRPOTrainer does not support: " + "; ".join(bad))
+        if (trl_args := config_for_trl(self.method, grpo_args, model, self.delegates)) is not grpo_args:
+            args, kwargs = replace_argument(_TRL_INIT, args, kwargs, "args", trl_args)
+        self._hook = HookCall()  # the hook call TRL's forward hook serves (_serving); idle between them
         super().__init__(*args, **kwargs)
-        if bad := refusals(self.method, self.args, getattr(self.model, "config", None), self.delegates):
-            raise ValueError("EntropyControlGRPOTrainer does not support: " + "; ".join(bad))  # as TRL settled it
+        # as TRL settled the config and the model; a delegated loss refuses only TRL's own entropy options beside
+        # the method's, checked above on the caller's config (the config TRL holds carries the method's own)
+        if not self.delegates and (bad := refusals(self.method, self.args, getattr(self.model, "config", None))):
+            raise ValueError("EntropyControlGRPOTrainer does not support: " + "; ".join(bad))
         self.agg = agg or AGG_FOR_LOSS_TYPE.get(self.loss_type, "token-mean")
         self.loss_kwargs: dict[str, Any] = dict(
             eps_low=self.epsilon_low, eps_high=self.epsilon_high, dual_clip=dual_clip, agg=self.agg,
@@ -115,12 +156,6 @@ class EntropyControlGRPOTrainer(GRPOTrainer):
             ref_kl_ratio_weighted=bool(self.beta and getattr(self.args, "use_bias_correction_kl", False)))
         self.loss_kwargs.update(self.method.loss_kwargs())
         self.method_generator = torch.Generator().manual_seed(int(self.args.seed) + 2)
-        self._erft_captured: tuple[Tensor, dynamics.TokenStats] | None = None
-        self._erft_old_pass = False  # True inside _generate_and_score_completions: capture our TokenStats
-        self._erft_forward: Tensor | None | bool = False  # None inside a delegated _compute_loss: capture logp
-        self._erft_select: dict[str, Any] | None = None  # the micro-batch whose Clip-Cov selection is pending
-        self._erft_deferred: list[tuple] | None = None  # statistics from TRL's training forward (_deferred_part)
-        self._erft_window: window.Window | None = None
         self.step_metrics = window.StepMetrics()  # our metrics row of the current erft step
         ga, gen_every = self.args.gradient_accumulation_steps, self.args.steps_per_generation * self.num_iterations
         if gen_every % ga != 0:
@@ -129,6 +164,37 @@ class EntropyControlGRPOTrainer(GRPOTrainer):
                           "so Clip-Cov/KL-Cov select and the loss is normalised per micro-batch (still over all "
                           "processes)", stacklevel=2)
 
+    def _apply_knob_to_trl(self) -> None:
+        """The method's current clip and entropy coefficient in TRL's loss, when TRL's loss is the one that trains
+        (delegated); written only where they differ from what TRL holds.
+
+        TRL reads ``GRPOConfig.epsilon`` / ``epsilon_high`` / ``entropy_coef`` once, in ``__init__``, into the
+        attributes its ``_compute_loss`` reads (``epsilon_low``, ``epsilon_high``, ``entropy_coef``,
+        ``_entropy_bonus_enabled``). The config TRL received carries the method's values (``config_for_trl``), so
+        in a run whose knob stays put nothing is written here but TRL's entropy switch for a coefficient of 0. The
+        public config cannot follow a knob that moves after TRL read it: a resume restores the checkpoint's knob
+        (``_load_rng_state``), and a caller may steer ``method.set_knob`` between steps (as an autopilot does);
+        TRL has no other way to take a new value, so it is written into its attributes."""
+        if not self.delegates:
+            return
+        kw = self.method.loss_kwargs()
+        for key, attr in (("eps_low", "epsilon_low"), ("eps_high", "epsilon_high"), ("entropy_coef", "entropy_coef")):
+            if key in kw and getattr(self, attr) != kw[key]:
+                setattr(self, attr, float(kw[key]))
+        if "entropy_coef" in kw and not self._entropy_bonus_enabled:
+            # TRL switches its entropy term on for a configured coefficient != 0; the method owns the term at any
+            # coefficient, so a knob that starts at 0 can raise it (TRL keeps it on likewise in adaptive mode)
+            self._entropy_bonus_enabled = True
+
+    @contextlib.contextmanager
+    def _serving(self, call: HookCall) -> Iterator[HookCall]:
+        """Within the block, TRL's forward hook (``_get_per_token_logps_and_entropies``) serves ``call``."""
+        outer, self._hook = self._hook, call
+        try:
+            yield call
+        finally:
+            self._hook = outer
+
     def _policy_stats(self, model, input_ids: Tensor, attention_mask: Tensor, logits_to_keep: int,
                       batch_size: int | None, compute_entropy: bool = False, quiet: bool = True
                       ) -> tuple[Tensor, Tensor | None, dynamics.TokenStats]:
@@ -136,11 +202,9 @@ class EntropyControlGRPOTrainer(GRPOTrainer):
         own, not TRL's old-policy pass: run in eval mode with the random streams forked
         (``trl_support.quiet_pass``), so it neither carries dropout noise nor moves what training draws next."""
         core = self._core(model)
-        if quiet:  # a pass of our own (not TRL's old-policy pass): out of the training's way
-            with quiet_pass(model):
-                return self._stats_pass(model, core, input_ids, attention_mask, logits_to_keep, batch_size,
-                                        compute_entropy)
-        return self._stats_pass(model, core, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy)
+        with quiet_pass(model) if quiet else contextlib.nullcontext():  # ours: out of the training's way
+            return self._stats_pass(model, core, input_ids, attention_mask, logits_to_keep, batch_size,
+                                    compute_entropy)
 
     def _stats_pass(self, model, core, input_ids: Tensor, attention_mask: Tensor, logits_to_keep: int,
                     batch_size: int | None, compute_entropy: bool
@@ -150,7 +214,7 @@ class EntropyControlGRPOTrainer(GRPOTrainer):
         no second backbone forward). Models whose logits are not ``hidden @ W.T`` get the statistics from
         ``fused_policy_out``'s materialised path."""
         fused = supports_fused(core)
-        with torch.no_grad(), (captured_hidden(core) if fused else contextlib.nullcontext([])) as hidden:
+        with torch.no_grad(), _hidden_states(core, fused) as hidden:
             logp, ent, _ = super()._get_per_token_logps_and_entropies(
                 model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size,
                 compute_entropy=compute_entropy)
@@ -167,19 +231,21 @@ class EntropyControlGRPOTrainer(GRPOTrainer):
         """TRL's hook, TRL's own computation (so method ``none`` trains as stock GRPOTrainer at any precision).
         Only the old-policy pass of a generation batch (``_generate_and_score_completions``) adds our TokenStats,
         from the same backbone pass (``_policy_stats``); the training forward never computes them."""
-        if (self._erft_old_pass and model is self.model and not torch.is_grad_enabled() and not compute_aux_loss
-                and all(v is None for v in multimodal.values()) and not has_active_dropout(model)):
-            logp, ent, stats = self._policy_stats(model, input_ids, attention_mask, logits_to_keep, batch_size,
-                                                  compute_entropy, quiet=False)
-            self._erft_captured = (logp, stats)
+        call = self._hook
+        if (call.capture is Capture.OLD_POLICY_STATS and model is self.model and not torch.is_grad_enabled()
+                and not compute_aux_loss and all(v is None for v in multimodal.values())
+                and not has_active_dropout(model)):
+            logp, ent, call.stats = self._policy_stats(model, input_ids, attention_mask, logits_to_keep, batch_size,
+                                                       compute_entropy, quiet=False)
+            call.logp = logp
             return logp, ent, None
         out = super()._get_per_token_logps_and_entropies(
             model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size,
             compute_entropy=compute_entropy, compute_aux_loss=compute_aux_loss, **multimodal)
-        if self._erft_forward is None:  # TRL's training forward inside its own _compute_loss (delegated)
-            self._erft_forward = out[0].detach()
-            if self._erft_select is not None:  # before TRL reads the advantages
-                self._zero_selected(model, self._erft_select, self._erft_forward)
+        if call.capture is Capture.TRAINING_LOGPS and call.logp is None:  # TRL's training forward (delegated loss)
+            call.logp = out[0].detach()
+            if call.select is not None:  # before TRL reads the advantages
+                self._zero_selected(model, call.select, call.logp)
         return out
 
     def _record_delegated(self, logp: Tensor, inputs: dict[str, Any]) -> None:
@@ -204,27 +270,22 @@ class EntropyControlGRPOTrainer(GRPOTrainer):
         return ids, am, inputs["completion_ids"].shape[1]
 
     def _generate_and_score_completions(self, inputs):
-        self._erft_captured, self._erft_old_pass = None, self.dynamics_metrics
-        try:
+        call = HookCall(Capture.OLD_POLICY_STATS if self.dynamics_metrics else Capture.NOTHING)
+        with self._serving(call):
             out = super()._generate_and_score_completions(inputs)
-        finally:
-            self._erft_old_pass = False
         if not self.model.training:
             return out
+        mask, old = self._loss_mask(out), out.get("old_per_token_logps")
         if not self.dynamics_metrics:  # a static method, no statistics: nothing beyond stock TRL's work
-            mask = self._loss_mask(out)
-            old = out.get("old_per_token_logps")
             # static methods select nothing per minibatch, so select_minibatch never reads these log-probs
             out["erft_old_logps"] = torch.zeros(mask.shape, device=mask.device) if old is None else old
             out["erft_keep"] = mask.clone()
             return out
-        captured, old = self._erft_captured, out.get("old_per_token_logps")
-        mask = self._loss_mask(out)
-        if captured is not None and old is not None and captured[0] is old:
-            stats = captured[1]
+        if old is not None and call.logp is old and call.stats is not None:  # TRL's old-policy pass gave them
+            stats = call.stats
         elif self._defers_stats(old):  # on-policy: the statistics come from TRL's training forward
-            self._erft_captured, self._erft_deferred = None, []
             out["erft_old_logps"], out["erft_keep"] = torch.zeros(mask.shape, device=mask.device), mask.clone()
+            out["erft_stats_from_training"] = torch.tensor(True)  # 0-dim: TRL's split hands it to every micro-batch
             return out
         else:  # TRL skipped its old-policy forward (on-policy step), or ran it with dropout: ours, once per
             # generation batch, in eval mode with the random streams forked (trl_support.quiet_pass); TRL's loss
@@ -232,7 +293,6 @@ class EntropyControlGRPOTrainer(GRPOTrainer):
             own, _, stats = self._policy_stats(self.model, *self._model_inputs(out),
                                                self.args.per_device_train_batch_size)
             old = own if old is None else old
-        self._erft_captured = None
         out["erft_old_logps"] = old  # what the selections compare against (Clip-Cov, KL-Cov)
         out["erft_keep"] = self._record_batch(stats, out["advantages"], mask, out["completion_ids"])
         if self.delegates and self.method.stage == "rollout":
@@ -265,15 +325,17 @@ class EntropyControlGRPOTrainer(GRPOTrainer):
         return core.get_base_model() if hasattr(core, "get_base_model") else core
 
     def _deferred_part(self, core, inputs: dict[str, Any], hidden: Tensor) -> None:
-        """One micro-batch's statistics from the hidden states of TRL's training forward; the generation
-        batch's metrics once its last micro-batch has trained (``_record_batch`` on the parts joined)."""
+        """One micro-batch's statistics from the hidden states of TRL's training forward, kept in its ``inputs``;
+        the generation batch's metrics once its last micro-batch has trained (``_record_batch`` on the parts
+        joined, in the buffer's order, which is the order they trained in: on-policy, each trains once)."""
         ids, _, keep = self._model_inputs(inputs)
-        stats = stats_from_hidden(core, hidden, ids, keep, self.temperature)
-        self._erft_deferred.append((stats, inputs["advantages"], self._loss_mask(inputs), inputs["completion_ids"]))
-        if len(self._erft_deferred) == self.args.steps_per_generation:
-            parts, self._erft_deferred = self._erft_deferred, None
-            self._record_batch(map_stats(lambda *x: torch.cat(x), *(p[0] for p in parts)),
-                               *(torch.cat([p[i] for p in parts]) for i in (1, 2, 3)))
+        inputs["erft_stats"] = stats_from_hidden(core, hidden, ids, keep, self.temperature)
+        parts = self._buffered_inputs
+        if all("erft_stats" in p for p in parts):
+            stats = map_stats(lambda *x: torch.cat(x), *(p.pop("erft_stats") for p in parts))
+            self._record_batch(stats, torch.cat([p["advantages"] for p in parts]),
+                               torch.cat([self._loss_mask(p) for p in parts]),
+                               torch.cat([p["completion_ids"] for p in parts]))
 
     def _compose_keep(self, out: dict[str, Any]) -> None:
         """The rollout-stage drops in TRL's own loss inputs (``trl_support.composes_with_trl``): the kept tokens
@@ -344,30 +406,26 @@ class EntropyControlGRPOTrainer(GRPOTrainer):
         return loss * scale
 
     def _compute_trl_loss(self, model, inputs):
-        """TRL's own ``_compute_loss`` with the method composed into its inputs. The clip and entropy
-        coefficient are set for this step (a controller may move them). A minibatch-stage selection (Clip-Cov)
-        is made from TRL's own training forward (``_get_per_token_logps_and_entropies`` calls ``_zero_selected``
-        before TRL reads the advantages); the micro-batch's advantages are put back afterwards, since TRL reuses
-        the buffered micro-batch for its next iterations."""
-        kw = self.method.loss_kwargs()
-        self.epsilon_low = kw.get("eps_low", self.epsilon_low)
-        self.epsilon_high = kw.get("eps_high", self.epsilon_high)
-        if "entropy_coef" in kw:  # TRL's entropy term (its rule: token mean of H, scaled for accumulation)
-            self.entropy_coef, self._entropy_bonus_enabled = float(kw["entropy_coef"]), True
-        select = self.method.stage == "minibatch" and self.model.training and "erft_keep" in inputs
-        self._erft_forward, self._erft_select, advantages = None, inputs if select else None, inputs["advantages"]
-        defer = self._erft_deferred is not None and self.model.training and "erft_keep" in inputs
+        """TRL's own ``_compute_loss`` with the method composed into its inputs, and the method's current clip and
+        entropy coefficient (``_apply_knob_to_trl``). A minibatch-stage selection (Clip-Cov) is made from TRL's
+        own training forward (``_get_per_token_logps_and_entropies`` calls ``_zero_selected`` before TRL reads
+        the advantages); the micro-batch's advantages are put back afterwards, since TRL reuses the buffered
+        micro-batch for its next iterations."""
+        self._apply_knob_to_trl()
+        training = self.model.training and "erft_keep" in inputs
+        select = inputs if training and self.method.stage == "minibatch" else None
+        call, advantages = HookCall(Capture.TRAINING_LOGPS, select=select), inputs["advantages"]
+        defer = training and bool(inputs.get("erft_stats_from_training", False))
         core = self._core(model) if defer else None
         try:
-            with captured_hidden(core) if defer else contextlib.nullcontext([]) as hidden:
+            with self._serving(call), _hidden_states(core, defer) as hidden:
                 loss = super()._compute_loss(model, inputs)
             if defer:
                 self._deferred_part(core, inputs, torch.cat(hidden))
         finally:
-            forward, self._erft_forward, self._erft_select = self._erft_forward, False, None
             inputs["advantages"] = advantages
-        if forward is not None and self.loss_type in AGG_FOR_LOSS_TYPE:
-            self._record_delegated(forward, inputs)
+        if call.logp is not None and self.loss_type in AGG_FOR_LOSS_TYPE:
+            self._record_delegated(call.logp, inputs)
         return loss
 
     def _zero_selected(self, model, inputs: dict[str, Any], logp: Tensor) -> None:
@@ -389,11 +447,14 @@ class EntropyControlGRPOTrainer(GRPOTrainer):
         if win is None:  # fallback: this micro-batch is the window (global over ranks)
             w = self._build_window(model, self._step, [inputs], logp)
             return w.selections[0].masks, w.scales[0] / self._grad_accum()
-        start, micro = win
-        if self._erft_window is None or self._erft_window.start != start:
-            self._erft_window = self._build_window(model, start, micro, logp)
+        start, micro = win  # inputs is micro[self._step - start]
+        built = inputs.get("erft_window")
+        if built is None or built.start != start:  # the window's first micro-batch (in this pass over the buffer)
+            built = self._build_window(model, start, micro, logp)
+            for m in micro:
+                m["erft_window"] = built
         j = self._step - start
-        return self._erft_window.selections[j].masks, self._erft_window.scales[j]
+        return built.selections[j].masks, built.scales[j]
 
     def _record_trl_metrics(self, logp: Tensor, old: Tensor, adv: Tensor, inputs: dict[str, Any], entropies: Tensor,
                             ref: Tensor | None) -> None:
@@ -406,7 +467,7 @@ class EntropyControlGRPOTrainer(GRPOTrainer):
                               self.epsilon_low, self.epsilon_high, self.accelerator)
         self._record(out, mode="train" if self.model.training else "eval", ours=False)
 
-    def _record(self, metrics: dict[str, float | None], mode: str | None = "train", ours: bool = True) -> None:
+    def _record(self, metrics: Mapping[str, float | None], mode: str | None = "train", ours: bool = True) -> None:
         """Append to TRL's log buffer (undefined values are left out, so TRL's loggers never see a None)
         and, in training and when ``ours``, to this step's row (``step_metrics``)."""
         mode = mode or ("train" if self.model.training else "eval")

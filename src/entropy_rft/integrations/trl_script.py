@@ -8,6 +8,9 @@ Every other flag is the script's own (``python -m trl.scripts.grpo --help``); ``
 ``torchrun`` run it as they run TRL's script. ``--erft_method none`` trains exactly as the unchanged script
 (tests/test_trl_script.py runs both over the drop-in's table of configurations and compares every logged
 figure and the saved weights).
+
+The one change to TRL at run time: for the script's run (``run_script``), the module attribute ``trl.GRPOTrainer``
+(the name the script imports inside its ``main()``) is bound to the subclass, and put back when the run ends.
 """
 
 from __future__ import annotations

@@ -7,17 +7,27 @@ the clip or add TRL's entropy term compose into TRL's own loss inputs the same w
 other methods (KL-Cov, CE-GPPO, EntroPIC, STEER) run entropy-rft's ``policy_loss`` with TRL's token-level clipped
 surrogate (loss types grpo, bnpo, dr_grpo, dapo); on the other loss types and on sequence-level importance
 sampling they are refused in one line, naming the pair.
+
+Also the plug-in's own vocabulary in TRL's pipeline: the ``GRPOConfig`` fields a composing method sets
+(``grpo_settings``, ``config_for_trl``), GRPOTrainer's arguments by name (``bound_arguments``,
+``replace_argument``), the keys it adds to TRL's per-micro-batch ``inputs`` (``INPUT_KEYS``) and the state of one
+hook call (``HookCall``, ``Capture``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
+import enum
+import inspect
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from entropy_rft.control import Method
+from entropy_rft.core.dynamics import TokenStats
 
 # TRL loss_type -> our aggregation mode (DESIGN.md, "Semantics of policy_loss").
 AGG_FOR_LOSS_TYPE = {"dapo": "token-mean", "bnpo": "token-mean", "grpo": "seq-mean-token-mean",
@@ -63,6 +73,104 @@ def composes_with_trl(method: Method) -> bool:
     if method.needs_entropy_grad() or kw:
         return False
     return method.stage in ("rollout", "minibatch")
+
+
+def grpo_settings(method: Method, args: Any) -> dict[str, float]:
+    """The ``GRPOConfig`` fields through which a method that composes with TRL's loss (``composes_with_trl``) sets
+    it, at the method's current values: ``epsilon`` and ``epsilon_high`` (its clip), ``entropy_coef`` (its entropy
+    bonus); empty for the others. A side of the clip the method leaves alone keeps ``args``' value (TRL's
+    ``epsilon_high`` defaults to ``epsilon``: that default is pinned when the method moves ``epsilon`` alone)."""
+    kw = method.loss_kwargs()
+    out: dict[str, float] = {}
+    if "eps_low" in kw:
+        out["epsilon"] = float(kw["eps_low"])
+    if "eps_high" in kw:
+        out["epsilon_high"] = float(kw["eps_high"])
+    elif "eps_low" in kw and _get(args, "epsilon_high") is None:
+        out["epsilon_high"] = float(_get(args, "epsilon", 0.2))
+    if "entropy_coef" in kw:
+        out["entropy_coef"] = float(kw["entropy_coef"])
+    return out
+
+
+def config_for_trl(method: Method, args: Any, model: Any, delegated: bool) -> Any:
+    """The ``GRPOConfig`` TRL receives: ``args`` itself, or, for a method that composes into TRL's loss through
+    TRL's options (``grpo_settings``; ``delegated``: the loss is TRL's), a copy of it with the method's values,
+    so that TRL sets its loss up from them as from any config. No ``args``: TRL's default config, built as TRL
+    builds it from ``model``."""
+    settings = grpo_settings(method, args) if delegated else {}
+    if not settings:
+        return args
+    if args is None:
+        from trl import GRPOConfig
+        from trl.trainer.utils import get_config_model_id
+
+        name = model if isinstance(model, str) else get_config_model_id(model.config)
+        args = GRPOConfig(f"{name.split('/')[-1]}-GRPO")
+    ours = copy.copy(args)  # the caller's config stays as given (no second __post_init__: it is not idempotent)
+    for field, value in settings.items():
+        setattr(ours, field, value)
+    return ours
+
+
+def bound_arguments(signature: inspect.Signature, args: tuple, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """A method's arguments by name (``signature``: GRPOTrainer.__init__'s), bound from a call positional or by
+    keyword; a call the signature refuses raises TypeError naming its parameters."""
+    try:
+        return dict(signature.bind(None, *args, **kwargs).arguments)  # None stands for self
+    except TypeError as e:
+        raise TypeError(f"EntropyControlGRPOTrainer: {e} (GRPOTrainer's parameters: "
+                        f"{', '.join(list(signature.parameters)[1:])})") from None
+
+
+def replace_argument(signature: inspect.Signature, args: tuple, kwargs: dict[str, Any], name: str,
+                     value: Any) -> tuple[tuple, dict[str, Any]]:
+    """The call with argument ``name`` set to ``value`` where the caller put it (its position or its keyword; a
+    keyword when the caller left it out)."""
+    i = list(signature.parameters).index(name) - 1  # - self
+    if name not in kwargs and i < len(args):
+        return (*args[:i], value, *args[i + 1:]), kwargs
+    return args, {**kwargs, name: value}
+
+
+# The keys the plug-in adds to TRL's per-micro-batch ``inputs`` (TRL's loss reads none of them):
+INPUT_KEYS = {
+    "erft_old_logps": "[B, T] the log-probs the minibatch selections compare against (set with the generation "
+                      "batch)",
+    "erft_keep": "[B, T] the rollout-stage keep mask, chosen over all processes (set with the generation batch)",
+    "erft_stats_from_training": "0-dim bool tensor, on every micro-batch of a generation batch whose statistics "
+                                "come from TRL's training forwards (on-policy, ``_defers_stats``)",
+    "erft_stats": "this micro-batch's TokenStats from its training forward, until the generation batch's last "
+                  "micro-batch joins them (``_deferred_part``)",
+    "erft_window": "the ``window.Window`` of the optimizer step this micro-batch trains in, set on all its "
+                   "micro-batches by the first one; a later pass over the buffer (num_iterations) builds its own",
+}
+
+
+class Capture(enum.Enum):
+    """What the override of TRL's ``_get_per_token_logps_and_entropies`` adds to TRL's own computation."""
+
+    NOTHING = "nothing"  # TRL's computation alone (outside the hooks below; the forwards of a loss erft computes)
+    # inside _generate_and_score_completions: TRL's no-grad old-policy pass of the policy (no dropout, no
+    # multimodal input) also gives our TokenStats from its backbone pass
+    OLD_POLICY_STATS = "old-policy statistics"
+    # inside a delegated _compute_loss (TRL's own loss): keep the training forward's detached log-probs, and
+    # zero the method's minibatch selection in the advantages before TRL reads them
+    TRAINING_LOGPS = "training log-probs"
+
+
+@dataclass
+class HookCall:
+    """One call of a TRL hook that ``_get_per_token_logps_and_entropies`` serves: made when the hook starts,
+    read when it returns, then dropped (``EntropyControlGRPOTrainer._serving``)."""
+
+    capture: Capture = Capture.NOTHING
+    # TRAINING_LOGPS: the micro-batch whose minibatch selection (Clip-Cov) zeroes advantages; None: no selection
+    select: dict[str, Any] | None = None
+    # the captured pass's log-probs (TRL's old-policy pass, or the training forward's, detached); None until it ran
+    logp: torch.Tensor | None = None
+    # OLD_POLICY_STATS: our TokenStats from the same backbone pass as logp
+    stats: TokenStats | None = None
 
 
 def model_config_of(model: Any) -> Any:

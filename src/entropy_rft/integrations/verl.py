@@ -3,8 +3,8 @@ old-policy TokenStats from the actor's forward to the loss.
 
 Tested with verl 0.9.x (model-engine workers, ``trainer.use_v1``). Thin by design: the statistics come from
 ``dynamics.token_stats``, the masks from ``control`` (the method registry, and ``control.select_minibatch``,
-the minibatch rule all engines share), the loss from ``loss.policy_loss``; nothing in verl is patched or
-forked. Three layers, each usable without the next:
+the minibatch rule all engines share), the loss from ``loss.policy_loss``. verl is not forked, and no module,
+class or function of verl is modified. Three layers, each usable without the next:
 
 1. **Policy losses** (``verl.trainer.ppo.core_algos.register_policy_loss``). Importing this module registers
    every entropy-rft method as ``erft_<name>`` (``erft_clip_v``, ``erft_clip_cov``, ...) and, where verl has no
@@ -35,6 +35,28 @@ per micro-batch, but over all data-parallel ranks (all-gather; verl gives every 
 micro-batches); per rank when the world is not the data-parallel group (sequence/tensor parallel).
 Layer 3 is unit-tested piece by piece on CPU and runs inside real ``main_ppo`` jobs on CPU in CI (Ray, 1 and 2
 FSDP ranks, a transformers rollout: ``tests_verl/test_real_job.py``); not on GPUs with vLLM/SGLang.
+
+What erft changes in a verl process at run time, all of it in the processes that import this module (not
+importing it, i.e. no ``external_lib`` / ``VERL_USE_EXTERNAL_MODULES``, turns every item off):
+
+- on import: entries *added* to two of verl's registries, none replaced: the policy-loss registry
+  (``core_algos.POLICY_LOSS_REGISTRY`` through ``register_policy_loss``: ``erft_<method>``, and the plain method
+  names verl lacks) and the v1 trainer registry (``register_trainer("erft_sync")``). A run whose ``loss_mode`` and
+  ``trainer.v1.trainer_mode`` name none of them runs verl's code only;
+- a ``loss_mode`` of ours: verl's ``ppo_loss`` calls our function, found in its registry by that name;
+- ``trainer_mode=erft_sync``: our subclass of verl's ``PPOTrainerSync`` maps the actor roles (Actor,
+  ActorRollout, ActorRolloutRef) of its own ``role_worker_mapping`` to ``ErftActorRolloutRefWorker``, a subclass
+  of verl's ``ActorRolloutRefWorker``. In that worker, after verl's ``init_model``: its loss function
+  (``self.loss_fn``, handed to ``self.actor.set_loss_fn``) becomes ``erft_ppo_loss`` on verl's actor config
+  (verl's ``ppo_loss`` inside; it takes the place of the ``ppo_loss`` or distillation loss verl built); and, for
+  a rollout-stage method only (ClipB, ClipV, 80/20, grad-mask), the class of the live engine object
+  ``self.actor.engine`` is swapped (``engine.__class__ = ErftStats<its class>``, a subclass made at that moment
+  by ``_stats_engine_class``) so that its ``prepare_model_outputs`` also returns TokenStats when a micro-batch
+  asks. That one object changes class; verl's engine class and every other object stay as they are. Per
+  batch the worker adds keys to verl's batches: ``erft_token_stats`` (non-tensor) before the old-policy pass,
+  whose outputs then carry ``erft_entropy``, ``erft_s_star``, ...; ``erft_keep`` before the update, folded into
+  ``loss_mask``. To keep verl's own worker and engine, run another ``trainer_mode`` (layer 1 alone), or a
+  method without rollout-stage selection (no engine swap).
 
 The verl-free pieces live beside this module and stay importable from it: ``integrations.verl_conventions``
 (verl's actor config as ``policy_loss`` arguments, ``global_scale``) and ``integrations.verl_stats`` (layer 3's

@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections import defaultdict
+from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 import torch
@@ -310,7 +311,7 @@ class StepMetrics:
         self.values: dict[str, list[float]] = defaultdict(list)
         self.counts = torch.zeros(3, dtype=torch.float64)  # valid, kept (counted and not zeroed), zeroed
 
-    def add(self, metrics: dict[str, float | None]) -> None:
+    def add(self, metrics: Mapping[str, float | None]) -> None:
         """Record one value per metric; None (undefined) and NaN are left out of the mean."""
         for k, v in metrics.items():
             vals = self.values[k]

@@ -1,0 +1,174 @@
+"""The contract between ``EntropyControlGRPOTrainer`` and the installed TRL (1.16): every hook of ``GRPOTrainer``
+the subclass overrides or calls exists with the parameter names the plug-in relies on, every ``GRPOConfig`` field it
+reads or sets exists, and the attributes it writes are the ones TRL's loss reads. A TRL release that renames or
+removes one fails here, naming it, before a training run meets it (the tested-version pin,
+``check_trl_version``, is the other guard).
+
+How a break shows: ``contract_breaks`` reads each name with ``getattr`` and the parameters with
+``inspect.signature``, so a removed hook is "missing" and a renamed or reordered parameter differs from ``HOOKS``;
+``test_a_renamed_or_removed_hook_is_a_break`` runs it on fake classes that do exactly that.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import re
+
+import pytest
+import torch
+
+pytest.importorskip("trl")
+
+from trl import GRPOConfig, GRPOTrainer  # noqa: E402
+
+from entropy_rft.integrations.trl import EntropyControlGRPOTrainer  # noqa: E402
+
+# hook -> the parameters (self excluded) erft relies on, and how:
+#   "prefix": the first parameters, in this order (erft passes them positionally, or TRL passes them to ours so);
+#   "names": present, in any order (erft passes or reads them by name).
+HOOKS: dict[str, tuple[str, tuple[str, ...]]] = {
+    # overridden (TRL calls ours in its place)
+    "__init__": ("names", ("model", "args")),  # read by name through TRL's signature (trl_support.bound_arguments)
+    "_get_per_token_logps_and_entropies": ("prefix", ("model", "input_ids", "attention_mask", "logits_to_keep",
+                                                      "batch_size", "compute_entropy", "compute_aux_loss")),
+    "_generate_and_score_completions": ("prefix", ("inputs",)),
+    "_compute_loss": ("prefix", ("model", "inputs")),
+    "_save_checkpoint": ("prefix", ("model", "trial")),
+    "_load_rng_state": ("prefix", ("checkpoint",)),
+    # called only
+    "_get_output_dir": ("names", ("trial",)),
+}
+OVERRIDDEN = {"__init__", "_get_per_token_logps_and_entropies", "_generate_and_score_completions", "_compute_loss",
+              "_save_checkpoint", "_load_rng_state"}
+
+# GRPOConfig fields erft reads (refusals, windows, seeds) or sets (a composing method's clip and entropy coefficient)
+CONFIG_FIELDS = ("epsilon", "epsilon_high", "entropy_coef", "use_adaptive_entropy", "beta", "loss_type",
+                 "importance_sampling_level", "top_entropy_quantile", "off_policy_mask_threshold", "delta", "use_vllm",
+                 "vllm_importance_sampling_correction", "use_bias_correction_kl", "steps_per_generation",
+                 "gradient_accumulation_steps", "num_iterations", "per_device_train_batch_size", "seed")
+
+# attribute TRL's __init__ sets from its config -> the config field; _apply_knob_to_trl writes the attribute, which
+# TRL's _compute_loss must read for the write to act
+KNOB_ATTRIBUTES = {"epsilon_low": "epsilon", "epsilon_high": "epsilon_high", "entropy_coef": "entropy_coef",
+                   "_entropy_bonus_enabled": "entropy_coef"}
+
+# keys of the per-micro-batch inputs that erft writes and TRL's _compute_loss must read: a drop in the loss mask
+# and its normaliser, Clip-Cov's zeroes in the advantages
+LOSS_INPUTS = ("tool_mask", "num_items_in_batch", "advantages", "completion_mask", "old_per_token_logps")
+
+
+def contract_breaks(cls: type, hooks: dict[str, tuple[str, tuple[str, ...]]]) -> list[str]:
+    """Each way ``cls`` breaks ``hooks``: a hook missing, or its parameters not those erft relies on."""
+    out = []
+    for name, (how, want) in hooks.items():
+        fn = getattr(cls, name, None)
+        if not callable(fn):
+            out.append(f"{cls.__name__}.{name}: missing")
+            continue
+        have = tuple(list(inspect.signature(fn).parameters)[1:])  # self excluded
+        ok = have[:len(want)] == want if how == "prefix" else set(want) <= set(have)
+        if not ok:
+            out.append(f"{cls.__name__}.{name}{have}: erft relies on {how} {want}")
+    return out
+
+
+def test_trls_hooks_have_the_parameters_erft_relies_on():
+    assert contract_breaks(GRPOTrainer, HOOKS) == []
+
+
+def test_a_renamed_or_removed_hook_is_a_break():
+    """The check fails on a TRL whose hook is gone, renamed, or has a parameter renamed or moved."""
+
+    class Renamed:  # _compute_loss(model, batch): a parameter renamed; no _load_rng_state at all
+        def __init__(self, model, reward_funcs=None, config=None): ...
+        def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep,
+                                               compute_entropy=False, batch_size=None, compute_aux_loss=False): ...
+        def _generate_and_score_completions(self, inputs): ...
+        def _compute_loss(self, model, batch): ...
+        def _save_checkpoint(self, model, trial): ...
+        def _get_output_dir(self, trial): ...
+
+    breaks = contract_breaks(Renamed, HOOKS)
+    assert len(breaks) == 4, breaks
+    for what in ("__init__", "_get_per_token_logps_and_entropies", "_compute_loss", "_load_rng_state: missing"):
+        assert any(what in b for b in breaks), (what, breaks)
+
+
+def test_the_subclass_overrides_exactly_the_pinned_hooks_and_takes_what_trl_passes():
+    """Every method of the subclass that shadows a GRPOTrainer name is a pinned hook (a new override, or a TRL
+    method added under the name of one of our helpers, fails here), and each override binds every parameter
+    TRL's own hook takes, by the same names."""
+    shadowing = {n for n, v in vars(EntropyControlGRPOTrainer).items()
+                 if callable(v) and hasattr(GRPOTrainer, n) and not n.startswith("__") or n == "__init__"}
+    assert shadowing == OVERRIDDEN
+    for name in OVERRIDDEN - {"__init__"}:
+        trl_params = list(inspect.signature(getattr(GRPOTrainer, name)).parameters)[1:]
+        ours = inspect.signature(getattr(EntropyControlGRPOTrainer, name))
+        ours.bind(None, **{p: None for p in trl_params})  # TypeError: ours lacks one of TRL's parameters
+
+
+def test_the_subclass_attributes_are_its_own():
+    """The attributes the subclass sets on the trainer are names neither GRPOTrainer nor transformers' Trainer
+    uses, except TRL's loss options that ``_apply_knob_to_trl`` writes on purpose."""
+    import transformers
+
+    ours = set(re.findall(r"self\.(\w+)(?:\s*:[^=\n]+)?\s*=[^=]", inspect.getsource(EntropyControlGRPOTrainer)))
+    ours |= set(re.findall(r"setattr\(self, (\w+)", inspect.getsource(EntropyControlGRPOTrainer)))
+    ours.discard("attr")  # setattr(self, attr, ...): the knob attributes, named in KNOB_ATTRIBUTES
+    assert {"method", "delegates", "_hook", "loss_kwargs", "_entropy_bonus_enabled"} <= ours, ours
+    theirs = inspect.getsource(GRPOTrainer) + inspect.getsource(transformers.Trainer)
+    shared = {a for a in ours if re.search(rf"self\.{a}\b", theirs)}
+    assert shared == set(KNOB_ATTRIBUTES) & ours, sorted(shared)
+
+
+def test_the_multimodal_parameters_erft_forwards_default_to_none():
+    """The override forwards TRL's parameters after ``compute_aux_loss`` as ``**multimodal`` and treats a pass
+    with any of them set as not ours: each must default to None."""
+    params = list(inspect.signature(GRPOTrainer._get_per_token_logps_and_entropies).parameters.values())[8:]
+    assert params and all(p.default is None for p in params), params
+
+
+def test_config_fields_and_the_attributes_trls_loss_reads():
+    fields = {f.name for f in dataclasses.fields(GRPOConfig)}
+    assert set(CONFIG_FIELDS) <= fields, sorted(set(CONFIG_FIELDS) - fields)
+    init = inspect.getsource(GRPOTrainer.__init__)
+    loss = inspect.getsource(GRPOTrainer._compute_loss)
+    for attr, field in KNOB_ATTRIBUTES.items():
+        assert re.search(rf"self\.{attr} = .*\b{field}\b", init), (attr, field)  # set from the config in __init__
+        assert f"self.{attr}" in loss, attr  # read by the loss
+    for key in LOSS_INPUTS:
+        assert f'"{key}"' in loss, key
+
+
+def test_trls_split_hands_a_0_dim_tensor_to_every_micro_batch():
+    """``erft_stats_from_training`` is a 0-dim tensor in the generation batch: TRL's shuffle leaves it, and its
+    split into micro-batches gives each the same tensor."""
+    from trl.trainer.utils import shuffle_sequence_dict, split_tensor_dict
+
+    flag = torch.tensor(True)
+    batch = shuffle_sequence_dict({"prompt_ids": torch.arange(8)[:, None], "erft_stats_from_training": flag})
+    parts = split_tensor_dict(batch, 4)
+    assert len(parts) == 4 and all(p["erft_stats_from_training"] is flag for p in parts)
+
+
+def test_the_argument_binding_takes_args_by_name_or_position(monkeypatch):
+    """The subclass finds its GRPOConfig as GRPOTrainer's ``args`` whether passed by keyword or by position,
+    hands TRL a config with the method's clip at the caller's place, and leaves the caller's config as it was;
+    a call TRL's signature refuses names TRL's parameters."""
+    from entropy_rft.integrations import trl as erft_trl
+    from entropy_rft.integrations.trl_support import bound_arguments, config_for_trl, replace_argument
+
+    sig = erft_trl._TRL_INIT
+    cfg = GRPOConfig(output_dir="unused", use_cpu=True, report_to=[], epsilon=0.3)
+    for args, kwargs in (((), {"model": "m", "args": cfg}), (("m", None, cfg), {})):
+        assert bound_arguments(sig, args, kwargs)["args"] is cfg
+    method = erft_trl.control.build_method("clip_higher", eps_low=0.1, eps_high=0.4)
+    ours = config_for_trl(method, cfg, "m", delegated=True)
+    assert (ours.epsilon, ours.epsilon_high, cfg.epsilon, cfg.epsilon_high) == (0.1, 0.4, 0.3, None)
+    assert config_for_trl(method, cfg, "m", delegated=False) is cfg
+    assert replace_argument(sig, ("m", None, cfg), {}, "args", ours) == (("m", None, ours), {})
+    assert replace_argument(sig, ("m",), {"args": cfg}, "args", ours) == (("m",), {"args": ours})
+    assert replace_argument(sig, ("m",), {}, "args", ours) == (("m",), {"args": ours})
+    with pytest.raises(TypeError, match="GRPOTrainer's parameters: model, reward_funcs, args"):
+        bound_arguments(sig, (), {"args": cfg, "modle": "m"})
