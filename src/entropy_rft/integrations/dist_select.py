@@ -284,18 +284,18 @@ def dist_rollout_masks(method: Method, stats: TokenStats, advantages: Tensor, ma
     the caller gathers)."""
     from entropy_rft.control import builtins as b
 
-    kind = type(method)
-    if kind in (b.GradMask, b.EntropyAdvantage, b.EntropicControl):  # per-token rules: no batch statistic
+    if type(method) in (b.GradMask, b.EntropyAdvantage, b.EntropicControl):  # per-token rules: no batch statistic
         return method.rollout_masks(stats, advantages, mask)
-    if kind is b.ClipB:
+    if type(method) is b.ClipB:
         return Masks(keep=dist_clip_b_mask(stats.s_star, advantages, mask, method.mu, None, method.advantage_sign))
-    if kind is b.ClipBPaper:
+    if type(method) is b.ClipBPaper:
         return Masks(keep=dist_clip_b_mask(stats.s_star, advantages, mask, method.mu_low, method.mu_high,
                                            method.advantage_sign))
-    if kind in (b.ClipV, b.ClipVPaper):
+    if type(method) is b.ClipV or type(method) is b.ClipVPaper:
         if method.max_frac is not None:  # the warning counts the global batch's tokens
             b.warn_tiny_cap(method, int(global_sum(as_mask(mask).sum().reshape(1))[0]))
-        low, high = (method.mu, None) if kind is b.ClipV else (method.mu_low, method.mu_high)
+        # exactly one of the two here (neither subclasses the other), so isinstance is the type test above
+        low, high = (method.mu, None) if isinstance(method, b.ClipV) else (method.mu_low, method.mu_high)
         return Masks(keep=dist_clip_v_mask(stats.s_centered, advantages, mask, low, high, method.advantage_sign,
                                            method.max_frac))
     return None
@@ -307,12 +307,11 @@ def dist_minibatch_masks(method: Method, logp: Tensor, advantages: Tensor, mask:
     tokens, for Clip-Cov and KL-Cov; None for any other method (the caller gathers)."""
     from entropy_rft.control import builtins as b
 
-    kind = type(method)
-    if kind is b.ClipCov:
+    if type(method) is b.ClipCov:
         keep = dist_clip_cov_mask(logp.detach(), advantages, mask, method.ratio, method.lb, method.ub,
                                   generator=generator, exclude=clipped if method.exclude_clipped else None)
         return Masks(zeroed=mask & ~keep)
-    if kind is b.KLCov:
+    if type(method) is b.KLCov:
         return Masks(kl_cov_select=dist_kl_cov_select(logp.detach(), advantages, mask, method.ratio))
     return None
 

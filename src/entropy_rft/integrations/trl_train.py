@@ -90,6 +90,7 @@ def train_trl(cfg, out: str | Path, resume: bool = False, method: Method | None 
     train_set, _ = task.split(cfg.train.seed)
     args = grpo_config(cfg, out, state.num_processes)  # first: under ZeRO-3 it sets up transformers' zero.Init
     model, tok = policy_for_trl(cfg, args)
+    log: ErftLog  # assigned below, once the trainer exists; the reward callback reads it only during training
     reward = task_reward_func(task, train_set, on_scored=lambda *scored: log.samples(*scored))  # log: below
     trainer = EntropyControlGRPOTrainer(
         model=model, reward_funcs=reward, args=args,

@@ -353,7 +353,7 @@ def _stats_engine_class(base: type) -> type:
     (non-tensor key ``erft_token_stats``)."""
     check_stats_engine(base)
 
-    class ErftStatsEngine(base):  # type: ignore[misc, valid-type]
+    class ErftStatsEngine(base):
         def prepare_model_outputs(self, output, output_args, micro_batch, logits_processor_func):
             out = super().prepare_model_outputs(output, output_args, micro_batch, logits_processor_func)
             from verl.utils import tensordict_utils as tu
@@ -402,7 +402,7 @@ class ErftActorRolloutRefWorker(ActorRolloutRefWorker):
             # only rollout-stage methods read the old-policy statistics; the others run on any engine
             engine.__class__ = _stats_engine_class(type(engine))
         actor_config = self.loss_fn.keywords["config"]
-        self.loss_fn = functools.partial(erft_ppo_loss, config=actor_config)
+        self.loss_fn: functools.partial[Any] = functools.partial(erft_ppo_loss, config=actor_config)
         self.actor.set_loss_fn(self.loss_fn)
 
     @parent_dispatch

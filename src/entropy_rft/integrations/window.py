@@ -121,12 +121,13 @@ def global_rollout_batch(method: Method, stats: TokenStats, adv: Tensor, mask: T
     adv = adv.float()
     masks = Masks()
     if method.stage == "rollout":
-        masks = dist_rollout_masks(method, stats, adv, mask) if rank_and_world()[1] > 1 else None
-        if masks is None:
+        found = dist_rollout_masks(method, stats, adv, mask) if rank_and_world()[1] > 1 else None
+        if found is None:
             g_stats = map_stats(lambda x: all_gather_rows(x, 0.0)[0], stats)
             g_adv, rows = all_gather_rows(adv, 0.0)
             g_mask, _ = all_gather_rows(mask, False)
-            masks = _local_masks(method.rollout_masks(g_stats, g_adv, g_mask), rows, mask.shape[1])
+            found = _local_masks(method.rollout_masks(g_stats, g_adv, g_mask), rows, mask.shape[1])
+        masks = found
     return GlobalBatch(stats, adv, mask, masks)
 
 
@@ -180,6 +181,7 @@ def global_minibatch_selection(method: Method, cur: list[Tensor] | None, old: li
     eps = loss_kwargs.get("eps_low"), loss_kwargs.get("eps_high")
     if method.stage != "minibatch":
         return [select_minibatch(None, o, a, m, k, method, *eps, generator) for o, a, m, k in zip(old, adv, mask, keep)]
+    assert cur is not None  # the callers (trl._build_window) pass cur for a minibatch-stage method
     l_cur = _cat_rows([c.detach().float() for c in cur], 0.0)
     l_old = _cat_rows([o.float() for o in old], 0.0)
     l_mask = _cat_rows(mask, False)
