@@ -103,3 +103,13 @@ def test_typed_call_equals_keyword_call_with_every_term():
     out.loss.backward()
     assert torch.equal(loss_a.detach(), out.loss.detach()) and torch.equal(a.grad, b.grad)
     assert met_a == out.metrics() and met_a["clip/ce_frac"] is not None and met_a["loss/weight_adjust"] is not None
+
+
+def test_keyword_call_validates_each_distinct_setting():
+    # the keyword call caches its settings: 1 and True hash alike, and True must still be refused
+    x, mask = torch.zeros(1, 2), torch.ones(1, 2, dtype=torch.bool)
+    policy_loss(x, x, torch.ones(1), mask, eps_low=1)
+    with pytest.raises(ValueError, match="eps_low must be None or a number >= 0, got True"):
+        policy_loss(x, x, torch.ones(1), mask, eps_low=True)
+    with pytest.raises(ValueError, match="agg must be one of"):
+        policy_loss(x, x, torch.ones(1), mask, agg=["token-mean"])  # unhashable: validated anew, refused

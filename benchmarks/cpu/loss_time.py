@@ -12,8 +12,9 @@ metrics as numbers. Three variants run in turn, ``--rounds`` times ``--calls`` c
   (the native step now);
 - ``keywords``: today's ``policy_loss`` keyword wrapper (TRL's and verl's path).
 
-Printed: the median seconds per call of each and the ratios to ``before`` (below 1: faster). On a quiet machine:
-other processes on the cores move these times more than the refactor does.
+The variants alternate in blocks of 10 calls, in a rotating order, so that the machine's drift hits all three
+alike. Printed: the median over blocks of the seconds per call of each, and the ratios to ``before`` (below 1:
+faster). On a quiet machine: other processes on the cores move these times more than the refactor does.
 
 Usage: ``.venv/bin/python benchmarks/cpu/loss_time.py [--ref a08266c] [--rounds 7] [--calls 300] [--threads 1]``
 """
@@ -36,6 +37,7 @@ from entropy_rft.core.loss import compute_policy_loss, policy_loss
 from entropy_rft.core.loss_types import LossInputs, LossSettings, Masks
 
 ROOT = Path(__file__).resolve().parents[2]
+BLOCK = 10  # calls per timed block
 
 
 def load_old(ref: str):
@@ -95,15 +97,18 @@ def main(argv: list[str] | None = None) -> int:
 
     variants = {"before": before, "typed": typed, "keywords": keywords}
     assert before() == typed() == keywords(), "the variants disagree on the metrics"
+    for fn in variants.values():  # warm
+        for _ in range(20):
+            fn()
     times: dict[str, list[float]] = {k: [] for k in variants}
-    for _ in range(args.rounds):
-        for name, fn in variants.items():
-            for _ in range(20):  # warm
-                fn()
+    names = list(variants)
+    for r in range(args.rounds * args.calls // BLOCK):  # short blocks in a rotating order: drift hits all alike
+        for name in names[r % 3:] + names[: r % 3]:
+            fn = variants[name]
             t = time.perf_counter()
-            for _ in range(args.calls):
+            for _ in range(BLOCK):
                 fn()
-            times[name].append((time.perf_counter() - t) / args.calls)
+            times[name].append((time.perf_counter() - t) / BLOCK)
     med = {k: statistics.median(v) for k, v in times.items()}
     out = {"ref": args.ref, "rows": args.rows, "tokens": args.tokens, "threads": args.threads,
            "median_s_per_call": med, "ratio_to_before": {k: med[k] / med["before"] for k in med}}

@@ -18,6 +18,9 @@ EntroPIC's terms are checked against their authors' released code instead (``tes
 
 from __future__ import annotations
 
+import functools
+from typing import Any
+
 import torch
 from torch import Tensor
 
@@ -61,6 +64,11 @@ def agg_weights(m: Tensor, agg: str = "token-mean", dtype: torch.dtype = torch.f
     """
     m = as_mask(m, "m")
     _check_agg(agg, m)
+    return _weights(m, agg, dtype)
+
+
+def _weights(m: Tensor, agg: str, dtype: torch.dtype) -> Tensor:
+    """``agg_weights`` of a bool ``m`` and a valid ``agg``, unchecked."""
     mf = m.to(dtype)
     if agg == "token-mean":
         return mf / mf.sum().clamp(min=1.0)
@@ -207,9 +215,13 @@ def compute_policy_loss(inputs: LossInputs, settings: LossSettings) -> LossOutpu
         pg, ce = _ce_gppo(pg, adv, r, mask, eps_low, eps_high, s.ce_beta_low, s.ce_beta_high)
 
     live = m if mk.zeroed is None else m & ~mk.zeroed  # tokens whose loss is not multiplied by 0
+    w = _weights(m, s.agg, dt)  # aggregate()'s weights over m, the same for every term
+
+    def agg_m(x: Tensor) -> Tensor:  # aggregate(x, m, agg)
+        return torch.where(m, x * w, torch.zeros_like(x)).sum()
 
     def term(x: Tensor) -> Tensor:
-        return aggregate(torch.where(live, x, torch.zeros_like(x)), m, s.agg)
+        return agg_m(torch.where(live, x, torch.zeros_like(x)))
 
     loss_pg = term(pg)
     total = loss_pg
@@ -225,7 +237,7 @@ def compute_policy_loss(inputs: LossInputs, settings: LossSettings) -> LossOutpu
         kl = kl_estimate(lp, ref, s.ref_kl_estimator)
         if s.ref_kl_ratio_weighted:
             kl = kl * r
-        kl_raw = aggregate(kl.detach(), m, s.agg)
+        kl_raw = agg_m(kl.detach())
         loss_kl_ref = term(s.ref_kl_coef * kl)
         total = total + loss_kl_ref
     loss_ent = None
@@ -241,14 +253,14 @@ def compute_policy_loss(inputs: LossInputs, settings: LossSettings) -> LossOutpu
     def det(x: Tensor | None) -> Tensor | None:
         return None if x is None else x.detach()
 
-    with torch.no_grad():
-        clipped = {"low": (adv < 0) & (r < 1 - eps_low) if eps_low is not None else torch.zeros_like(m),
-                   "high": (adv > 0) & (r > 1 + eps_high) if eps_high is not None else torch.zeros_like(m)}
-        if s.dual_clip is not None:
-            clipped["dual"] = (adv < 0) & (r > s.dual_clip)
+    rd = r.detach()
+    clipped = {"low": (adv < 0) & (rd < 1 - eps_low) if eps_low is not None else torch.zeros_like(m),
+               "high": (adv > 0) & (rd > 1 + eps_high) if eps_high is not None else torch.zeros_like(m)}
+    if s.dual_clip is not None:
+        clipped["dual"] = (adv < 0) & (rd > s.dual_clip)
     terms = {"loss/total": det(total), "loss/pg": det(loss_pg), "loss/kl_cov": det(loss_kl_cov),
              "loss/kl_ref": det(loss_kl_ref), "kl/ref": det(kl_raw), "loss/entropy_bonus": det(loss_ent)}
-    return LossOutputs(total, terms, m, mask, r.detach(), clipped, mk, ce, det(loss_adjust))
+    return LossOutputs(total, terms, m, mask, rd, clipped, mk, ce, det(loss_adjust))
 
 
 def _clipped_surrogate(adv: Tensor, r: Tensor, eps_low: float | Tensor | None, eps_high: float | Tensor | None,
@@ -315,13 +327,25 @@ def policy_loss(
     ``LossOutputs.metrics``). Each keyword is the ``LossSettings`` field or the ``Masks`` field of that name; an
     ``eps_low``/``eps_high`` tensor shaped like the mask is per-token widths (``Masks.eps_*``)."""
     widths = {k: v if isinstance(v, Tensor) else None for k, v in (("eps_low", eps_low), ("eps_high", eps_high))}
-    settings = LossSettings(
-        eps_low=None if widths["eps_low"] is not None else eps_low,
-        eps_high=None if widths["eps_high"] is not None else eps_high,
-        dual_clip=dual_clip, agg=agg, kl_cov_coef=kl_cov_coef, ref_kl_coef=ref_kl_coef,  # type: ignore[arg-type]
-        ref_kl_estimator=ref_kl_estimator, ref_kl_ratio_weighted=ref_kl_ratio_weighted,  # type: ignore[arg-type]
-        entropy_coef=entropy_coef, ce_beta_low=ce_beta_low, ce_beta_high=ce_beta_high, weight_alpha=weight_alpha)
+    settings = _settings(None if widths["eps_low"] is not None else eps_low,
+                         None if widths["eps_high"] is not None else eps_high, dual_clip, agg, kl_cov_coef, ref_kl_coef,
+                         ref_kl_estimator, ref_kl_ratio_weighted, entropy_coef, ce_beta_low, ce_beta_high, weight_alpha)
     masks = Masks(keep=keep, zeroed=zeroed, kl_cov_select=kl_cov_select, adv_shift=adv_shift,
                   weight_select=weight_select, eps_low=widths["eps_low"], eps_high=widths["eps_high"])
     out = compute_policy_loss(LossInputs(logp, old_logp, advantages, mask, masks, ref_logp, entropy), settings)
     return out.loss, out.metrics()
+
+
+@functools.lru_cache(maxsize=64, typed=True)
+def _cached_settings(*args: Any) -> LossSettings:
+    return LossSettings(*args)
+
+
+def _settings(*args: Any) -> LossSettings:
+    """``LossSettings(*args)``, validated once per distinct tuple of values and types (``1``, ``1.0`` and ``True``
+    are distinct keys; a value that cannot be hashed, only possible in a wrong call, is validated anew and raises
+    there)."""
+    try:
+        return _cached_settings(*args)
+    except TypeError:
+        return LossSettings(*args)

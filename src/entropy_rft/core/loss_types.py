@@ -88,6 +88,9 @@ class LossSettings:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
+_BOOL_MASKS = ("keep", "zeroed", "kl_cov_select", "weight_select")
+
+
 def _check_widths(value: Tensor | None, mask: Tensor, name: str) -> None:
     if value is None:
         return
@@ -117,15 +120,13 @@ class LossInputs:
         object.__setattr__(self, "mask", mask)
         object.__setattr__(self, "advantages", broadcast_advantages(self.advantages, mask))
         m = self.masks
-        checked = Masks(keep=check_bool_like(m.keep, mask, "keep"), zeroed=check_bool_like(m.zeroed, mask, "zeroed"),
-                        kl_cov_select=check_bool_like(m.kl_cov_select, mask, "kl_cov_select"),
-                        adv_shift=m.adv_shift, weight_select=check_bool_like(m.weight_select, mask, "weight_select"),
-                        eps_low=m.eps_low, eps_high=m.eps_high)
+        bools = {k: check_bool_like(v, mask, k) for k in _BOOL_MASKS if (v := getattr(m, k)) is not None}
         if m.adv_shift is not None:
             check_like(m.adv_shift, mask, "adv_shift")
         _check_widths(m.eps_low, mask, "eps_low")
         _check_widths(m.eps_high, mask, "eps_high")
-        object.__setattr__(self, "masks", checked)
+        if any(v is not getattr(m, k) for k, v in bools.items()):  # 0/1 integers became bool: a new Masks
+            object.__setattr__(self, "masks", Masks(**{**vars(m), **bools}))
         if self.ref_logp is not None:
             check_like(self.ref_logp, mask, "ref_logp")
         if self.entropy is not None:
@@ -150,7 +151,7 @@ def _frac(x: Tensor, m: Tensor, n: int) -> float | None:
     return float((x & m).sum()) / n if n else None
 
 
-@dataclass(frozen=True)
+@dataclass
 class LossOutputs:
     """The loss (a scalar with its graph) and what its metrics are made of, detached, still on the device:
     ``metrics()`` reads them (one host sync per call), so a step calls it where it logs, not per term."""
@@ -180,29 +181,27 @@ class LossOutputs:
         def val(x: Tensor | None) -> float | None:
             return None if x is None or n == 0 else float(x)
 
-        with torch.no_grad():
-            rm = self.ratio[m]
-            n_valid = int(self.valid.sum())
-            out: dict[str, float | None] = {k: val(v) for k, v in self.terms.items()}
-            out.update({
-                "clip/ratio_low_frac": _frac(c["low"], m, n),
-                "clip/ratio_high_frac": _frac(c["high"], m, n),
-                "clip/ratio_frac": _frac(c["low"] | c["high"], m, n),
-                "clip/dual_frac": _frac(c["dual"], m, n) if "dual" in c else None,
-                "ratio/mean": float(rm.to(torch.float64).mean()) if n else None,
-                "ratio/max": float(rm.max()) if n else None,
-                "ratio/min": float(rm.min()) if n else None,
-                "loss/counted_frac": n / n_valid if n_valid else None,
-                "loss/zeroed_frac": _frac(mk.zeroed, m, n) if mk.zeroed is not None else None,
-                "control/kl_cov_selected_frac": _frac(mk.kl_cov_select, m, n) if mk.kl_cov_select is not None
-                else None,
-                "tokens/counted": float(n),
-            })
-            if mk.adv_shift is not None:
-                out["loss/adv_shift_mean"] = float(mk.adv_shift.detach().to(torch.float64)[m].mean()) if n else None
-            if self.ce is not None:
-                out["clip/ce_frac"] = _frac(self.ce, m, n)
-            if mk.weight_select is not None:
-                out["loss/weight_adjust"] = val(self.weight_adjust)
-                out["control/weight_selected_frac"] = _frac(mk.weight_select, m, n)
+        rm = self.ratio[m]  # every tensor here is detached: no graph is built
+        n_valid = int(self.valid.sum())
+        out: dict[str, float | None] = {k: val(v) for k, v in self.terms.items()}
+        out.update({
+            "clip/ratio_low_frac": _frac(c["low"], m, n),
+            "clip/ratio_high_frac": _frac(c["high"], m, n),
+            "clip/ratio_frac": _frac(c["low"] | c["high"], m, n),
+            "clip/dual_frac": _frac(c["dual"], m, n) if "dual" in c else None,
+            "ratio/mean": float(rm.to(torch.float64).mean()) if n else None,
+            "ratio/max": float(rm.max()) if n else None,
+            "ratio/min": float(rm.min()) if n else None,
+            "loss/counted_frac": n / n_valid if n_valid else None,
+            "loss/zeroed_frac": _frac(mk.zeroed, m, n) if mk.zeroed is not None else None,
+            "control/kl_cov_selected_frac": _frac(mk.kl_cov_select, m, n) if mk.kl_cov_select is not None else None,
+            "tokens/counted": float(n),
+        })
+        if mk.adv_shift is not None:
+            out["loss/adv_shift_mean"] = float(mk.adv_shift.detach().to(torch.float64)[m].mean()) if n else None
+        if self.ce is not None:
+            out["clip/ce_frac"] = _frac(self.ce, m, n)
+        if mk.weight_select is not None:
+            out["loss/weight_adjust"] = val(self.weight_adjust)
+            out["control/weight_selected_frac"] = _frac(mk.weight_select, m, n)
         return out
