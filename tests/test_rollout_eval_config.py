@@ -141,6 +141,16 @@ def test_default_config_loads_and_every_field_has_help():
     assert all(line.split(": ", 1)[1].strip() for line in lines), "a field has no help text"
 
 
+def test_help_config_shows_each_fields_rule_as_erft_methods_does():
+    lines = help_text()
+    line = {ln.split(" = ", 1)[0]: ln for ln in lines}
+    assert line["rollout.top_p"].startswith("rollout.top_p = 1.0 (in (0, 1]): ")  # 0 < top_p <= 1
+    assert line["algo.dual_clip"].startswith("algo.dual_clip = None (> 1 or null): ")  # c > 1, or off
+    assert line["eval.batch_size"].startswith("eval.batch_size = 512 (>= 1): ")
+    assert line["algo.ref_kl_estimator"].startswith("algo.ref_kl_estimator = 'k3' (k1, k2 or k3): ")
+    assert line["task.name"].startswith("task.name = 'countdown': ")  # no declared rule: nothing shown
+
+
 def test_overrides_parse_yaml_values_and_flags_win():
     cfg = load_config(None, ["optim.lr=1e-3", "algo.eps_high=null", "method.name=clip_b"],
                       extra={"method": {"name": "clip_v"}})

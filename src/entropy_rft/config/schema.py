@@ -15,6 +15,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+from entropy_rft.common.constraints import rule_words
 from entropy_rft.common.errors import UserError
 from entropy_rft.common.options import AGG_MODES, ENGINES, KL_ESTIMATORS, ROLLOUT_BACKENDS, or_list
 from entropy_rft.config.fields import setting as _f
@@ -291,7 +292,8 @@ def autopilot_gains(cfg: Config) -> AutopilotConfig:
 
 
 def help_text(cls: type = Config, prefix: str = "") -> list[str]:
-    """Lines 'field (type, default): help' for every field, for ``--help-config``."""
+    """Lines ``field = default (rule): help`` for every field, for ``--help-config``: the rule is the field's
+    declared constraint in words (``common.constraints.rule_words``, as ``erft methods`` shows a parameter's)."""
     lines = []
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
@@ -304,5 +306,6 @@ def help_text(cls: type = Config, prefix: str = "") -> list[str]:
         else:
             assert f.default_factory is not dataclasses.MISSING, "every config field has a default"
             default = f.default_factory()
-        lines.append(f"{prefix}{f.name} = {default!r}: {f.metadata.get('help', '')}")
+        rule = rule_words(f.metadata, tp)
+        lines.append(f"{prefix}{f.name} = {default!r}{f' ({rule})' if rule else ''}: {f.metadata.get('help', '')}")
     return lines
