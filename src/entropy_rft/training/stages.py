@@ -210,17 +210,20 @@ def update_minibatch(run: Run, s: Scored, old: OldPolicy, sel: Selection, rule: 
     """One optimizer update on the rows ``idx`` (``algo.grad_accum`` micro-batches): select, then for each
     micro-batch forward, loss and backward, then clip and step. Marks the tokens the method zeroed in
     ``zeroed``; returns the metrics row of the update."""
-    micro = [c for c in idx.chunk(run.cfg.algo.grad_accum) if c.numel()]
+    micro = [c for c in torch.arange(len(idx)).chunk(run.cfg.algo.grad_accum) if c.numel()]  # rows of idx
     first, mb = minibatch_selection(run, s, old, sel, rule, idx, live, single=len(micro) == 1)
     if zeroed is not None and mb.masks.zeroed is not None:
         zeroed[idx] |= mb.masks.zeroed & s.mask[idx]
+    # with accumulation, the minibatch's aggregation weights, for control.microbatch_loss_scale
+    weights = agg_weights(mb.counted, run.cfg.algo.agg) if len(micro) > 1 else None
 
     run.optim.zero_grad(set_to_none=True)
     outs, value_losses = [], []
-    for mi in micro:
+    for local in micro:
+        mi = idx[local]
         out = first if first is not None else forward(run, s.rollout.select(mi),
                                                       with_entropy=rule.method.needs_entropy_grad())
-        loss, lo, vloss = micro_loss(run, s, old, sel, rule, mb, idx, mi, out)
+        loss, lo, vloss = micro_loss(run, s, old, sel, rule, mb, weights, mi, local, out)
         loss.backward()
         rule.method.observe_update(out.logp.detach(), s.mask[mi])
         outs.append(lo)
@@ -263,15 +266,13 @@ def minibatch_selection(run: Run, s: Scored, old: OldPolicy, sel: Selection, rul
 
 
 def micro_loss(run: Run, s: Scored, old: OldPolicy, sel: Selection, rule: Rule, mb: control.MinibatchSelection,
-               idx: torch.Tensor, mi: torch.Tensor, out: PolicyOut
+               weights: torch.Tensor | None, mi: torch.Tensor, local: torch.Tensor, out: PolicyOut
                ) -> tuple[torch.Tensor, LossOutputs, torch.Tensor | None]:
-    """The loss of the micro-batch ``mi`` (rows of the minibatch ``idx``) from its forward ``out``: the policy
-    loss, re-weighted with accumulation so that the summed gradient is the whole minibatch's
-    (``control.microbatch_loss_scale``), plus the critic's share. Returns it, the policy loss's outputs and the
-    critic loss (None without one)."""
+    """The loss of the micro-batch ``mi`` (the batch's rows; ``local``: the same rows within the minibatch) from
+    its forward ``out``: the policy loss, re-weighted with accumulation (``weights``: the minibatch's aggregation
+    weights) so that the summed gradient is the whole minibatch's (``control.microbatch_loss_scale``), plus the
+    critic's share. Returns it, the policy loss's outputs and the critic loss (None without one)."""
     a = run.cfg.algo
-    pos = {int(j): i for i, j in enumerate(idx.tolist())}
-    local = torch.tensor([pos[int(j)] for j in mi.tolist()])  # mi's rows within the minibatch
     m = mb.masks
     masks = Masks(keep=_rows(m.keep, local), zeroed=_rows(m.zeroed, local),
                   kl_cov_select=_rows(m.kl_cov_select, local), adv_shift=_rows(sel.adv_shift, mi),
@@ -280,13 +281,13 @@ def micro_loss(run: Run, s: Scored, old: OldPolicy, sel: Selection, rule: Rule, 
     lo = compute_policy_loss(LossInputs(out.logp, old.logp[mi], old.adv[mi], s.mask[mi], masks,
                                         _rows(old.ref_logp, mi), out.entropy), rule.settings)
     loss = lo.loss
-    if len(mi) < len(idx):  # re-weight so the accumulated gradient equals the whole minibatch's loss
-        loss = loss * control.microbatch_loss_scale(agg_weights(mb.counted, a.agg)[local], mb.counted[local], a.agg)
+    if weights is not None:  # re-weight so the accumulated gradient equals the whole minibatch's loss
+        loss = loss * control.microbatch_loss_scale(weights[local], mb.counted[local], a.agg)
     vloss = None
     if run.value_head is not None:
         assert old.returns is not None  # PPO's value targets come with the value head
         vloss = value_loss(run.value_head(out.hidden), old.returns[mi], s.mask[mi])
-        loss = loss + a.value_coef * vloss * (len(mi) / len(idx))
+        loss = loss + a.value_coef * vloss * (len(mi) / len(mb.counted))
     return loss, lo, vloss
 
 
