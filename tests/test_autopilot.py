@@ -7,6 +7,7 @@ import json
 import math
 
 import pytest
+import torch
 
 from entropy_rft import control
 from entropy_rft.cli.main import main
@@ -119,6 +120,40 @@ def test_smoothing_and_noise_still_track():
         hs.append(h)
     reach = next(i for i, x in enumerate(hs) if x <= 0.4)
     assert all(abs(x - 0.4) <= 0.15 * 0.4 for x in hs[reach:])
+
+
+def dead_zone_run(edge_clamp: bool, burst_at: int = 60) -> tuple[list[float], list[dict]]:
+    """A ClipV-like plant with a dead zone: mu pushes entropy up by c * log(4 / mu) below mu = 4 and does nothing
+    above it. The policy collapses slowly (0.0015 nats a step, the approach inside the integral zone takes ~60
+    steps), then fast for 15 steps (0.01). The trainer passes the batch's activity edge (4) with the clamp on."""
+    m = control.build_method("clip_v", mu=2.0, max_frac=None)
+    ap = Autopilot(m, parse_target(0.44), Gains(), 200)
+    h, hs, logs = 0.55, [], []
+    for t in range(1, 201):
+        logs.append(ap.update(t, h, 4.0 if edge_clamp else None))
+        drift = 0.01 if burst_at <= t < burst_at + 15 else 0.0015
+        h = h - drift + 0.01 * max(0.0, math.log(4.0 / m.get_knob()))
+        hs.append(h)
+    return hs, logs
+
+
+def test_the_knob_waits_at_the_activity_edge_so_a_fall_after_a_slow_approach_stays_in_band():
+    """Issue 50 item 3, the one slip the controller caused: during a slow approach the knob climbs into the
+    method's dead zone (mu 16 at the fall) with the integral wound up, and when the entropy then falls it takes
+    steps of max_step to come back to where the method acts: the fall leaves the band. Clamped at the edge,
+    the knob waits where the method starts acting, and the same fall stays inside ±15% (-5% here)."""
+    for burst_at in (60, 70, 80):
+        hs, logs = dead_zone_run(True, burst_at)
+        reach = next(i for i, h in enumerate(hs) if h <= 0.44)
+        assert max(abs(h - 0.44) / 0.44 for h in hs[reach:]) < 0.10
+        assert all(lg["control/knob"] <= 4.0 * (1 + 1e-12) for lg in logs)
+        waiting = [lg for lg in logs[10:reach] if lg["control/knob"] == pytest.approx(4.0)]
+        assert waiting and all(lg["control/saturated"] == -1 for lg in waiting)  # the edge binds: flagged
+        # Without the clamp (the range's own ends only) the same run slips below the band.
+        hs0, logs0 = dead_zone_run(False, burst_at)
+        reach0 = next(i for i, h in enumerate(hs0) if h <= 0.44)
+        assert min(hs0[reach0:]) < 0.44 * 0.85
+        assert max(lg["control/knob"] for lg in logs0[burst_at - 5:burst_at]) > 8.0  # deep in the dead zone
 
 
 def test_a_wrong_declared_direction_fails_to_track():
@@ -307,6 +342,68 @@ def test_tracking_by_hand():
     assert tr["in_band_frac_after"] == pytest.approx(6 / 7) and tr["length_ratio"] == pytest.approx(10 / 4)
     assert tracking(steps, [0.9] * 10, [0.5] * 10)["reach_step"] is None
     assert tracking([1, 2], [0.3, 0.6], [0.5, 0.5])["reach_step"] == 2  # from below
+    # One step out (step 9, 16% above). It counts against the controller unless its knob was pushing entropy
+    # down as hard as it could then (-1); +1 (pushing up) or 0 leave it "with room". Steps before the reach
+    # and in-band steps do not count, whatever their flag.
+    assert tr["out_of_band"] == 1 and tr["out_with_room"] is None
+    flags = [0, 0, 0, 1, 0, 0, 0, 0, -1, 0]
+    assert tracking(steps, ent, [0.5] * 10, saturated=flags)["out_with_room"] == 0
+    for wrong in (0, 1, None):
+        assert tracking(steps, ent, [0.5] * 10, saturated=flags[:8] + [wrong, 0])["out_with_room"] == 1
+    below = [0.8, 0.5, 0.4, 0.5]  # 20% below at step 3: excused only by +1
+    assert tracking([1, 2, 3, 4], below, [0.5] * 4, saturated=[0, 0, 1, 0])["out_with_room"] == 0
+    assert tracking([1, 2, 3, 4], below, [0.5] * 4, saturated=[0, 0, -1, 0])["out_with_room"] == 1
+
+
+def test_saturation_flag_by_hand():
+    from entropy_rft.control.autopilot import saturation
+
+    lo, hi, step = math.log(0.2), math.log(20.0), 0.25
+    # ClipV's mu (direction -1): a lower mu raises entropy.
+    assert saturation(lo, lo + 0.1, lo, hi, step, -1) == 1  # at the bottom of the range: as high as it goes
+    assert saturation(hi, hi, lo, hi, step, -1) == -1
+    assert saturation(0.0, 0.25, lo, hi, step, -1) == 1  # moved down by the whole max_step
+    assert saturation(0.0, -0.25, lo, hi, step, -1) == -1
+    assert saturation(0.0, 0.1, lo, hi, step, -1) == 0
+    # Clip-Cov's ratio (direction +1): the same moves mean the opposite.
+    assert saturation(0.0, 0.25, lo, hi, step, 1) == -1 and saturation(hi, hi, lo, hi, step, 1) == 1
+    # The activity edge as the upper end of mu's range: sitting on it is pushing entropy down all it can.
+    edge = math.log(3.7)
+    assert saturation(edge, edge, lo, edge, step, -1) == -1
+
+
+def test_activity_edge_by_bisection_and_on_a_real_clip_v_batch():
+    from entropy_rft.control.autopilot import activity_edge
+    from entropy_rft.core.dynamics import TokenStats
+
+    m = control.build_method("clip_v", mu=2.0, max_frac=None)
+    # A predicate by hand: mu acts below 3.7. The edge is there, the knob is restored.
+    assert activity_edge(m, lambda: m.get_knob() < 3.7, 0.2, 20.0, -1) == pytest.approx(3.7, rel=1e-9)
+    assert m.get_knob() == 2.0
+    assert activity_edge(m, lambda: False, 0.2, 20.0, -1) is None  # never acts: no edge
+    assert activity_edge(m, lambda: True, 0.2, 20.0, -1) == 20.0  # acts even at the weak end
+    cc = control.build_method("clip_cov", ratio=0.02)  # direction +1: weaker toward a smaller ratio
+    assert activity_edge(cc, lambda: cc.get_knob() > 0.004, 1e-4, 0.2, 1) == pytest.approx(0.004, rel=1e-9)
+
+    # Real ClipV masks: the returned edge drops nothing, a knob 0.1% below it drops a token.
+    gen = torch.Generator().manual_seed(3)
+    s_c = torch.randn(6, 9, generator=gen)
+    mask = torch.ones(6, 9, dtype=torch.bool)
+    mask[0, 5:] = False
+    adv = torch.tensor([-1.0, -0.5, 0.0, 0.5, 1.0, -2.0])
+    zeros = torch.zeros(6, 9)
+    stats = TokenStats(entropy=zeros, logp=zeros, s_star=zeros, s_expected=zeros, s_centered=s_c)
+
+    def dropped(mu: float) -> int:
+        m.set_knob(mu)
+        return int((mask & ~m.rollout_masks(stats, adv, mask).keep).sum())
+
+    def acts() -> bool:
+        return bool((mask & ~m.rollout_masks(stats, adv, mask).keep).any())
+
+    edge = activity_edge(m, acts, 0.2, 20.0, -1)
+    assert edge is not None and 0.2 < edge < 20.0
+    assert dropped(edge) == 0 and dropped(edge * 1.001) == 0 and dropped(edge / 1.001) >= 1
 
 
 def test_report_shows_autopilot_probe_levels_and_counterfactual(tmp_path):
@@ -334,7 +431,20 @@ def test_report_shows_autopilot_probe_levels_and_counterfactual(tmp_path):
     assert "Pearson r = 0.990 and sign agreement 98%, against r = 0.200 and 55%" in text
     assert "clip_v@target=0.5 +3.00e-03 nats per step (above vanilla in 4, below in 0 of 4 probed steps)" in text
     assert ("reached its target at step 4, then stayed within ±15% on 100% of the remaining steps (largest "
-            "deviation 0%, run 5.0× the time to reach); last knob 4") in text
+            "deviation 0%, run 5.0× the time to reach); last knob 4. Its smoothed entropy was outside ±15% on 0 "
+            "step(s).") in text
+    # The same rows with the saturation flag: two steps 20% above, the knob at its limit (-1) on the first only.
+    from entropy_rft.analysis.findings import _held_with_room
+    from entropy_rft.analysis.summary import setpoint_tracking
+
+    flagged = [{**r, "control/saturated": 0} for r in rows]
+    flagged[10].update({"entropy/mean": 0.6, "control/entropy_smoothed": 0.6, "control/saturated": -1})
+    flagged[11].update({"entropy/mean": 0.6, "control/entropy_smoothed": 0.6})
+    st = setpoint_tracking(flagged)
+    assert (st["autopilot/out_of_band"], st["autopilot/out_with_room"]) == (2, 1)
+    assert setpoint_tracking(rows)["autopilot/out_with_room"] is None  # a run from before the flag
+    assert _held_with_room(flagged).startswith(" Its smoothed entropy was outside ±15% on 2 step(s), 1 of them "
+                                               "with the knob not yet pushing as hard as it can toward the target")
 
 
 def test_train_flag_entropy_target(micro_model, tmp_path, capsys):

@@ -12,6 +12,7 @@ import numpy as np
 
 from entropy_rft.analysis.law import fit_law, forecast_final, law_points, reliability_warning
 from entropy_rft.analysis.runs import QUADRANT_LABELS, RunData, methods_in_order, series
+from entropy_rft.analysis.summary import setpoint_tracking
 from entropy_rft.common.errors import UserError
 from entropy_rft.common.text import table_cell
 from entropy_rft.control.autopilot import tracking
@@ -257,5 +258,18 @@ def deeper_probe_sentences(runs: Sequence[RunData]) -> list[str]:
             out.append(f"Autopilot {r.name}: entropy reached its target at step {tr['reach_step']}, then stayed "
                        f"within ±15% on {100 * tr['in_band_frac_after']:.0f}% of the remaining steps (largest "
                        f"deviation {100 * tr['max_rel_dev_after']:.0f}%, run {tr['length_ratio']:.1f}× the time to "
-                       f"reach); last knob {knobs[-1]:.3g}.")
+                       f"reach); last knob {knobs[-1]:.3g}." + _held_with_room(r.train_rows))
     return out
+
+
+def _held_with_room(train_rows: list[dict]) -> str:
+    """The controller's own reading (its smoothed entropy): steps outside ±15% after the reach, and how many of
+    them found the knob with room left toward the correction (``autopilot/out_with_room``)."""
+    st = setpoint_tracking(train_rows)
+    if st["autopilot/out_of_band"] is None:
+        return ""
+    text = f" Its smoothed entropy was outside ±15% on {st['autopilot/out_of_band']} step(s)"
+    if st["autopilot/out_with_room"] is None:
+        return text + "."
+    return text + (f", {st['autopilot/out_with_room']} of them with the knob not yet pushing as hard as it can "
+                   "toward the target (the rest: at its limit, control/saturated).")

@@ -179,8 +179,12 @@ def touched_frac(method: str | None, train_rows: list[dict]) -> float | None:
 def setpoint_tracking(train_rows: list[dict], band: float = 0.15) -> dict[str, Any]:
     """How an autopilot run held its setpoint: ``autopilot/reach_step`` (None: never reached) and the share of
     the steps after it with the smoothed entropy the controller reads (``autopilot/in_band``) and the raw
-    batch entropy (``autopilot/in_band_raw``) within ±band of the target. All None without a target."""
-    out: dict[str, Any] = {"autopilot/reach_step": None, "autopilot/in_band": None, "autopilot/in_band_raw": None}
+    batch entropy (``autopilot/in_band_raw``) within ±band of the target; of the smoothed entropy's steps outside
+    the band, ``autopilot/out_of_band`` counts them all and ``autopilot/out_with_room`` those at which the knob
+    was not pushing as hard as it could toward the correction (``control/saturated``; None in runs that predate
+    it). All None without a target."""
+    out: dict[str, Any] = {"autopilot/reach_step": None, "autopilot/in_band": None, "autopilot/in_band_raw": None,
+                           "autopilot/out_of_band": None, "autopilot/out_with_room": None}
     rows = [r for r in train_rows if isinstance(r.get("control/entropy_target"), (int, float))
             and isinstance(r.get("control/entropy_smoothed"), (int, float))
             and isinstance(r.get("entropy/mean"), (int, float))]
@@ -188,10 +192,14 @@ def setpoint_tracking(train_rows: list[dict], band: float = 0.15) -> dict[str, A
         return out
     steps = [int(r["step"]) for r in rows]
     target = [float(r["control/entropy_target"]) for r in rows]
-    smooth = tracking(steps, [float(r["control/entropy_smoothed"]) for r in rows], target, band)
+    logged = "control/saturated" in rows[0]
+    smooth = tracking(steps, [float(r["control/entropy_smoothed"]) for r in rows], target, band,
+                      [r.get("control/saturated") for r in rows] if logged else None)
     raw = tracking(steps, [float(r["entropy/mean"]) for r in rows], target, band)
     out["autopilot/reach_step"] = smooth["reach_step"]
     out["autopilot/in_band"] = smooth["in_band_frac_after"]
+    out["autopilot/out_of_band"] = smooth["out_of_band"]
+    out["autopilot/out_with_room"] = smooth["out_with_room"]
     out["autopilot/in_band_raw"] = raw["in_band_frac_after"]
     return out
 

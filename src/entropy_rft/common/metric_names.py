@@ -84,6 +84,11 @@ METRICS: dict[str, Metric] = {
     "control/entropy_smoothed": Metric("the autopilot's smoothed entropy", "nats"),
     "control/entropy_error": Metric("target − smoothed entropy", "nats"),
     "control/integral": Metric("the autopilot's integral term", "nats·steps"),
+    "control/saturated": Metric("+1 / -1 when the autopilot's knob pushes entropy up / down as hard as it can "
+                                "(at that end of its range or the activity edge, or moved by the whole "
+                                "autopilot.max_step); 0 otherwise", "flag"),
+    "control/knob_edge": Metric("the knob value where the method stops acting on this batch, the autopilot's "
+                                "clamp toward lower entropy (null: no edge, or autopilot.edge_clamp off)", "knob"),
     "control/own_entropy": Metric("a controller method's own measured entropy (adaptive_entropy, entropic, "
                                   "entrocraft; no autopilot)", "nats"),
     "control/own_target": Metric("a controller method's own entropy target at this step (entrocraft: the band's "

@@ -192,6 +192,10 @@ class AutopilotConfig:
                      "method accepts).", gt=1)
     knob_min: float | None = _f(None, "Lower clamp of the knob; null: k0/span.", gt=0)
     knob_max: float | None = _f(None, "Upper clamp of the knob; null: k0*span.", gt=0)
+    edge_clamp: bool = _f(True, "Clamp the knob, each step, at the value where the method stops acting on the batch "
+                          "(a masking method: drops no token), toward lower entropy: past it the knob changes "
+                          "nothing, and a controller there only winds up and comes back late when entropy falls. "
+                          "false: only the range's own clamps.")
 
 
 @dataclass

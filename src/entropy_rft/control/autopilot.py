@@ -16,11 +16,23 @@ The controller (one call per training step, before the method's masks are built)
    (anti-windup);
 4. ``u`` moves at most ``max_step`` per step and stays in ``[log knob_min, log knob_max]``; the default range
    is ``[k0 / span, k0 * span]``, cut to the values the method's own validation accepts (found by bisection,
-   so fractions such as ``ratio`` stay <= 1 without naming them);
+   so fractions such as ``ratio`` stay <= 1 without naming them); with ``edge_clamp`` (the default) the end
+   toward lower entropy is also cut, each step, at the batch's *activity edge* (``activity_edge``): the knob
+   value past which a masking method drops no token. Past it the knob changes nothing, so the controller
+   treats it as a clamp (no integral behind it), and when entropy falls the method acts from the next step
+   instead of after the steps of ``max_step`` it takes to climb out of that dead zone;
 5. the method's knob becomes ``exp(u)``.
 
 Logged each step: ``control/knob``, ``control/entropy_error`` (``H* - H_s``, nats), ``control/entropy_target``,
-``control/entropy_smoothed``, ``control/integral``. ``state_dict``/``load_state_dict`` go into checkpoints.
+``control/entropy_smoothed``, ``control/integral``, ``control/knob_edge`` and ``control/saturated`` (+1 / -1:
+the knob pushes entropy up / down as hard as it can, at an end of its range or moving by the whole
+``max_step``; ``saturation``). ``state_dict``/``load_state_dict`` go into checkpoints.
+
+What it promises, and what no controller of one knob can: ``tracking`` reads the smoothed entropy after it
+first reaches the target; a step outside ±15% counts against the controller (``out_with_room``) only when the
+knob still had room toward the correction. A method such as ClipV can only raise entropy (at its edge the run
+is plain GRPO) and only by so much (its push saturates when it drops every token it may), so where the policy's
+own swings outrun that, the entropy leaves the band with the knob at its limit.
 
 Targets: a number (nats); ``"0.6x"`` (0.6 times the entropy of the first training batch, i.e. the base
 policy); ``"linear:H0:H1[:N]"`` or ``"cosine:H0:H1[:N]"`` (from H0 at step 1 to H1 at step N, default the
@@ -31,6 +43,7 @@ run's last step, then held); or a mapping ``{kind: linear, start: H0, end: H1, s
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -205,6 +218,52 @@ def _valid_toward(method, k0: float, want: float) -> float:
     return math.exp(good)
 
 
+def activity_edge(method, acts: Callable[[], bool], lo: float, hi: float, direction: int) -> float | None:
+    """The knob value in ``[lo, hi]`` at which ``method`` stops acting on this batch, toward lower entropy.
+
+    ``acts()`` says whether the method, with its knob as now set, acts on the batch (a masking method: drops at
+    least one valid token). A knob that lowers entropy when it moves (``direction`` = ``knob_raises_entropy``)
+    weakens the method; past the edge it does nothing at all, a dead zone in which a controller only winds up.
+    Returns None when the method does not act even at the end of the range that makes it strongest (no edge to
+    find: a method that drops nothing, or a batch it leaves alone); ``hi`` (or ``lo``) when it still acts at the
+    weak end. The edge is found by bisection in log space (40 halvings); the knob is restored."""
+    strong, weak = (hi, lo) if direction > 0 else (lo, hi)
+    old = method.get_knob()
+    try:
+        method.set_knob(strong)
+        if not acts():
+            return None
+        method.set_knob(weak)
+        if acts():
+            return weak
+        a, b = math.log(strong), math.log(weak)  # acts at a, not at b
+        for _ in range(40):
+            mid = 0.5 * (a + b)
+            method.set_knob(math.exp(mid))
+            if acts():
+                a = mid
+            else:
+                b = mid
+        return math.exp(b)
+    finally:
+        method.set_knob(old)
+
+
+def saturation(u: float, u_prev: float, lo: float, hi: float, max_step: float, direction: int) -> int:
+    """Whether the knob, set to ``exp(u)`` this step (from ``exp(u_prev)``), pushes as hard as it can: +1 toward
+    higher entropy (at that end of ``[lo, hi]`` or moved by the full ``max_step`` that way), -1 toward lower
+    entropy (likewise; the activity edge is that end when it binds), 0 otherwise. All in log-knob space;
+    ``direction`` = ``knob_raises_entropy``."""
+    tol = 1e-9
+    raise_end, lower_end = (hi, lo) if direction > 0 else (lo, hi)
+    moved = direction * (u - u_prev)  # > 0: toward higher entropy
+    if abs(u - raise_end) <= tol or moved >= max_step - tol:
+        return 1
+    if abs(u - lower_end) <= tol or moved <= -max_step + tol:
+        return -1
+    return 0
+
+
 class Autopilot:
     """PI controller on measured entropy that sets ``method``'s knob each step (see the module docstring).
 
@@ -226,23 +285,38 @@ class Autopilot:
         self.smoothed: float | None = None
         self.base: float | None = None
 
+    def edge(self, acts: Callable[[], bool]) -> float | None:
+        """This batch's activity edge (``activity_edge``) within the knob's range, or None when
+        ``autopilot.edge_clamp`` is off."""
+        if not self.g.edge_clamp:
+            return None
+        return activity_edge(self.method, acts, self.lo, self.hi, self.direction)
+
     def target_at(self, step: int) -> float:
         return self.target.at(step, self.max_steps, self.base)
 
-    def update(self, step: int, measured: float | None) -> dict[str, float | None]:
-        """Read this step's measured entropy, set the knob for this step's update, return the metrics."""
+    def update(self, step: int, measured: float | None, edge: float | None = None) -> dict[str, float | None]:
+        """Read this step's measured entropy, set the knob for this step's update, return the metrics.
+
+        ``edge``: the knob value at which the method stops acting on this batch (``activity_edge``), or None.
+        Past it, toward lower entropy, the knob changes nothing, so it is a clamp like the range's own."""
         g = self.g
         if measured is None or not math.isfinite(measured):  # nothing measured: hold the knob
             return {"control/knob": math.exp(self.u), "control/entropy_error": None,
                     "control/entropy_target": None if self.base is None and self.target.relative
                     else self.target_at(step), "control/entropy_smoothed": self.smoothed,
-                    "control/integral": self.integral}
+                    "control/integral": self.integral, "control/knob_edge": edge, "control/saturated": None}
         if self.base is None:
             self.base = float(measured)
         self.smoothed = measured if self.smoothed is None else g.ema * measured + (1 - g.ema) * self.smoothed
         target = self.target_at(step)
         e = (target - self.smoothed) / target
         u0, lo, hi = math.log(self.k0), math.log(self.lo), math.log(self.hi)
+        if edge is not None and edge > 0:
+            if self.direction < 0:
+                hi = max(lo, min(hi, math.log(edge)))
+            else:
+                lo = min(hi, max(lo, math.log(edge)))
         integral = self.integral + e if abs(e) <= g.i_zone else self.integral
         u_want = u0 + self.direction * (g.kp * e + g.ki * integral)
         pushing_out = (u_want > hi and self.direction * e > 0) or (u_want < lo and self.direction * e < 0)
@@ -251,11 +325,12 @@ class Autopilot:
             u_want = u0 + self.direction * (g.kp * e + g.ki * integral)
         self.integral = integral
         u = min(max(u_want, self.u - g.max_step), self.u + g.max_step)
-        self.u = min(max(u, lo), hi)
+        u_prev, self.u = self.u, min(max(u, lo), hi)
         self.method.set_knob(math.exp(self.u))
         return {"control/knob": self.method.get_knob(), "control/entropy_error": target - self.smoothed,
                 "control/entropy_target": target, "control/entropy_smoothed": self.smoothed,
-                "control/integral": self.integral}
+                "control/integral": self.integral, "control/knob_edge": edge,
+                "control/saturated": saturation(self.u, u_prev, lo, hi, g.max_step, self.direction)}
 
     def state_dict(self) -> dict[str, Any]:
         return {"integral": self.integral, "u": self.u, "smoothed": self.smoothed, "base": self.base}
@@ -269,20 +344,32 @@ class Autopilot:
 # ----------------------------------------------------------------------------- how well a run tracked
 
 
-def tracking(steps: list[int], entropy: list[float], target: list[float], band: float = 0.15) -> dict[str, Any]:
+def tracking(steps: list[int], entropy: list[float], target: list[float], band: float = 0.15,
+             saturated: list[int | None] | None = None) -> dict[str, Any]:
     """How a run followed its target: the first step at which the measured entropy reaches the target (crosses
     it from where it started), then over the rest of the run the largest relative deviation, the fraction of
-    steps within ±band, and ``length_ratio`` = last step / reach step (the acceptance asks for >= 3)."""
+    steps within ±band, ``out_of_band`` (the number of steps outside it) and ``length_ratio`` = last step /
+    reach step (the acceptance asks for >= 3).
+
+    With ``saturated`` (``control/saturated`` per step), ``out_with_room`` counts the steps outside the band at
+    which the knob still had room toward the correction (below the band and not +1, above it and not -1): the
+    excursions the controller could have fought harder. The others happened with the method pushing as hard as
+    its knob allows (at the end of its range, at the activity edge, or moving at ``max_step``)."""
     out: dict[str, Any] = {"reach_step": None, "max_rel_dev_after": None, "in_band_frac_after": None,
-                           "length_ratio": None, "last_step": steps[-1] if steps else None}
+                           "out_of_band": None, "out_with_room": None, "length_ratio": None,
+                           "last_step": steps[-1] if steps else None}
     if not steps:
         return out
     side = math.copysign(1.0, entropy[0] - target[0]) if entropy[0] != target[0] else 0.0
     reach = next((i for i, (h, t) in enumerate(zip(entropy, target)) if side == 0.0 or (h - t) * side <= 0), None)
     if reach is None:
         return out
-    dev = [abs(h - t) / t for h, t in zip(entropy[reach:], target[reach:])]
-    out.update(reach_step=steps[reach], max_rel_dev_after=max(dev),
-               in_band_frac_after=sum(d <= band for d in dev) / len(dev),
+    rel = [(h - t) / t for h, t in zip(entropy[reach:], target[reach:])]
+    outside = [i for i, d in enumerate(rel) if abs(d) > band]
+    out.update(reach_step=steps[reach], max_rel_dev_after=max(abs(d) for d in rel),
+               in_band_frac_after=sum(abs(d) <= band for d in rel) / len(rel), out_of_band=len(outside),
                length_ratio=steps[-1] / steps[reach])
+    if saturated is not None:
+        sat = saturated[reach:]
+        out["out_with_room"] = sum(sat[i] != (1 if rel[i] < 0 else -1) for i in outside)
     return out
