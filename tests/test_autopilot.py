@@ -301,6 +301,11 @@ def test_trainer_logs_control_and_resume_is_exact(micro_model, tmp_path):
     rows = read_jsonl(tmp_path / "ref" / "metrics.jsonl")
     knobs = [r["control/knob"] for r in rows]
     assert len(set(knobs)) > 1  # the controller moved mu
+    # The trainer hands the controller the batch's activity edge: mu never passes it, and on it ClipV drops nothing.
+    assert all(r["control/knob_edge"] is not None for r in rows)
+    assert all(r["control/knob"] <= r["control/knob_edge"] * (1 + 1e-9) for r in rows)
+    assert all(r["control/kept_frac"] == 1.0 for r in rows
+               if r["control/knob"] == pytest.approx(r["control/knob_edge"], rel=1e-9))
     first = rows[0]
     # By hand: the first step's target is 0.95 x its own measured entropy, the smoothed value is that entropy.
     assert first["control/entropy_target"] == pytest.approx(0.95 * first["control/entropy_smoothed"])
