@@ -169,8 +169,10 @@ def select(run: Run, s: Scored, old: OldPolicy) -> Selection:
     (all response tokens), or, with no autopilot, a controller method runs its own law (``Method.observe``,
     on the tokens that train); then the method's rollout-level masks, from the old-policy statistics."""
     if run.autopilot is not None:
-        def acts() -> bool:  # the method, at its knob as set, drops a token of this batch (methods with a knob
-            keep = run.method.rollout_masks(old.stats, old.adv, s.mask).keep  # keep the engine's advantages)
+        # whether the method, at its knob as set, drops a token of this batch (methods with a knob train with the
+        # engine's advantages, so the masks are asked with those)
+        def acts() -> bool:
+            keep = run.method.rollout_masks(old.stats, old.adv, s.mask).keep
             return keep is not None and bool((s.mask & ~keep.bool()).any())
 
         control_m = run.autopilot.update(run.step, masked_mean(old.stats.entropy, s.rollout.response_mask),
