@@ -208,14 +208,21 @@ def _valid_toward(method, k0: float, want: float) -> float:
     """``want`` if the method accepts it, else the accepted value closest to it between k0 and want."""
     if _accepts(method, want):
         return want
-    good, bad = math.log(k0), math.log(want)
-    for _ in range(60):
-        mid = 0.5 * (good + bad)
-        if _accepts(method, math.exp(mid)):
-            good = mid
-        else:
-            bad = mid
+    good, _ = _log_bisect(lambda v: _accepts(method, v), k0, want, 60)
     return math.exp(good)
+
+
+def _log_bisect(holds: Callable[[float], bool], inside: float, outside: float, halvings: int) -> tuple[float, float]:
+    """Bisection in log-knob space between ``inside`` (``holds`` is true there) and ``outside`` (false there):
+    the last bracketing pair, as logs, after ``halvings`` halvings."""
+    a, b = math.log(inside), math.log(outside)
+    for _ in range(halvings):
+        mid = 0.5 * (a + b)
+        if holds(math.exp(mid)):
+            a = mid
+        else:
+            b = mid
+    return a, b
 
 
 def activity_edge(method, acts: Callable[[], bool], lo: float, hi: float, direction: int) -> float | None:
@@ -236,14 +243,11 @@ def activity_edge(method, acts: Callable[[], bool], lo: float, hi: float, direct
         method.set_knob(weak)
         if acts():
             return weak
-        a, b = math.log(strong), math.log(weak)  # acts at a, not at b
-        for _ in range(40):
-            mid = 0.5 * (a + b)
-            method.set_knob(math.exp(mid))
-            if acts():
-                a = mid
-            else:
-                b = mid
+        def acts_at(value: float) -> bool:
+            method.set_knob(value)
+            return acts()
+
+        _, b = _log_bisect(acts_at, strong, weak, 40)  # acts at the strong end, not at the weak one
         return math.exp(b)
     finally:
         method.set_knob(old)
