@@ -16,9 +16,10 @@ $(STAMP): pyproject.toml constraints.txt
 
 setup: $(STAMP)
 
-# The main job: build (or reuse) the default base policy, train GRPO and ClipV side by side, print the table.
+# The main job: build (or reuse) the default base policy, train GRPO and ClipV side by side (one process each, one
+# thread each: the two cores of the smallest machine), print the table.
 run: $(STAMP)
-	.venv/bin/erft compare --methods none,clip_v --out runs/default
+	.venv/bin/erft compare --methods none,clip_v --jobs 2 --out runs/default
 	.venv/bin/erft report runs/default --out runs/default/report
 
 # The real-LM demonstration (not part of CI; under an hour on 2 CPU cores): SmolLM2-135M-Instruct's base

@@ -9,9 +9,10 @@ volatile ``time/`` and ``perf/`` keys, ``token_records.jsonl`` and ``samples.jso
     python benchmarks/fingerprint.py --out /tmp/after.json --compare /tmp/before.json
 
 ``--compare`` exits 1 naming every configuration and file that differs, and the first differing metric.
-The runs go through ``erft``, so they compute under the CPU pin (issue 36, AVX2 paths) unless ``ERFT_CPU_PIN=0``:
-a fingerprint taken before the pin existed (on an AVX-512 machine) differs from one taken after it, by design;
-compare two commits that both have the pin, or run the older one with the pin's variables exported.
+The runs go through ``erft``, so they compute under the CPU pin (issues 36 and 62: ATen on AVX2, MKL on COMPATIBLE)
+unless ``ERFT_CPU_PIN=0``: a fingerprint taken under an earlier pin (none, or issue 36's ``MKL_CBWR=AVX2``) differs
+from one taken after it, by design; compare two commits that have the same pin, or run the older one with this
+pin's variables exported (``MKL_CBWR=COMPATIBLE`` for a commit of issue 36's pin).
 The configurations are the seven of issue 14 (none, ClipV, Clip-Cov, KL-Cov with two minibatches, PPO +
 ClipB over two epochs, the autopilot, gradient accumulation with the reference KL) and issue 28's five
 methods. About 2 minutes on 2 CPU cores.

@@ -9,6 +9,11 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from hypothesis import settings  # noqa: E402
 
+# MKL fixes its branch at a process's first matrix multiply: make it here, so that every in-process test computes
+# on the pin's COMPATIBLE branch whatever order the files run in (a SmolLM2 run first would otherwise move the
+# worker to the fast branch, common.numerics.choose_mkl_branch); the erft processes the tests start choose their own.
+torch.ones(2, 2) @ torch.ones(2, 2)
+
 # Deterministic, quiet, offline.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -10,6 +10,7 @@ import pytest
 from entropy_rft.cli.main import main
 from entropy_rft.rundir.files import read_jsonl
 from micro import make_micro_policy, micro_overrides
+from test_determinism import stable
 
 
 def _sets(model, **extra):
@@ -109,3 +110,34 @@ def test_a_compare_beside_on_the_same_out_is_not_foreign(tmp_path):
         with pytest.raises(UserError, match=f"did not write \\({what}"):
             check_out_folder(tmp_path, plans)
         (tmp_path / name).unlink()
+
+
+def test_runs_side_by_side_compute_what_one_after_the_other_do(compared, tmp_path, monkeypatch, capsys):
+    """``make run`` trains its two runs with ``--jobs 2`` (issue 62): each in a fresh process on its own thread, the
+    rows must be those of ``--jobs 1`` in this process, and the runs' progress shows on the terminal meanwhile."""
+    from entropy_rft.launch import sweep
+
+    out, argv = compared
+    monkeypatch.setattr(sweep, "PROGRESS_EVERY_S", 0.5)
+    side = tmp_path / "side"
+    assert main([*argv[: argv.index("--out")], "--jobs", "2", "--out", str(side), *argv[argv.index("--out") + 2:]]) == 0
+    for d in ("none-s0", "clip_v-s1"):  # (the fixture's runs may have been taken further by another test)
+        first = [r for r in read_jsonl(out / d / "metrics.jsonl") if r["step"] <= 2]
+        assert stable(read_jsonl(side / d / "metrics.jsonl")) == stable(first), d
+    said = capsys.readouterr().out.splitlines()
+    progress = [line for line in said if line.startswith("  ") and " seed " in line]
+    assert progress, said
+    assert all(w.endswith("starting") or "/2" in w for line in progress for w in line.strip().split("; "))
+
+
+def test_last_step_reads_the_last_complete_row(tmp_path):
+    from entropy_rft.rundir.files import last_step
+
+    assert last_step(tmp_path) is None
+    (tmp_path / "metrics.jsonl").write_text('{"step": 0}\n{"step": 1, "x": 2}\n{"step": 2, "x"')  # a row being written
+    assert last_step(tmp_path) == 1
+    (tmp_path / "metrics.jsonl").write_text('{"step": 0}\n["not", "a", "row"]\n{"step": "two"}\n')
+    assert last_step(tmp_path) == 0
+    big = "".join(f'{{"step": {i}, "pad": "{"x" * 100}"}}\n' for i in range(2000))
+    (tmp_path / "metrics.jsonl").write_text(big)
+    assert last_step(tmp_path, tail_bytes=4096) == 1999

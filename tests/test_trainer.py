@@ -263,12 +263,26 @@ def _naive_ppo_step(model, opt, rb, old_logp, adv, mask, eps, temperature):
     return float(loss.detach())
 
 
+# AdamW's eps for the tests that compare weights after updates by two computations of one gradient. Adam's first
+# step moves an element by lr * g / (|g| + eps), whose slope at g = 0 is lr / eps: with torch's eps 1e-8 and lr 1e-2
+# a 1e-11 difference in the last bits of a ~1e-8 gradient becomes a ~1e-6 one of the weight (seen when MKL's
+# COMPATIBLE branch, issue 62, rounded the two paths' GEMMs apart in the last bit: gradients equal to 2e-8 on 0.15).
+# With 1e-3 the slope is 10: the weights then compare the paths, not the optimiser's gain on near-zero gradients.
+ADAM_EPS = 1e-3
+
+
+def with_adam_eps(run, eps: float = ADAM_EPS):
+    for group in run.optim.param_groups:
+        group["eps"] = eps
+    return run
+
+
 def test_method_none_reproduces_vanilla_ppo(micro_model, tmp_path):
     cfg = cfg_for(micro_model, **{"algo.minibatches": 1, "optim.lr": 1e-2})
     torch.manual_seed(0)
-    run = build_run(cfg, tmp_path)
+    run = with_adam_eps(build_run(cfg, tmp_path))
     naive = copy.deepcopy(run.model)
-    naive_opt = torch.optim.AdamW(naive.parameters(), lr=1e-2, betas=(0.9, 0.999), weight_decay=0.0)
+    naive_opt = torch.optim.AdamW(naive.parameters(), lr=1e-2, betas=(0.9, 0.999), weight_decay=0.0, eps=ADAM_EPS)
     exs = stages.sample_prompts(run)
     group = [e for e in exs for _ in range(cfg.rollout.group_size)]
     rb = stages.rollout(run, [e.prompt for e in group])
@@ -367,7 +381,7 @@ def test_single_update_reuses_the_old_policy_forward_exactly(micro_model, tmp_pa
     results = []
     for live in (True, False):
         torch.manual_seed(0)
-        run = build_run(cfg, tmp_path / str(live))
+        run = with_adam_eps(build_run(cfg, tmp_path / str(live)))
         assert stages.single_update(run)
         group = [e for e in stages.sample_prompts(run) for _ in range(cfg.rollout.group_size)]
         rb = stages.rollout(run, [e.prompt for e in group])

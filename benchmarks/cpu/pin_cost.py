@@ -1,5 +1,7 @@
-"""What the CPU pin costs: step time of ``erft train`` pinned (AVX2 paths, the default) against the machine's own
-instruction set (``ERFT_CPU_PIN=0``), on the built-in default policy and on SmolLM2-135M, ratios in one run.
+"""What the CPU pin costs: step time of ``erft train`` pinned (the default: ATen's AVX2 paths, and MKL's COMPATIBLE
+branch for the built-in policies, its fast AVX2 one for a pretrained model) against the machine's own instruction set
+(``ERFT_CPU_PIN=0``), on the built-in default policy and on SmolLM2-135M, ratios in one run; ``--exact`` adds a
+third setting, the pin with ``model.cpu_gemm=exact`` (MKL's COMPATIBLE branch for SmolLM2 too).
 
 The pin (``entropy_rft.common.numerics``) is read when torch loads, so every measurement is a fresh ``erft train``
 process; the two settings run in turn (pinned, native, native, pinned, ...) ``--rounds`` times, on the same
@@ -10,7 +12,7 @@ each run are not counted. Printed: the median step time of each setting and the 
 drift apart after a few steps (the bytes differ: that is the point of the pin), so keep ``--steps`` short.
 On a machine without AVX-512 both settings are the same and the ratio is 1 up to noise.
 
-Usage: ``.venv/bin/python benchmarks/cpu/pin_cost.py [--models default,smollm2] [--steps 8] [--rounds 2]``
+Usage: ``.venv/bin/python benchmarks/cpu/pin_cost.py [--models default,smollm2] [--steps 8] [--rounds 2] [--exact]``
 (on a quiet machine: other processes on the cores move step times more than the pin does).
 """
 
@@ -25,7 +27,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from entropy_rft.common.numerics import PIN_ENV, PIN_VARIABLES
+from entropy_rft.common.numerics import PIN_ENV, PIN_SET_ENV, PIN_VARIABLES
 
 WORKLOADS: dict[str, dict[str, object]] = {
     "default": {"task.name": "countdown"},
@@ -39,7 +41,7 @@ COMMON = {"eval.every": 0, "train.progress": False, "train.checkpoints": False, 
 
 def settings_env(pinned: bool) -> dict[str, str]:
     """This process's environment without the pin's variables, and with ``ERFT_CPU_PIN=0`` for the native run."""
-    env = {k: v for k, v in os.environ.items() if k not in PIN_VARIABLES and k != PIN_ENV}
+    env = {k: v for k, v in os.environ.items() if k not in PIN_VARIABLES and k not in (PIN_ENV, PIN_SET_ENV)}
     if not pinned:
         env[PIN_ENV] = "0"
     return env
@@ -72,31 +74,36 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--models", default="default,smollm2", help="comma list of: " + ", ".join(WORKLOADS))
     ap.add_argument("--steps", type=int, default=8, help="steps per run")
     ap.add_argument("--warmup", type=int, default=2, help="first steps of each run not counted")
-    ap.add_argument("--rounds", type=int, default=2, help="pinned/native pairs per model, in alternating order")
+    ap.add_argument("--rounds", type=int, default=2, help="pairs (or triples) per model, in alternating order")
+    ap.add_argument("--exact", action="store_true", help="also time the pin with model.cpu_gemm=exact")
     args = ap.parse_args(argv)
     names = [m.strip() for m in args.models.split(",") if m.strip()]
     unknown = [m for m in names if m not in WORKLOADS]
     if unknown:
         ap.error(f"--models: unknown {unknown}; choose from {sorted(WORKLOADS)}")
+    settings = ["pinned", "native", *(["exact"] if args.exact else [])]
     lines = []
     with tempfile.TemporaryDirectory(prefix="erft-pin-") as tmp:
         for name in names:
             sets = dict(WORKLOADS[name])
             if name == "default":
                 sets["model.name"] = default_policy_folder()
-            times: dict[bool, list[float]] = {True: [], False: []}
-            isa: dict[bool, str] = {}
+            times: dict[str, list[float]] = {s: [] for s in settings}
+            said: dict[str, str] = {}
             for r in range(args.rounds):
-                for pinned in ((True, False) if r % 2 == 0 else (False, True)):
-                    out = Path(tmp) / f"{name}-{r}-{'pinned' if pinned else 'native'}"
-                    got, record = step_times(sets, args.steps, args.warmup, pinned, out)
-                    times[pinned] += got
-                    isa[pinned] = str(record.get("cpu_capability"))
-                    print(f"{name} round {r + 1} {'pinned' if pinned else 'native'} ({isa[pinned]}): "
+                for setting in (settings if r % 2 == 0 else settings[::-1]):
+                    out = Path(tmp) / f"{name}-{r}-{setting}"
+                    extra = {"model.cpu_gemm": "exact"} if setting == "exact" else {}
+                    got, record = step_times({**sets, **extra}, args.steps, args.warmup, setting != "native", out)
+                    times[setting] += got
+                    said[setting] = f"{record.get('cpu_capability')}, MKL {record.get('mkl_branch')}"
+                    print(f"{name} round {r + 1} {setting} ({said[setting]}): "
                           f"median {statistics.median(got):.3f} s/step", flush=True)
-            p, n = statistics.median(times[True]), statistics.median(times[False])
-            lines.append(f"{name}: pinned ({isa[True]}) {p:.3f} s/step, native ({isa[False]}) {n:.3f} s/step, "
-                         f"ratio pinned/native {p / n:.3f} ({len(times[True])} and {len(times[False])} steps)")
+            med = {k: statistics.median(v) for k, v in times.items()}
+            lines.append(f"{name}: " + ", ".join(f"{k} ({said[k]}) {med[k]:.3f} s/step" for k in settings)
+                         + f"; ratio pinned/native {med['pinned'] / med['native']:.3f}"
+                         + (f", exact/pinned {med['exact'] / med['pinned']:.3f}" if args.exact else "")
+                         + f" ({', '.join(str(len(times[k])) for k in settings)} steps)")
     print("\n".join(lines))
     return 0
 

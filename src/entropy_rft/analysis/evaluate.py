@@ -82,7 +82,7 @@ def load_model(spec: dict[str, Any], device: str, dtype: str):
         from entropy_rft.rundir.checkpoints import load_checkpoint, load_run_config
 
         cfg = load_run_config(spec["run"])
-        model, tok = load_policy(cfg.model.name, device=device, dtype=dtype)
+        model, tok = load_policy(cfg.model.name, device=device, dtype=dtype, cpu_gemm=cfg.model.cpu_gemm)
         state = load_checkpoint(spec["checkpoint"], required=("model",), only=("model",), map_location=device)
         model.load_state_dict(state["model"])
         model.eval()

@@ -168,8 +168,8 @@ def main(argv: list[str] | None = None) -> int:
     # Idle OpenMP threads sleep instead of spinning, so two busy processes on shared cores do not collapse
     # (benchmarks/cpu/threads.py); read once when torch loads, so it is set before any command imports torch.
     prefer_passive_wait()
-    # The same bytes on every x86-64 CPU: ATen, MKL and oneDNN on their AVX2 paths (common.numerics; read when
-    # torch loads, and inherited by the processes a command spawns). ERFT_CPU_PIN=0 keeps the native ones.
+    # The same bytes on every x86-64 CPU: ATen and oneDNN on their AVX2 paths, MKL on COMPATIBLE (common.numerics;
+    # read when torch loads, and inherited by the processes a command spawns). ERFT_CPU_PIN=0 keeps the native ones.
     pin_cpu_numerics()
     parser = build_parser()
     args = _parse(parser, argv)

@@ -14,6 +14,8 @@ AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 KL_ESTIMATORS = ("k1", "k2", "k3")
 # Sampling backends (``rollout.sample``).
 ROLLOUT_BACKENDS = ("auto", "static", "kv", "hf")
+# MKL's branch for a CPU process's matrix multiplies (``model.cpu_gemm``; ``common.numerics.choose_mkl_branch``).
+CPU_GEMM_MODES = ("auto", "exact", "fast")
 # Training engines (``launch``): our single-process trainer, or TRL's GRPOTrainer.
 ENGINES = ("native", "trl")
 # Trackers of ``train.report_to`` (TRL's names; ``rundir.trackers`` drives them).

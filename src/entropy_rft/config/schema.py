@@ -17,7 +17,7 @@ from typing import Any, cast
 
 from entropy_rft.common.constraints import rule_words
 from entropy_rft.common.errors import UserError
-from entropy_rft.common.options import AGG_MODES, ENGINES, KL_ESTIMATORS, ROLLOUT_BACKENDS, or_list
+from entropy_rft.common.options import AGG_MODES, CPU_GEMM_MODES, ENGINES, KL_ESTIMATORS, ROLLOUT_BACKENDS, or_list
 from entropy_rft.config.fields import setting as _f
 from entropy_rft.config.fields import short
 
@@ -68,6 +68,13 @@ class ModelConfig:
     gradient_checkpointing: bool = _f(False, "Recompute activations in backward to save memory (GPU, long responses).")
     fused_logp: bool = _f(True, "Compute log-probs from hidden states and the LM-head weight in chunks "
                           "(fused.fused_logp): the [tokens, V] logits are never materialised.")
+    cpu_gemm: str = _f("auto", "MKL's branch for the CPU's matrix multiplies, under the CPU pin: 'exact' "
+                       "(COMPATIBLE: the same bytes on Intel and AMD CPUs, about 2x the time of a GEMM-bound "
+                       "step), 'fast' (AVX2 on Intel, MKL's AUTO on other CPUs: the same bytes on CPUs of one "
+                       "vendor) or 'auto' (exact for local folders, fast for smollm2-135m and hub ids). The "
+                       "built-in policies (default, default-strong) always run exact. A MKL_CBWR you set wins; "
+                       "docs/performance.md.",
+                       choices=CPU_GEMM_MODES)
 
 
 @dataclass

@@ -52,7 +52,8 @@ def policy_for_trl(cfg, args: GRPOConfig) -> tuple[Any, Any]:
         args.model_init_kwargs = {**(args.model_init_kwargs or {}), "dtype": cfg.model.dtype,
                                   "trust_remote_code": trust_remote_code()}
         return where, load_tokenizer(cfg.model.name, where)
-    model, tok = load_policy(cfg.model.name, device="cpu", dtype=getattr(torch, cfg.model.dtype))
+    model, tok = load_policy(cfg.model.name, device="cpu", dtype=getattr(torch, cfg.model.dtype),
+                           cpu_gemm=cfg.model.cpu_gemm)
     if cfg.model.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     return model, tok

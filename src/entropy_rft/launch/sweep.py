@@ -148,6 +148,18 @@ def _train_logged(cfg: Any, run_dir: Path, log: Path, overwrite: bool, threads: 
         launch.start_or_resume(cfg, run_dir, overwrite=overwrite)
 
 
+PROGRESS_EVERY_S = 60.0  # a line of progress for the runs trained side by side, at this interval
+
+
+def progress_words(out: Path, v: Variant, seed: int, cfg: Any) -> str:
+    """``clip_v seed 0: step 120/300`` from the run's last logged row (``starting`` before its first row: the
+    model is loading, or the base policy being built)."""
+    from entropy_rft.rundir.files import last_step
+
+    step = last_step(run_dir_of(out, v, seed))
+    return f"{v.label} seed {seed}: " + ("starting" if step is None else f"step {step}/{cfg.train.max_steps}")
+
+
 def run_parallel(plans: list, out: Path, jobs: int, overwrite: bool) -> int | None:
     """Train the plans ``jobs`` at a time in fresh processes; a failed run is named, the others go on. On
     SIGTERM, SIGINT or SIGHUP (:class:`Stop`) the running runs stop with a checkpoint, the rest do not start, and
@@ -182,12 +194,16 @@ def run_parallel(plans: list, out: Path, jobs: int, overwrite: bool) -> int | No
                 log = out / "logs" / f"{name}.log"
                 print(f"[{i}/{len(plans)}] {v.label} seed {seed}: started (log: {log})", flush=True)
                 threads = worker_threads(jobs, available_cores(), cfg.train.threads, cfg.model.device)
-                running[pool.submit(_train_logged, cfg, out / name, log, overwrite, threads)] = (i, v, seed, log)
+                running[pool.submit(_train_logged, cfg, out / name, log, overwrite, threads)] = (i, v, seed, cfg)
             if not running:
                 break  # stopped: what was not started stays so
-            done, _ = wait(running, return_when=FIRST_COMPLETED)
+            done, _ = wait(running, timeout=PROGRESS_EVERY_S, return_when=FIRST_COMPLETED)
+            if not done:  # the runs' own progress bars are in their logs: one line for all of them here
+                print("  " + "; ".join(progress_words(out, v, seed, cfg) for _, v, seed, cfg in running.values()),
+                      flush=True)
             for fut in done:
-                i, v, seed, log = running.pop(fut)
+                i, v, seed, cfg = running.pop(fut)
+                log = out / "logs" / f"{v.dirname}-s{seed}.log"
                 err = fut.exception()
                 if err is None:
                     print(f"[{i}/{len(plans)}] {v.label} seed {seed}: done", flush=True)
@@ -238,17 +254,31 @@ def check_out_folder(out: Path, plans: list) -> None:
 
 
 def numerics_mismatch(recorded: dict, now: dict) -> str | None:
-    """How a run's recorded CPU numerics (run.json's ``cpu_numerics``) differ from this process's, in words (None:
-    the same instruction set and pin, or nothing recorded)."""
+    """How a run's recorded CPU numerics (run.json's ``cpu_numerics``) differ from what it would compute with now,
+    in words (None: the same instruction set and pin, or nothing recorded). A pinned run also names MKL's branch:
+    a run pinned before the pin took MKL's vendor-independent branch (no ``mkl_branch`` recorded: MKL_CBWR=AVX2)
+    is not this pin's."""
     if not recorded:
         return None
-    keys = ("cpu_capability", "pinned")
+    keys = ("cpu_capability", "pinned", *(("mkl_branch",) if now.get("pinned") else ()))
     if all(recorded.get(k) == now.get(k) for k in keys):
         return None
 
     def said(r: dict) -> str:
-        return f"{r.get('cpu_capability')} {'pinned' if r.get('pinned') else 'not pinned'}"
+        mkl = f", MKL {r.get('mkl_branch') or 'branch not recorded'}" if "mkl_branch" in keys else ""
+        return f"{r.get('cpu_capability')} {'pinned' if r.get('pinned') else 'not pinned'}{mkl}"
     return f"{said(recorded)} there, {said(now)} now"
+
+
+def planned_numerics(now: dict, cfg: Any) -> dict:
+    """What a run of ``cfg`` records as its numerics when started from this process (``now``: its
+    ``numerics_record``, taken before any matrix multiply): a pretrained model's run takes MKL's fast branch
+    (``training.policies.exact_gemm``), so it is not pinned; the others compute as this process does."""
+    if "MKL_CBWR" not in now.get("pin_set", ()):
+        return now
+    from entropy_rft.training.policies import exact_gemm
+
+    return now if exact_gemm(str(cfg.model.name), cfg.model.cpu_gemm) else {**now, "pinned": False}
 
 
 def check_recorded_configs(out: Path, plans: list) -> None:
@@ -270,7 +300,7 @@ def check_recorded_configs(out: Path, plans: list) -> None:
                 from entropy_rft.common.numerics import numerics_record
 
                 now = numerics_record()
-            mismatch = numerics_mismatch(recorded, now)
+            mismatch = numerics_mismatch(recorded, planned_numerics(now, cfg))
             if mismatch:
                 raise UserError(f"{run_dir} was trained with another CPU instruction set ({mismatch}); one table "
                                 "would mix them: choose another --out, pass --overwrite to train every run again, "

@@ -3,9 +3,9 @@
 Layout (``cache_root()``: ``$ERFT_CACHE``, else ``$XDG_CACHE_HOME/entropy-rft``, else
 ``~/.cache/entropy-rft``)::
 
-    <cache>/models/countdown-llama-v3-seed0/          default base policy (v3 = recipe version), CPU pin
-    <cache>/models/countdown-llama-v3-seed0-<hash>/   same recipe with non-default build parameters
-    <cache>/models/countdown-llama-v3-seed0-native-avx512/   built outside the CPU pin (common.numerics)
+    <cache>/models/countdown-llama-v4-seed0/          default base policy (v4 = recipe version), CPU pin
+    <cache>/models/countdown-llama-v4-seed0-<hash>/   same recipe with non-default build parameters
+    <cache>/models/countdown-llama-v4-seed0-native-avx512-mkloff/   built outside the CPU pin (common.numerics)
     <cache>/models/smollm2-135m-instruct-q4_1-v1/     converted SmolLM2
     <cache>/models/.<folder>.lock                     the build lock
 

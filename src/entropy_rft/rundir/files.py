@@ -407,6 +407,26 @@ def has_metrics(path: str | Path) -> bool:
     return path.is_dir() and os.path.lexists(path / "metrics.jsonl")
 
 
+def last_step(out: str | Path, tail_bytes: int = 65536) -> int | None:
+    """The step of the last complete row of ``out/metrics.jsonl``, read from its tail only (a progress line
+    for a run another process is writing); None when there is no such row yet or it is unreadable."""
+    path = Path(out) / "metrics.jsonl"
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - tail_bytes))
+            lines = f.read().split(b"\n")[:-1]  # the part after the last newline is a row being written
+    except OSError:
+        return None
+    for line in reversed(lines):
+        try:
+            step = json.loads(line).get("step")
+        except (ValueError, AttributeError):
+            continue
+        if isinstance(step, int) and not isinstance(step, bool):
+            return step
+    return None
+
+
 def write_status(out: str | Path, status: str, **fields: Any) -> None:
     """``run.json``: the run's status (running / stopped / failed / finished) with our schema marker."""
     atomic_write_json(Path(out) / "run.json", {"schema": SCHEMA, "status": status, **fields})

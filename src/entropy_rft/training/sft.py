@@ -15,11 +15,13 @@ Recipe (``RECIPE_VERSION`` names it in the cache folder; change the version when
 Everything is seeded from ``seed`` (model init via ``torch.manual_seed``, data via ``random.Random``),
 so a build is deterministic per seed on CPU for a given thread count and instruction set: the build runs at
 the training rule's thread count (1 here), and the cache folder without a suffix holds only builds made under
-the CPU pin (:mod:`entropy_rft.common.numerics`, AVX2 paths on every x86-64 CPU, which ``erft`` sets); a build
-computed otherwise (torch imported before the pin, ``ERFT_CPU_PIN=0``, aarch64) lands in a folder named after
-its instruction set (``...-seed0-native-avx512``), and every build records what it ran with
+the CPU pin (:mod:`entropy_rft.common.numerics`: ATen's AVX2 paths and MKL's COMPATIBLE branch, the same on every
+x86-64 CPU with AVX2, Intel or AMD, which ``erft`` sets); a build computed otherwise (torch imported before the
+pin, ``ERFT_CPU_PIN=0``, a ``MKL_CBWR`` of the user's, aarch64) lands in a folder named after its instruction
+set and MKL branch (``...-seed0-native-avx512-mkloff``), and every build records what it ran with
 (``cpu_numerics`` in ``erft_build.json``). v3 is v2 under the pin (v2 was built with the machine's own
-instruction set, and its bytes followed the CPU).
+instruction set, and its bytes followed the CPU); v4 is v3 under the pin's MKL COMPATIBLE branch (v3's
+``MKL_CBWR=AVX2`` ran Intel's AVX2 code on Intel CPUs and MKL's AUTO path on AMD ones: two builds).
 """
 
 from __future__ import annotations
@@ -63,7 +65,7 @@ from entropy_rft.policy.evaluation import evaluate_policy
 from entropy_rft.tasks.base import Example, Task
 from entropy_rft.tasks.countdown import CountdownTask, expressions, values
 
-RECIPE_VERSION = "v3"
+RECIPE_VERSION = "v4"
 
 #: The default build parameters: feasibility.md's study settings, except batch 128 and p_correct 0.5.
 #: v1 (batch 256, p_correct 0.4) took ~5.2 min on an idle 2-core machine (~0.45 s/step, compute-bound)
@@ -96,7 +98,7 @@ def default_policy_dir(cache_dir: str | os.PathLike | None = None, *, seed: int 
                        **params: Any) -> Path:
     """The cache folder of the base policy built with ``seed`` and ``params`` (defaults omitted).
 
-    ``countdown-llama-v3-seed0`` for the default recipe; a non-default parameter adds a short hash, and a build
+    ``countdown-llama-v4-seed0`` for the default recipe; a non-default parameter adds a short hash, and a build
     outside the CPU pin its instruction set (``isa``: ``numerics.isa_tag()``'s name part, this process's when
     None; ``""`` under the pin).
     """

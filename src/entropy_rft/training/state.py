@@ -137,7 +137,7 @@ def build_run(cfg: Config, out: Path, start_step: int = 0, method: control.Metho
     seed_everything(cfg.train.seed)
     device = torch.device(cfg.model.device)
     dtype = getattr(torch, cfg.model.dtype)
-    model, tok = load_policy(cfg.model.name, device=str(device), dtype=dtype)
+    model, tok = load_policy(cfg.model.name, device=str(device), dtype=dtype, cpu_gemm=cfg.model.cpu_gemm)
     apply_threads(cfg.train.threads, model, cfg.model.device)  # 0: automatic (entropy_rft.common.threads)
     from entropy_rft.models.precision import lr_warning
     from entropy_rft.training import preflight
@@ -148,7 +148,7 @@ def build_run(cfg: Config, out: Path, start_step: int = 0, method: control.Metho
     model.train()
     ref = None
     if cfg.algo.ref_kl_coef > 0:
-        ref, _ = load_policy(cfg.model.name, device=str(device), dtype=dtype)
+        ref, _ = load_policy(cfg.model.name, device=str(device), dtype=dtype, cpu_gemm=cfg.model.cpu_gemm)
         ref.eval().requires_grad_(False)
     task = build_task(cfg.task.name, **cfg.task.params)
     train_set, val_set = task.split(cfg.train.seed)
