@@ -5,7 +5,7 @@ PIP     := $(PY) -m pip --disable-pip-version-check
 STAMP   := .venv/.erft-installed
 JOBS    ?= auto
 
-.PHONY: run run-real run-gpu equal-entropy regimes test test-verl lease-rehearsal lint typecheck bench setup clean browser
+.PHONY: run run-real run-real-cpu run-gpu equal-entropy regimes test test-verl lease-rehearsal lint typecheck bench setup clean browser
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || python3 -m venv .venv
@@ -31,6 +31,16 @@ run-real: $(STAMP)
 		--out runs/smollm2/base_eval
 	.venv/bin/erft compare --config $(REAL) --methods none,clip_v --out runs/smollm2
 	.venv/bin/erft report runs/smollm2 --out runs/smollm2/report
+
+# The papers' comparison on the CPU (not part of CI; about 5 h on 2 cores, over as many sittings as it takes): GRPO,
+# ClipB, ClipV, Clip-Cov and KL-Cov from SmolLM2-135M-Instruct, 3 seeds, configs/smollm2-cpu.yaml, two runs at a
+# time. Starts the sweep or resumes it: runs committed under results/smollm2-cpu/ are kept, the others train in
+# runs/smollm2-cpu/ (a stopped run resumes from its checkpoint there), and each run's small files land in
+# results/smollm2-cpu/ as soon as it finishes (commit them). Ctrl-C or SIGTERM stops every run with a checkpoint.
+# Exit 3: runs are left, call it again. docs/results-smollm2-cpu.md.
+run-real-cpu: $(STAMP)
+	$(PY) benchmarks/gpu/realm.py --config configs/smollm2-cpu.yaml --results results/smollm2-cpu \
+		--runs runs/smollm2-cpu --jobs 2 --deadline-s 86400
 
 # The two regimes (not part of CI; about 2 h on 2 cores): the same nine variants (GRPO, ClipB, ClipV,
 # Clip-Cov, KL-Cov, Entrocraft and AEPO at their presets, the autopilot at 0.65x on Clip-Cov and ClipV), 3 seeds,

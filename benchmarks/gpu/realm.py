@@ -107,26 +107,55 @@ def _env() -> dict:
     return {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
 
 
+class Interrupted(Exception):
+    """SIGINT, SIGTERM or SIGHUP reached this driver: its runs are stopped with a checkpoint, then it ends."""
+
+
+def _interrupted(signum, frame):  # noqa: ARG001 - signal handler signature
+    raise Interrupted(signal.Signals(signum).name)
+
+
+def _stop_group(proc: subprocess.Popen, wait_s: float) -> None:
+    """SIGTERM to erft compare's process group (each run saves a checkpoint), SIGKILL after ``wait_s``."""
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=wait_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
 def run_compare(args: argparse.Namespace) -> int:
-    """erft compare in its own process group; SIGTERM to the group at the deadline. Returns its exit status."""
+    """erft compare in its own process group; SIGTERM to the group at the deadline, or when this driver is
+    interrupted (SIGINT, SIGTERM, SIGHUP: the runs stop with a checkpoint, a later call resumes them). Returns
+    compare's exit status (3: runs are left)."""
     cmd = [sys.executable, "-m", "entropy_rft.cli", "compare", "--config", args.config, "--methods", args.methods,
            "--seeds", str(args.seeds), "--jobs", str(args.jobs), "--out", str(args.runs)]
     if args.max_steps is not None:
         cmd += ["--max-steps", str(args.max_steps)]
     for s in args.set:
         cmd += ["--set", s]
+    handlers = {sig: signal.signal(sig, _interrupted) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     proc = subprocess.Popen(cmd, env=_env(), start_new_session=True)
+    deadline = time.monotonic() + args.deadline_s
     try:
-        return proc.wait(timeout=args.deadline_s)
-    except subprocess.TimeoutExpired:
-        print(f"run_gpu: deadline {args.deadline_s} s: stopping the runs (each saves a checkpoint)", flush=True)
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=args.stop_wait_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        while True:  # each run lands in --results as soon as it finishes: a sweep stopped later loses none of them
+            try:
+                return proc.wait(timeout=max(0.0, min(args.export_every_s, deadline - time.monotonic())))
+            except subprocess.TimeoutExpired:
+                export(args.runs, args.results)
+                if time.monotonic() >= deadline:
+                    print(f"run_gpu: deadline {args.deadline_s} s: stopping the runs (each saves a checkpoint)",
+                          flush=True)
+                    _stop_group(proc, args.stop_wait_s)
+                    return INCOMPLETE
+    except Interrupted as e:
+        print(f"run_gpu: {e}: stopping the runs (each saves a checkpoint; call again to resume)", flush=True)
+        _stop_group(proc, args.stop_wait_s)
         return INCOMPLETE
+    finally:
+        for sig, old in handlers.items():
+            signal.signal(sig, old)
 
 
 def run_paced(args: argparse.Namespace) -> int:
@@ -156,6 +185,8 @@ def main(argv: list[str] | None = None) -> int:
                    "command must end within 10 minutes: the default leaves time for the export).")
     p.add_argument("--stop-wait-s", type=float, default=60.0, help="After the deadline's SIGTERM, wait this long "
                    "for the runs to stop (each saves a checkpoint unless train.checkpoints is false), then SIGKILL.")
+    p.add_argument("--export-every-s", type=float, default=60.0, help="While the runs train, copy the shipped files "
+                   "of each run that finished into --results this often.")
     p.add_argument("--no-report", action="store_true", help="Leave out erft report when every run is finished "
                    "(a lease wave: the report of all waves is made afterwards, on a CPU).")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
