@@ -1,4 +1,6 @@
-"""Issue 27's comparison on one GPU, resumable across leases: the driver behind `make run-gpu`.
+"""Issue 27's comparison on one GPU, resumable across leases: the driver behind `make run-gpu`, and, with
+``--config configs/smollm2-cpu.yaml --jobs 2``, behind `make run-real-cpu` (issue 63: the same comparison on the CPU,
+resumable across sittings).
 
     python benchmarks/gpu/realm.py [--config configs/smollm2-gpu.yaml] [--results results/smollm2-gpu]
                                  [--runs runs/smollm2-gpu] [--jobs 5] [--seeds 3] [--deadline-s 540]
@@ -9,7 +11,8 @@
 2. ``erft compare --methods none,clip_b,clip_v,clip_cov,kl_cov --seeds 3 --jobs N`` into ``--runs`` (a scratch
    folder: checkpoints and token records stay there), in its own process group. At ``--deadline-s`` the group
    gets SIGTERM: each run saves a checkpoint and stops (a later call on the same machine resumes it).
-3. The shipped files of each finished run go to ``--results/<run>/`` (metrics.jsonl, config.yaml, run.json,
+3. The shipped files of each finished run go to ``--results/<run>/`` (every ``--export-every-s`` while the runs
+   train, and at the end) (metrics.jsonl, config.yaml, run.json,
    samples.jsonl; no checkpoints, token records, final weights or TensorBoard files), and once all runs are
    finished, the summary (md + json) and ``erft report``'s report.html. ``environment.json`` gets one entry per
    call: device, torch and transformers versions, wall time, runs finished.

@@ -140,29 +140,35 @@ _MKL_UNSUPPORTED = -3  # MKL_CBWR_ERR_UNSUPPORTED_BRANCH: an explicit branch on 
 
 
 @functools.cache
-def _mkl() -> Any:
-    """torch's CPU library, where the pip wheels link MKL in and export its service functions (``mkl_serv_*``,
-    the names ``mkl_cbwr_get``/``mkl_cbwr_set`` call); None where it or they are missing (another build)."""
+def _mkl() -> tuple[Any, Any] | None:
+    """MKL's ``(get, set)`` of the CNR branch: in torch's CPU library, where the pip wheels link MKL in and export
+    its service functions (``mkl_serv_cbwr_get``/``_set``, what ``mkl_cbwr_get``/``_set`` call), else MKL's own
+    ``mkl_cbwr_get``/``_set`` among the process's loaded libraries (a torch linked to a shared MKL); None where
+    neither is found (a torch without MKL)."""
     import torch
 
-    try:
-        lib = ctypes.CDLL(os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so"))
-        get, put = lib.mkl_serv_cbwr_get, lib.mkl_serv_cbwr_set
-    except (OSError, AttributeError):
-        return None
-    for fn in (get, put):
-        fn.argtypes, fn.restype = [ctypes.c_int], ctypes.c_int
-    return lib
+    places = [(os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so"), "mkl_serv_cbwr_"),
+              (None, "mkl_cbwr_")]
+    for path, prefix in places:
+        try:
+            lib = ctypes.CDLL(path)
+            fns = (getattr(lib, prefix + "get"), getattr(lib, prefix + "set"))
+        except (OSError, AttributeError):
+            continue
+        for fn in fns:
+            fn.argtypes, fn.restype = [ctypes.c_int], ctypes.c_int
+        return fns
+    return None
 
 
 def mkl_branch() -> str | None:
     """The branch MKL computes with in this process, as MKL itself reports it (``mkl_cbwr_get``): ``COMPATIBLE``,
     ``AVX2``, ``AUTO`` (MKL's choice for the CPU, also where an explicit branch was asked on a non-Intel CPU),
     ``OFF`` (no branch asked: the CPU's fastest path), ...; None where MKL cannot be asked. Imports torch."""
-    lib = _mkl()
-    if lib is None:
+    fns = _mkl()
+    if fns is None:
         return None
-    code = int(lib.mkl_serv_cbwr_get(_MKL_CBWR_BRANCH)) & ~_MKL_STRICT
+    code = int(fns[0](_MKL_CBWR_BRANCH)) & ~_MKL_STRICT
     return _MKL_BRANCHES.get(code, f"code {code}")
 
 
@@ -173,11 +179,11 @@ def choose_mkl_branch(exact: bool, environ: Mapping[str, str] | None = None) -> 
     branch there (``mkl_cbwr_set`` fails afterwards, and the branch stays). Nothing when the pin did not set
     ``MKL_CBWR`` (the user's value, or ``ERFT_CPU_PIN=0``). Returns the branch in effect (:func:`mkl_branch`)."""
     env = os.environ if environ is None else environ
-    lib = _mkl() if "MKL_CBWR" in _pin_set(env) else None
-    if lib is not None:
+    fns = _mkl() if "MKL_CBWR" in _pin_set(env) else None
+    if fns is not None:
         wanted = EXACT_BRANCH if exact else FAST_BRANCH
-        if lib.mkl_serv_cbwr_set(_MKL_CODES[wanted]) == _MKL_UNSUPPORTED:
-            lib.mkl_serv_cbwr_set(_MKL_CODES["AUTO"])
+        if fns[1](_MKL_CODES[wanted]) == _MKL_UNSUPPORTED:
+            fns[1](_MKL_CODES["AUTO"])
     return mkl_branch()
 
 
