@@ -40,7 +40,7 @@ run-real: $(STAMP)
 # Exit 3: runs are left, call it again. docs/results-smollm2-cpu.md.
 run-real-cpu: $(STAMP)
 	$(PY) benchmarks/gpu/realm.py --config configs/smollm2-cpu.yaml --results results/smollm2-cpu \
-		--runs runs/smollm2-cpu --jobs 2 --deadline-s 86400
+		--runs runs/smollm2-cpu --jobs 2 --deadline-s 86400 --stop-wait-s 600
 
 # The two regimes (not part of CI; about 2 h on 2 cores): the same nine variants (GRPO, ClipB, ClipV,
 # Clip-Cov, KL-Cov, Entrocraft and AEPO at their presets, the autopilot at 0.65x on Clip-Cov and ClipV), 3 seeds,
