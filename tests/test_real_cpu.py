@@ -9,7 +9,6 @@ ends with the rows of an uninterrupted run, and a later sitting on a bare checko
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from pathlib import Path
 
@@ -17,18 +16,12 @@ from entropy_rft.config.loading import load_config
 from entropy_rft.rundir.files import FAULT_ENV, read_jsonl
 from micro import make_micro_policy, micro_overrides
 from test_determinism import stable
+from test_gpu_config import _driver
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU_CONFIG = ROOT / "configs" / "smollm2-cpu.yaml"
 GPU_CONFIG = ROOT / "configs" / "smollm2-gpu.yaml"
 TESTS = Path(__file__).resolve().parent
-
-
-def _driver():
-    spec = importlib.util.spec_from_file_location("realm", ROOT / "benchmarks" / "gpu" / "realm.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def test_the_cpu_config_is_the_gpu_comparison_at_cpu_sizes():
