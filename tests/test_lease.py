@@ -135,19 +135,26 @@ def test_the_next_plan_is_the_first_that_has_not_run(tmp_path):
     rec.parent.mkdir(parents=True)
     rec.write_text(json.dumps({"calls": [{"sections": [{"name": "env", "status": "ok"},
                                                        {"name": "trl", "status": "timed out"}]}]}))
-    assert status.next_plan(tmp_path).name == "kernels"  # a section did not finish: run it again
-    rec.write_text(json.dumps({"calls": [{"sections": [{"name": "env", "status": "ok"}]}]}))
+    # a section did not finish: the kernels plan runs again, but after the realm plans (issue 64: the comparison
+    # is the larger missing result, the kernels have figures already)
+    assert not status.plan_done(plans.PLANS["kernels"], tmp_path)
     assert status.next_plan(tmp_path).name == "realm-1"
-    rec.write_text(json.dumps({"calls": [{"sections": [{"name": "trl", "status": "failed"}]}]}))
-    rec.with_name("lease-kernels-2026-12-02-1200.json").write_text(rec.read_text())
-    assert status.kernel_leases(tmp_path)[rec] == ["trl"]
-    assert status.next_plan(tmp_path).name == "realm-1"  # failed twice: mend it here, the realm plans go on
     for m in plans.REALM_METHODS[:-1]:
         _finished_run(tmp_path / "results" / "smollm2-gpu" / f"{m}-s0")
     assert status.next_plan(tmp_path).name == "realm-1"
     assert status.missing_runs(0, tmp_path) == ["kl_cov-s0"]
     _finished_run(tmp_path / "results" / "smollm2-gpu" / "kl_cov-s0")
     assert status.next_plan(tmp_path).name == "realm-2"
+    for seed in (1, 2):
+        for m in plans.REALM_METHODS:
+            _finished_run(tmp_path / "results" / "smollm2-gpu" / f"{m}-s{seed}")
+    assert status.next_plan(tmp_path).name == "kernels"  # every run is in: the kernels plan's second try
+    rec.write_text(json.dumps({"calls": [{"sections": [{"name": "env", "status": "ok"}]}]}))
+    assert status.next_plan(tmp_path) is None  # a lease ran every section
+    rec.write_text(json.dumps({"calls": [{"sections": [{"name": "trl", "status": "failed"}]}]}))
+    rec.with_name("lease-kernels-2026-12-02-1200.json").write_text(rec.read_text())
+    assert status.kernel_leases(tmp_path)[rec] == ["trl"]
+    assert status.next_plan(tmp_path) is None  # failed twice: mend it here, no third lease
 
 
 def test_the_first_wave_checks_the_task_against_issue_34s_wants():

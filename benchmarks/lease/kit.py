@@ -10,7 +10,8 @@ Here (the checkout's .venv):
 On the GPU machine (the call's command; the image's python3):
     PYTHONUNBUFFERED=1 python3 benchmarks/lease/kit.py call PLAN N
 
-Plans, in order: kernels (issue 33), realm-1, realm-2, realm-3 (issue 34).
+Plans: kernels (issue 33), realm-1, realm-2, realm-3 (issue 34); `next` offers kernels first, then the realm plans
+until their runs are committed, then a second try of kernels if its first lease left a section unfinished.
 """
 
 from __future__ import annotations

@@ -6,8 +6,10 @@ minutes a command, at most 8 files of 16 MiB back from ``$OUT``, and 64 MiB of w
 section writes its files to ``$OUT`` as it ends (a stopped call still returns what it finished), and every call's
 carry stays under ``CARRY_LIMIT`` together with the working tree (tests/test_lease.py checks both).
 
-Plans run in the order of ``PLANS``: ``kernels`` (issue 33), then ``realm-1``, ``realm-2``, ``realm-3`` (issue 34:
-one seed of the five methods each). docs/lease.md is the page for whoever holds a lease.
+``PLANS`` lists ``kernels`` (issue 33), then ``realm-1``, ``realm-2``, ``realm-3`` (issue 34: one seed of the five
+methods each). A lease runs ``status.next_plan``: ``kernels`` first, then the realm plans until their 15 runs are
+committed, then the kernels plan's second try if its first left a section unfinished (issue 64). docs/lease.md is
+the page for whoever holds a lease.
 """
 
 from __future__ import annotations
