@@ -235,8 +235,10 @@ def isa_tag(record: Mapping[str, Any] | None = None) -> str:
     rec = numerics_record() if record is None else record
     if rec["pinned"]:
         return ""
-
-    def word(value: object) -> str:
-        return "".join(c for c in str(value).lower() if c.isalnum())
     branch = rec.get("mkl_branch")
-    return "native-" + word(rec["cpu_capability"]) + (f"-mkl{word(branch)}" if branch else "")
+    return "native-" + _alnum(rec["cpu_capability"]) + (f"-mkl{_alnum(branch)}" if branch else "")
+
+
+def _alnum(value: object) -> str:
+    """``value`` in lower case, letters and digits only (a part of a folder name)."""
+    return "".join(c for c in str(value).lower() if c.isalnum())

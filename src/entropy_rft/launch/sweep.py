@@ -194,16 +194,15 @@ def run_parallel(plans: list, out: Path, jobs: int, overwrite: bool) -> int | No
                 log = out / "logs" / f"{name}.log"
                 print(f"[{i}/{len(plans)}] {v.label} seed {seed}: started (log: {log})", flush=True)
                 threads = worker_threads(jobs, available_cores(), cfg.train.threads, cfg.model.device)
-                running[pool.submit(_train_logged, cfg, out / name, log, overwrite, threads)] = (i, v, seed, cfg)
+                running[pool.submit(_train_logged, cfg, out / name, log, overwrite, threads)] = (i, v, seed, cfg, log)
             if not running:
                 break  # stopped: what was not started stays so
             done, _ = wait(running, timeout=PROGRESS_EVERY_S, return_when=FIRST_COMPLETED)
             if not done:  # the runs' own progress bars are in their logs: one line for all of them here
-                print("  " + "; ".join(progress_words(out, v, seed, cfg) for _, v, seed, cfg in running.values()),
+                print("  " + "; ".join(progress_words(out, v, seed, cfg) for _, v, seed, cfg, _ in running.values()),
                       flush=True)
             for fut in done:
-                i, v, seed, cfg = running.pop(fut)
-                log = out / "logs" / f"{v.dirname}-s{seed}.log"
+                i, v, seed, _, log = running.pop(fut)
                 err = fut.exception()
                 if err is None:
                     print(f"[{i}/{len(plans)}] {v.label} seed {seed}: done", flush=True)
