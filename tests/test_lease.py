@@ -33,9 +33,9 @@ def micro_model(tmp_path_factory) -> Path:
 
 
 def test_plans_fit_a_lease():
-    """kernels is one call, each realm wave two; every call returns at most 8 files and its sections' budgets fit
+    """kernels is one call, the realm plan two; every call returns at most 8 files and its sections' budgets fit
     the call's deadline, which the device tool's timeout_s (<= 600 s) covers."""
-    assert list(plans.PLANS) == ["kernels", "realm-1", "realm-2", "realm-3"]
+    assert list(plans.PLANS) == ["kernels", "realm"]
     assert len(plans.PLANS["kernels"].calls) == 1
     assert plans.CALL_DEADLINE_S <= 510 < plans.CALL_TIMEOUT_S <= 600
     for name, plan in plans.PLANS.items():
@@ -47,8 +47,11 @@ def test_plans_fit_a_lease():
             install = 20 if any("wheels" in c for c in call.carry) else 0
             training = 120 if any(s.budget_s == 0 for s in call.sections) else 0  # at least 2 minutes of it
             assert fixed + install + training <= plans.CALL_DEADLINE_S, (name, fixed, install, training)
-    seeds = [p.seed for p in plans.PLANS.values() if p.realm]
-    assert seeds == [0, 1, 2]
+    assert [p.name for p in plans.PLANS.values() if p.realm] == ["realm"]
+    # the runs a realm lease trains and ships, in its order: seed 0's five methods, then seed 1's, then seed 2's
+    names = plans.realm_run_names()
+    assert len(names) == 15 and names[:6] == ["none-s0", "clip_b-s0", "clip_v-s0", "clip_cov-s0", "kl_cov-s0",
+                                              "none-s1"] and names[-1] == "kl_cov-s2"
 
 
 def test_what_comes_back_is_checked_against_the_tools_limits(tmp_path):
@@ -92,7 +95,7 @@ def test_the_carry_is_exactly_what_the_image_lacks():
     assert {"trl", "datasets", "dill", "multiprocess", "liger-kernel"} <= set(kernels)
     assert not {"transformers", "accelerate", "numpy", "pyarrow"} & set(kernels)
     assert kernels["trl"] == "1.16.0" and kernels["liger-kernel"] == "0.8.5"
-    realm = carry.closure(plans.PLANS["realm-1"].wheels, image, "3.12")
+    realm = carry.closure(plans.PLANS["realm"].wheels, image, "3.12")
     assert {"reasoning-gym", "gguf", "pytz", "pycosat", "zss"} <= set(realm)
 
 
@@ -138,16 +141,16 @@ def test_the_next_plan_is_the_first_that_has_not_run(tmp_path):
     # a section did not finish: the kernels plan runs again, but after the realm plans (issue 64: the comparison
     # is the larger missing result, the kernels have figures already)
     assert not status.plan_done(plans.PLANS["kernels"], tmp_path)
-    assert status.next_plan(tmp_path).name == "realm-1"
-    for m in plans.REALM_METHODS[:-1]:
-        _finished_run(tmp_path / "results" / "smollm2-gpu" / f"{m}-s0")
-    assert status.next_plan(tmp_path).name == "realm-1"
-    assert status.missing_runs(0, tmp_path) == ["kl_cov-s0"]
-    _finished_run(tmp_path / "results" / "smollm2-gpu" / "kl_cov-s0")
-    assert status.next_plan(tmp_path).name == "realm-2"
-    for seed in (1, 2):
+    assert status.next_plan(tmp_path).name == "realm"
+    for m in plans.REALM_METHODS:
+        _finished_run(tmp_path / "results" / "smollm2-gpu" / f"{m}-s1")
+    # one plan, offered again until all 15 runs are in; what is missing, in the order a wave trains it: seeds first
+    assert status.next_plan(tmp_path).name == "realm"
+    assert status.missing_runs(tmp_path) == [f"{m}-s{s}" for s in (0, 2) for m in plans.REALM_METHODS]
+    for seed in (0, 2):
         for m in plans.REALM_METHODS:
             _finished_run(tmp_path / "results" / "smollm2-gpu" / f"{m}-s{seed}")
+    assert status.missing_runs(tmp_path) == []
     assert status.next_plan(tmp_path).name == "kernels"  # every run is in: the kernels plan's second try
     rec.write_text(json.dumps({"calls": [{"sections": [{"name": "env", "status": "ok"}]}]}))
     assert status.next_plan(tmp_path) is None  # a lease ran every section
@@ -179,11 +182,10 @@ def test_a_call_off_the_device_or_of_an_unknown_plan_is_one_line(tmp_path):
     r = subprocess.run([*kit, "call", "kernels", "1"], capture_output=True, text=True, env=env)
     assert r.returncode == 2 and r.stderr.strip().startswith("call: $OUT is not set")
     r = subprocess.run([*kit, "show", "realm-9"], capture_output=True, text=True)
-    assert r.returncode == 1 and r.stderr.strip() == ("unknown plan 'realm-9'; the plans, in order: kernels, realm-1, "
-                                                      "realm-2, realm-3")
-    r = subprocess.run([*kit, "call", "realm-2", "1"], capture_output=True, text=True,
+    assert r.returncode == 1 and r.stderr.strip() == "unknown plan 'realm-9'; the plans, in order: kernels, realm"
+    r = subprocess.run([*kit, "call", "realm", "3"], capture_output=True, text=True,
                        env={**env, "OUT": str(tmp_path / "out"), "ERFT_LEASE_STATE": str(tmp_path / "state")})
-    assert r.returncode == 1 and "realm-2 needs the earlier waves' runs committed" in r.stderr
+    assert r.returncode == 1 and r.stderr.strip() == "plan realm has 2 call(s): 1..2, not 3"
     assert not (tmp_path / "out").exists()  # refused before anything is written
 
 
@@ -262,6 +264,47 @@ def test_a_wave_keeps_the_runs_that_can_finish_in_the_methods_order():
     assert pace.runs_to_keep([24.0], 20.0) == 0
 
 
+def test_runs_waiting_for_room_add_their_work_and_the_memory_caps_how_many_run_at_once():
+    # two running (40 and 60 s to go, measured two sharing), three not started (100 s each at that pace). The
+    # device's throughput is shared: the first k need their total work over 2, and no run ends sooner than it
+    # would sharing the device with min(k, cap): k=2: max(100/2, 60x2/2) = 60; k=3: max(200/2, 100x3/2) = 150
+    # with room for 5, but max(100, 100x2/2) = 100 with room for 2; k=5: max(400/2, 100x2/2) = 200 with room for 2
+    needs = [40.0, 60.0, 100.0, 100.0, 100.0]
+    assert pace.finish_s(needs[:2], 2, 5) == 60.0
+    assert pace.finish_s(needs[:3], 2, 5) == 150.0 and pace.finish_s(needs[:3], 2, 2) == 100.0
+    assert pace.finish_s(needs, 2, 2) == 200.0 and pace.finish_s([], 2, 2) == 0.0
+    assert pace.runs_that_fit(needs, 2, 221.0, cap=2) == 5  # 200 x 1.1 = 220
+    assert pace.runs_that_fit(needs, 2, 219.0, cap=2) == 4  # 4 runs: max(300/2, 100) = 150, x 1.1 = 165
+    assert pace.runs_that_fit(needs, 2, 219.0) == 3  # room for all five: k=3 165, k=4 max(150, 200) x 1.1 = 220
+    # the rehearsal's slow device: 2.5 runs is halfway between the first two (60) and three (100, room for 2)
+    assert pace.budget_of(needs, 2, 2, 2.5) == pytest.approx(80.0 * 1.1)
+    assert pace.budget_of(needs, 2, 2, 0.5) == pytest.approx(10.0 * 1.1)  # half of the first (40 / 2 = 20)
+    # a kept run not started yet is given up only when over what is left by more than 15 %
+    assert pace.still_fits([100.0], 2, 44.0, 2) and not pace.still_fits([100.0], 2, 43.0, 2)  # 50 <= 44 x 1.15
+    # memory: 80,000 MiB free, a run's peak 6,000 MiB with 25 % to spare: 7,500 a run, 10 runs; at least one
+    assert pace.memory_cap(80000.0, 6000.0) == 10 and pace.memory_cap(7000.0, 6000.0) == 1
+    assert pace.memory_cap(1000.0, 0.0) == 1
+
+
+def test_the_wave_trains_the_missing_runs_seeds_first_and_reads_its_memory(tmp_path):
+    import realm
+    import realm_wave
+
+    for name in ("none-s0", "clip_v-s0", "clip_b-s1"):
+        _finished_run(tmp_path / name)
+    got = realm.missing_runs(tmp_path, "none,clip_b,clip_v", 2)
+    assert got == [("clip_b", 0), ("none", 1), ("clip_v", 1)]
+    # an earlier lease's peak (the context is in it already); the played device holds 3 runs whatever it measures
+    mem = realm_wave.Memory(free=20000.0, prior_peak_mib=3000.0, played_runs=None, cuda=True)
+    assert (mem.cap, mem.peak) == (5, 3000.0)  # 20000 // 3750
+    mem = realm_wave.Memory(free=20000.0, prior_peak_mib=None, played_runs=None, cuda=True)
+    assert mem.cap is None  # the first run starts alone until its peak is read
+    assert mem.set_peak(3488.0, "none-s0, measured") == 4  # + 512 MiB of CUDA context: 4000, 20000 // 5000
+    assert mem.peak == 4000.0
+    assert realm_wave.Memory(None, 3000.0, None, False).to_dict()["runs_it_holds"] is None  # unreadable: no cap
+    assert realm_wave.Memory(1e9, 3000.0, 3, False).cap == 3
+
+
 def test_when_no_run_fits_the_least_smaller_setting_that_does_is_proposed():
     p = pace.Pace(startup_s=20.0, step_s=3.0, eval_s=20.0, steps=4, evals=1)
     # as set: 20 + 60 x 3 + 9 x 20 = 380 s. Half the prompts: 20 + 180 + 90 = 290 (x 1.1 = 319 > 300);
@@ -286,48 +329,53 @@ def _lease_record(root: Path, plan: str, wave: dict, stamp: str = "2026-12-01-12
 
 
 def test_next_and_shrink_read_a_partial_wave_and_a_wave_where_nothing_fits(tmp_path):
-    realm2 = plans.PLANS["realm-2"]
+    realm = plans.PLANS["realm"]
     (tmp_path / "configs").mkdir()
     (tmp_path / plans.REALM_CONFIG).write_text((ROOT / plans.REALM_CONFIG).read_text())
     for m in plans.REALM_METHODS:
         _finished_run(tmp_path / "results" / "smollm2-gpu" / f"{m}-s0")
     for m in plans.REALM_METHODS[:2]:
         _finished_run(tmp_path / "results" / "smollm2-gpu" / f"{m}-s1")
-    _lease_record(tmp_path, "realm-2", {"verdict": "partial", "finished": ["none-s1", "clip_b-s1"],
-                                        "stopped": {"clip_v-s1": "cut at 40 s: 5 runs measured, 2 kept"}})
-    assert status.missing_runs(1, tmp_path) == ["clip_v-s1", "clip_cov-s1", "kl_cov-s1"]
-    lines = status.plan_state(realm2, tmp_path)
-    assert lines[0] == ("2 of 5 runs of realm-2 are committed (none-s1, clip_b-s1): this lease trains the others "
-                        "(clip_v-s1, clip_cov-s1, kl_cov-s1)")
-    assert "clip_v-s1 (cut at 40 s: 5 runs measured, 2 kept)" in lines[1]
+    _lease_record(tmp_path, "realm", {"verdict": "partial", "finished": ["none-s1", "clip_b-s1"],
+                                      "stopped": {"clip_v-s1": "cut at 40 s: 15 runs measured, 7 kept"},
+                                      "memory": {"peak_mib": 3100}})
+    later = [f"{m}-s{s}" for s in (1, 2) for m in plans.REALM_METHODS][2:]
+    assert status.missing_runs(tmp_path) == later
+    assert status.known_peak_mib(realm, tmp_path) == 3100.0
+    lines = status.plan_state(realm, tmp_path)
+    assert lines[0] == ("7 of 15 runs of realm are committed (none-s0, clip_b-s0, clip_v-s0, clip_cov-s0, kl_cov-s0, "
+                        "none-s1, clip_b-s1): this lease trains the others, seeds first, as many as fit ("
+                        + ", ".join(later) + ")")
+    assert "clip_v-s1 (cut at 40 s: 15 runs measured, 7 kept)" in lines[1]
     wave = {"verdict": "nothing fits", "settings": status.config_settings(tmp_path), "budget_s": 200.0,
             "pace": {"startup_s": 20.0, "step_s": 3.0, "eval_s": 20.0, "steps": 4, "evals": 1},
             "pace_run": "none-s1", "pace_share": 1, "needed_s": 380.0,
             "proposal": {"sets": {"eval.prompts": 32, "train.max_steps": 30, "eval.every": 4},
                          "predicted_s": 155.0, "budget_s": 200.0}}
-    _lease_record(tmp_path, "realm-2", wave, "2026-12-02-1200")
-    advice = status.plan_state(realm2, tmp_path)[1:]
-    assert advice[0].startswith("the last lease of realm-2 finished no run: none-s1 needs 380 s (20 s to start, "
+    _lease_record(tmp_path, "realm", wave, "2026-12-02-1200")
+    assert status.known_peak_mib(realm, tmp_path) is None  # that lease measured none
+    advice = status.plan_state(realm, tmp_path)[1:]
+    assert advice[0].startswith("the last lease of realm finished no run: none-s1 needs 380 s (20 s to start, "
                                 "3.00 s a step, 20.00 s an evaluation, measured with 1 run(s) on the device); "
                                 "the budget was 200 s")
     assert "eval.prompts 128 -> 32, train.max_steps 60 -> 30, eval.every 8 -> 4 (one run 155 s of 200 s)" in advice[1]
     assert "7 run(s) are committed under the old settings" in advice[2]
     with pytest.raises(SystemExit, match="7 run.s. are committed under the current setting"):
-        shrink.shrink(realm2, tmp_path)
+        shrink.shrink(realm, tmp_path)
     import shutil
 
     shutil.rmtree(tmp_path / "results")
-    assert shrink.shrink(realm2, tmp_path) == wave["proposal"]["sets"]
+    assert shrink.shrink(realm, tmp_path) == wave["proposal"]["sets"]
     after = (tmp_path / plans.REALM_CONFIG).read_text()
     before = (ROOT / plans.REALM_CONFIG).read_text()
     assert status.config_settings(tmp_path) == {**SETTINGS, "eval.prompts": 32, "train.max_steps": 30,
                                                 "eval.every": 4}
     changed = [a for a, b in zip(after.splitlines(), before.splitlines()) if a != b]
-    assert len(changed) == 3 and all("lease-realm-2-2026-12-02-1200.json" in line for line in changed)
-    assert status.plan_state(realm2, tmp_path)[-1] == ("configs/smollm2-gpu.yaml has changed since that lease: "
+    assert len(changed) == 3 and all("lease-realm-2026-12-02-1200.json" in line for line in changed)
+    assert status.plan_state(realm, tmp_path)[-1] == ("configs/smollm2-gpu.yaml has changed since that lease: "
                                                        "run the plan again")
     with pytest.raises(SystemExit, match="has changed since"):
-        shrink.shrink(realm2, tmp_path)
+        shrink.shrink(realm, tmp_path)
 
 
 def test_a_run_not_measured_yet_borrows_the_pace_of_those_that_are(tmp_path):

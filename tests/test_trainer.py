@@ -60,7 +60,7 @@ def test_metrics_present_and_finite_or_null(micro_model, tmp_path):
                 "clip/ratio_frac", "policy/approx_kl", "optim/grad_norm", "response/length",
                 "probe/sign_agreement", "probe/sign_agreement_weighted", "probe/corr", "probe/batch_sign_agree",
                 "probe/dH_actual", "probe/dH_pred", "time/generate", "time/forward", "time/backward",
-                "perf/tokens_per_s"]
+                "perf/tokens_per_s", "perf/peak_memory_gb"]
     for row in rows[1:]:
         for key in required:
             assert key in row, key

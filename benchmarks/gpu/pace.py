@@ -8,8 +8,10 @@ is built (the startup ends, the step-0 evaluation starts), the step-0 row ends t
 row carries ``time/step`` (with ``time/eval`` at the steps that evaluate).
 
 Runs that share one GPU take turns on it: the wave assumes the device's throughput is shared, so ``k`` runs of
-the ``m`` measured would each need ``k/m`` of the time measured (:func:`runs_that_fit`), then checks the runs it
-kept against their own pace once they run with fewer (:func:`runs_to_keep`).
+the ``m`` measured would each need ``k/m`` of the time measured, and runs that wait for room need their whole
+run's work on top (:func:`finish_s`, :func:`runs_that_fit`); it checks the runs it kept against their own pace
+once they run with fewer (:func:`runs_to_keep`). Memory is part of what fits: no more runs at once than the
+device's free memory holds at one run's measured peak (:func:`memory_cap`).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 FIT_MARGIN = 1.1  # a cut keeps runs whose projected time, times this, fits what is left
+MEM_MARGIN = 1.25  # a run's measured peak memory, times this, is what each run is given
 TRIM_SLACK = 1.15  # a kept run is stopped only when its projection is over what is left by more than this
 SETTING_KEYS = ("train.max_steps", "eval.every", "eval.prompts", "rollout.max_new_tokens")
 
@@ -94,15 +97,49 @@ def run_s(p: Pace, max_steps: int, every: int) -> float:
     return p.startup_s + max_steps * p.step_s + len(eval_steps(max_steps, every)) * p.eval_s
 
 
-def runs_that_fit(remaining: list[float], share: int, left_s: float) -> int:
-    """How many of the running runs (``remaining``: each one's seconds to finish, measured while ``share`` runs
-    shared the device; in the methods' fixed order) can be kept: the largest ``k`` for which each of the first
-    ``k``, with the device shared ``k`` ways instead, finishes within ``left_s`` with ``FIT_MARGIN`` to spare."""
+def finish_s(needs: list[float], share: int, cap: int) -> float:
+    """When the last of the runs ``needs`` ends (each one's seconds to finish, measured while ``share`` runs shared
+    the device; a run not started yet needs its whole run), run in order at most ``cap`` at once: the device's
+    throughput is shared, so the runs need their total work, ``sum / share`` seconds of the device alone, and none
+    ends sooner than it would sharing the device with ``min(len, cap)`` runs."""
+    if not needs:
+        return 0.0
+    return max(sum(needs) / share, max(needs) * min(len(needs), cap) / share)
+
+
+def budget_of(needs: list[float], share: int, cap: int, runs: float) -> float:
+    """The seconds ``runs`` of ``needs`` take (:func:`finish_s`, interpolated between whole counts) with
+    ``FIT_MARGIN``: the CPU rehearsal's slow device (a budget of 7.5 runs fits seven, not eight)."""
+    lo = int(runs)
+    a, b = finish_s(needs[:lo], share, cap), finish_s(needs[: lo + 1], share, cap)
+    return (a + (b - a) * (runs - lo)) * FIT_MARGIN
+
+
+def runs_that_fit(needs: list[float], share: int, left_s: float, cap: int | None = None) -> int:
+    """How many of the runs ``needs`` (in the wave's fixed order: the running ones first, then those not started)
+    can be kept: the largest ``k`` whose first ``k`` all end (:func:`finish_s`, at most ``cap`` at once, the
+    memory's count) within ``left_s`` with ``FIT_MARGIN`` to spare."""
+    cap = len(needs) if cap is None else max(1, cap)
     best = 0
-    for k in range(1, len(remaining) + 1):
-        if all(r * k / share * FIT_MARGIN <= left_s for r in remaining[:k]):
+    for k in range(1, len(needs) + 1):
+        if finish_s(needs[:k], share, cap) * FIT_MARGIN <= left_s:
             best = k
     return best
+
+
+def still_fits(needs: list[float], share: int, left_s: float, cap: int) -> bool:
+    """Whether a kept run not started yet (the last of ``needs``, after the running ones) still ends in time: as
+    :func:`runs_to_keep` judges a running one, over what is left by no more than ``TRIM_SLACK`` (the cut kept it
+    with ``FIT_MARGIN`` to spare)."""
+    return finish_s(needs, share, cap) <= left_s * TRIM_SLACK
+
+
+def memory_cap(free_mib: float, peak_mib: float) -> int:
+    """How many runs the device's free memory (``free_mib``, read before any run started) holds at one run's
+    measured peak (``peak_mib``) with ``MEM_MARGIN`` to spare; at least 1 (the first run always goes on)."""
+    if peak_mib <= 0:
+        return 1
+    return max(1, int(free_mib // (peak_mib * MEM_MARGIN)))
 
 
 def runs_to_keep(remaining: list[float], left_s: float) -> int:

@@ -17,16 +17,16 @@ resumable across sittings).
    finished, the summary (md + json) and ``erft report``'s report.html. ``environment.json`` gets one entry per
    call: device, torch and transformers versions, wall time, runs finished.
 
-The lease kit (benchmarks/lease, docs/lease.md) runs it one wave at a time: ``--seeds N`` keeps seeds 0..N-2
-from the committed results and trains seed N-1, with ``--no-report`` and ``--set train.checkpoints=false`` (no run
-is resumed across leases, so no checkpoint is written); ``erft compare`` refuses a wave whose settings differ from
-the committed runs', in one line.
+The lease kit (benchmarks/lease, docs/lease.md) runs it as one paced wave a lease, with ``--no-report`` and
+``--set train.checkpoints=false`` (no run is resumed across leases, so no checkpoint is written).
 
-``--paced`` (the lease's train section; issue 49): the last seed's unfinished runs start at once, each its own
-process, and the wave keeps only as many as can finish by ``--deadline-s`` at the pace they show, in the methods'
-order, killing the others at once (``realm_wave.py``; the pace figures ``pace.py``); ``--wave-json`` gets its
-record, with the smaller setting that fits when not one run can. No summary is copied in this mode (each run is
-its own ``erft compare``): the summary of all waves is made afterwards, on a CPU (docs/results-smollm2-gpu.md).
+``--paced`` (the lease's train section; issues 49 and 64): every unfinished run of every seed, in an order that
+completes seeds first, each its own ``erft compare --seed S --seeds 1`` process; the wave keeps the longest
+prefix of that order that can finish by ``--deadline-s`` at the pace the runs show and that the device's memory
+holds, killing the others at once (``realm_wave.py``; the pace figures ``pace.py``); ``--wave-json`` gets its
+record, with the smaller setting that fits when not one run can. It refuses, in one line, when a kept run's
+settings differ from the wave's. No summary is copied in this mode (each run is its own ``erft compare``): the
+summary of all waves is made afterwards, on a CPU (docs/results-smollm2-gpu.md).
 
 Exit status: 0 when every run is finished and reported, 3 when runs are left (call again), else compare's.
 The CPU smoke test (tests/test_gpu_config.py) runs this with tiny --set overrides on SmolLM2.
@@ -161,18 +161,46 @@ def run_compare(args: argparse.Namespace) -> int:
             signal.signal(sig, old)
 
 
+def missing_runs(runs: Path, methods: str, seeds: int) -> list[tuple[str, int]]:
+    """The (method, seed) of every run of seeds ``0..seeds-1`` not finished in ``runs``, seeds first: an early
+    stop leaves whole seeds, and each lease's runs complete the table seed by seed."""
+    return [(m, s) for s in range(seeds) for m in methods.split(",") if not _finished(runs / f"{m}-s{s}")]
+
+
+def check_settings(args: argparse.Namespace) -> str | None:
+    """Whether every run kept in ``--runs`` (the committed ones, restored) was trained with the wave's settings:
+    each run of a paced wave is its own ``erft compare --seed S --seeds 1``, which checks only its own folder (its
+    CPU numerics too: this process is not pinned as a run is), so the wave checks the others' settings first. The
+    one line of the mismatch, or None."""
+    from entropy_rft.common.errors import UserError
+    from entropy_rft.launch import sweep
+    from entropy_rft.launch.variants import expand_variants
+
+    extra = {"train": {"max_steps": args.max_steps}} if args.max_steps is not None else {}
+    plans = sweep.make_plans(expand_variants(args.methods, None), range(args.seeds), args.config, list(args.set),
+                             extra)
+    try:
+        sweep.check_recorded_configs(args.runs, plans, cpu_numerics=False)
+    except UserError as e:
+        return str(e)
+    return None
+
+
 def run_paced(args: argparse.Namespace) -> int:
-    """The last seed's runs not finished in ``--runs`` as one paced wave (realm_wave.py); its exit status (0: all
-    finished, 3: runs left)."""
+    """Every run of seeds ``0..--seeds-1`` not finished in ``--runs``, seeds first, as one paced wave
+    (realm_wave.py); its exit status (0: all finished, 3: runs left, 2: settings differ from the kept runs')."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from realm_wave import train_wave
 
-    seed = args.seeds - 1
-    missing = [m for m in args.methods.split(",") if not _finished(args.runs / f"{m}-s{seed}")]
+    missing = missing_runs(args.runs, args.methods, args.seeds)
     if not missing:
-        print(f"run_gpu: every run of seed {seed} is finished already", flush=True)
+        print(f"run_gpu: every run of seeds 0-{args.seeds - 1} is finished already", flush=True)
         return 0
-    return train_wave(args, args.seeds, missing, _env(), lambda text: print(text, flush=True))
+    mismatch = check_settings(args)
+    if mismatch:
+        print(f"run_gpu: {mismatch}", flush=True)
+        return 2
+    return train_wave(args, missing, _env(), lambda text: print(text, flush=True))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -193,16 +221,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-report", action="store_true", help="Leave out erft report when every run is finished "
                    "(a lease wave: the report of all waves is made afterwards, on a CPU).")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    p.add_argument("--paced", action="store_true", help="Train the last seed's unfinished runs as a wave that "
-                   "keeps only the runs that can finish by --deadline-s at their measured pace (realm_wave.py).")
+    p.add_argument("--paced", action="store_true", help="Train every unfinished run, seeds first, as a wave that "
+                   "keeps only the runs that can finish by --deadline-s at their measured pace and that the device's "
+                   "memory holds (realm_wave.py).")
     p.add_argument("--wave-json", type=Path, help="--paced: where the wave's record goes.")
     p.add_argument("--window-s", type=float, default=90.0, help="--paced: read the pace once each run has logged "
                    "a training step, or after this long.")
-    p.add_argument("--at-once", type=int, default=5, help="--paced: runs started at once (the rest start as "
-                   "runs end, when one can still finish).")
+    p.add_argument("--at-once", type=int, default=5, help="--paced: at most this many runs at once (fewer when the "
+                   "device's memory holds fewer; the rest start as runs end, when one can still finish).")
+    p.add_argument("--peak-mib", type=float, help="--paced: one run's peak device memory as an earlier lease "
+                   "measured it (then the first runs start together; without it the first starts alone until its "
+                   "peak is read).")
+    p.add_argument("--memory-runs", type=float, help="--paced, the CPU rehearsal only: the device's memory holds "
+                   "this many runs (a small device on demand).")
     p.add_argument("--check-s", type=float, default=10.0, help="--paced: check the kept runs this often.")
     p.add_argument("--budget-runs", type=float, help="--paced, the CPU rehearsal only: once the pace is read, the "
-                   "budget is what this many runs need at it, shared as measured (a slow device on demand).")
+                   "budget is what this many runs of the wave's order need at it (pace.budget_of; 7.5: seven fit, "
+                   "not eight): a slow device on demand.")
     args = p.parse_args(argv)
     t0 = time.monotonic()
     restored = restore(args.results, args.runs)

@@ -171,7 +171,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=None, help="Update-norm steps (default 5; quick: 2).")
     p.add_argument("--json", help="Write the figures here.")
     p.add_argument("--no-hf", action="store_true", help="Leave out HF generate (its torch.compile warm-up takes "
-                   "minutes): the static and graph samplers and the update norms only, as the realm-1 lease runs it.")
+                   "minutes): the static and graph samplers and the update norms only, as the realm lease's first "
+                   "call 2 runs it.")
     a = p.parse_args(argv)
     cuda = a.device.startswith("cuda")
     if cuda and not torch.cuda.is_available():

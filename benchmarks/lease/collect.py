@@ -14,7 +14,7 @@ from pathlib import Path
 
 from plans import KERNEL_PARTS, KERNEL_RESULTS, REALM_RESULTS, ROOT, Plan, realm_run_names
 
-# The task check of the first wave (issue 34): the base model's figures at the step-0 evaluation
+# The task check of the first lease that trains (issue 34): the base model's figures at the step-0 evaluation
 TASK_PASS1 = (0.05, 0.3)
 TASK_PASS8_OVER_PASS1 = 2.0
 TASK_MIN_TOKENS = 48
@@ -116,7 +116,9 @@ def task_verdict(base: dict) -> list[str]:
 def collect_realm(plan: Plan, folders: list[Path], root: Path, force: bool) -> list[Path]:
     sys.path.insert(0, str(ROOT / "benchmarks" / "gpu"))
     from realm import _finished
+    from status import committed_runs
 
+    first = not committed_runs(root)  # the first lease that trains: the task is checked before anything is kept
     tars = [f / "runs.tar.gz" for f in folders if (f / "runs.tar.gz").is_file()]
     if not tars:
         print(f"collect: no runs.tar.gz came back from {plan.name}'s call 2; nothing to commit but the record")
@@ -127,21 +129,22 @@ def collect_realm(plan: Plan, folders: list[Path], root: Path, force: bool) -> l
         with tarfile.open(tars[-1]) as tar:
             tar.extractall(tmp, filter="data")
         got = Path(tmp)
-        names = realm_run_names(plan.seed)
+        names = realm_run_names()
         finished = [n for n in names if _finished(got / n)]
         for n in names:
             steps = 0
             if (got / n / "metrics.jsonl").is_file():
                 steps = sum(1 for line in (got / n / "metrics.jsonl").read_text().splitlines() if '"step"' in line)
-            print(f"  {n}: {'finished' if n in finished else 'NOT finished'} ({steps} metric rows)")
-        if plan.seed == 0:
-            base = base_figures([got / n for n in names])
+            if steps or n in finished:
+                print(f"  {n}: {'finished' if n in finished else 'NOT finished'} ({steps} metric rows)")
+        if first:
+            base = base_figures([got / n for n in names if n.endswith("-s0")])
             miss = task_verdict(base)
             print(f"  the task's base figures (step 0): {base}")
             if miss and not force:
                 print("collect: the task misses issue 34's wants (" + "; ".join(miss) + "). Nothing committed: "
                       "change task: in configs/smollm2-gpu.yaml once (and say so in docs/results-smollm2-gpu.md), "
-                      "then run realm-1 again; --force commits these runs anyway")
+                      "then run the realm plan again; --force commits these runs anyway")
                 return []
         for n in finished:
             dst = results / n
@@ -172,9 +175,10 @@ def report_wave(plan: Plan, folders: list[Path], root: Path) -> None:
             print(f"  the wave: {wave['verdict']}")
             for line in wave_advice(plan, wave, None, committed_runs(root)):
                 print(f"  {line}")
-    left = missing_runs(plan.seed, root)
+    left = missing_runs(root)
     if left:
-        print(f"collect: {plan.name} still needs {', '.join(left)}: `kit.py next` offers it again")
+        print(f"collect: {plan.name} still needs {len(left)} run(s) ({', '.join(left)}): `kit.py next` offers it "
+              "again")
 
 
 def collect(plan: Plan, folders: list[Path], root: Path = ROOT, force: bool = False) -> list[Path]:

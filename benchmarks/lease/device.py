@@ -28,6 +28,7 @@ from plans import (
     GGUF_SHA256,
     REALM_METHODS,
     REALM_RESULTS,
+    REALM_SEEDS,
     ROOT,
     Plan,
     Section,
@@ -189,24 +190,33 @@ def section_model(lease: Lease, budget: float) -> int:
 
 
 def section_sampler(lease: Lease, budget: float) -> int:
+    if (ROOT / REALM_RESULTS / "sampler.json").is_file():
+        lease.record["sections"][-1]["skipped"] = f"{REALM_RESULTS}/sampler.json is committed"
+        lease.say(f"skipped: {REALM_RESULTS}/sampler.json is committed (the first lease that trained checked it)")
+        return 0
     size = ["--device", "cpu", "--quick"] if lease.rehearsal else ["--device", "cuda", "--rounds", "2"]
     return lease.run([py(), "benchmarks/gpu/sampler.py", *size, "--no-hf", "--json",
                       str(lease.out / "sampler.json")], budget)
 
 
 def graph_sampler_ok(lease: Lease) -> bool:
-    """Whether the runs may use the CUDA-graph sampler: it drew the eager sampler's tokens in this call's check
-    (realm-1), or the committed runs of the earlier waves used it (so every wave has the same settings)."""
-    if lease.plan.seed == 0:
+    """Whether the runs may use the CUDA-graph sampler: as the committed runs did (every run of the comparison has
+    the same settings), else as the sampler check found it (this call's, or the committed sampler.json): it drew
+    the eager sampler's tokens."""
+    import yaml  # the image has it
+    from status import committed_runs
+
+    runs = committed_runs()
+    if runs:
+        cfg = yaml.safe_load((ROOT / REALM_RESULTS / runs[0] / "config.yaml").read_text())
+        return bool(cfg["rollout"]["cuda_graphs"])
+    for path in (lease.out / "sampler.json", ROOT / REALM_RESULTS / "sampler.json"):
         try:
-            s = json.loads((lease.out / "sampler.json").read_text())["sampler"]
+            s = json.loads(path.read_text())["sampler"]
             return bool(s["graph_same_tokens"] and s["graph-eos_same_tokens"])
         except (OSError, ValueError, KeyError):
-            return False
-    import yaml  # the image has it
-
-    cfg = yaml.safe_load((ROOT / REALM_RESULTS / "none-s0" / "config.yaml").read_text())
-    return bool(cfg["rollout"]["cuda_graphs"])
+            continue
+    return False
 
 
 def section_train(lease: Lease, budget: float) -> int:
@@ -218,19 +228,26 @@ def section_train(lease: Lease, budget: float) -> int:
     lease.record["cuda_graphs"] = graphs
     if not graphs:
         lease.say("the runs use the eager sampler (rollout.cuda_graphs=false): the graph path did not draw the "
-                  "eager sampler's tokens, or an earlier wave ran without it")
+                  "eager sampler's tokens, or the committed runs ran without it")
     sets = ["train.checkpoints=false", f"rollout.cuda_graphs={str(graphs).lower()}"]
     wave = lease.state / "tmp" / "wave.json"
     wave.unlink(missing_ok=True)
-    argv = [py(), "benchmarks/gpu/realm.py", "--seeds", str(lease.plan.seed + 1), "--deadline-s", f"{deadline:.0f}",
+    argv = [py(), "benchmarks/gpu/realm.py", "--seeds", str(REALM_SEEDS), "--deadline-s", f"{deadline:.0f}",
             "--stop-wait-s", str(STOP_WAIT_S), "--no-report", "--methods", ",".join(REALM_METHODS), "--paced",
             "--wave-json", str(wave)]
+    from status import known_peak_mib
+
+    peak = known_peak_mib(lease.plan)
+    if peak:
+        lease.say(f"one run's peak memory, as the last lease measured it: {peak:.0f} MiB")
+        argv += ["--peak-mib", f"{peak:.0f}"]
     if lease.rehearsal:
         sets += list(REHEARSAL_SETS)
-        argv += ["--max-steps", str(REHEARSAL_STEPS), "--at-once", str(REHEARSAL_AT_ONCE), "--window-s", "300",
-                 "--check-s", "2"]
-        if os.environ.get("ERFT_LEASE_BUDGET_RUNS"):  # the rehearsal's slow device (rehearse.py)
-            argv += ["--budget-runs", os.environ["ERFT_LEASE_BUDGET_RUNS"]]
+        at_once = os.environ.get("ERFT_LEASE_AT_ONCE", str(REHEARSAL_AT_ONCE))
+        argv += ["--max-steps", str(REHEARSAL_STEPS), "--at-once", at_once, "--window-s", "300", "--check-s", "2"]
+        for var, flag in (("ERFT_LEASE_BUDGET_RUNS", "--budget-runs"), ("ERFT_LEASE_MEMORY_RUNS", "--memory-runs")):
+            if os.environ.get(var):  # the rehearsal's slow or small device (rehearse.py)
+                argv += [flag, os.environ[var]]
     for s in sets:
         argv += ["--set", s]
     rc = lease.run(argv, deadline + STOP_WAIT_S + RESERVE_S)
@@ -246,7 +263,7 @@ def section_ship(lease: Lease, budget: float) -> int:
     tmp = lease.out / ".runs.tar.gz.tmp"
     shipped = []
     with tarfile.open(tmp, "w:gz") as tar:
-        for name in realm_run_names(lease.plan.seed):
+        for name in realm_run_names():
             for f in SHIPPED:
                 if (runs / name / f).is_file():
                     tar.add(runs / name / f, arcname=f"{name}/{f}")
@@ -254,7 +271,7 @@ def section_ship(lease: Lease, budget: float) -> int:
         if (results / "environment.json").is_file():
             tar.add(results / "environment.json", arcname="environment.json")
     os.replace(tmp, lease.out / "runs.tar.gz")
-    lease.say(f"shipped {len(shipped)} files of {len(realm_run_names(lease.plan.seed))} runs in runs.tar.gz "
+    lease.say(f"shipped {len(shipped)} files of {len({f.split('/')[0] for f in shipped})} runs in runs.tar.gz "
               f"({(lease.out / 'runs.tar.gz').stat().st_size} bytes)")
     return 0
 
@@ -264,22 +281,10 @@ SECTIONS = {"env": section_env, "stage": section_stage, "model": section_model, 
             **{p: section_kernels(p) for p in ("stats", "head", "verl", "trl")}}
 
 
-def check_earlier_waves(plan: Plan) -> None:
-    """A realm wave trains its own seed: the earlier seeds' runs must be committed, finished, already."""
-    from status import missing_runs
-
-    missing = [n for s in range(plan.seed) for n in missing_runs(s)]
-    if missing:
-        raise SystemExit(f"{plan.name} needs the earlier waves' runs committed in {REALM_RESULTS} (missing or "
-                         f"unfinished: {', '.join(missing)}): run `kit.py next` for the plan to run first")
-
-
 def run_call(plan: Plan, number: int, out: Path, state: Path, rehearsal: bool,
              deadline_s: float = CALL_DEADLINE_S) -> int:
     """Run call ``number`` of ``plan``; returns 0 when every section succeeded, 1 otherwise."""
     call = get_call(plan, number)
-    if plan.realm:
-        check_earlier_waves(plan)
     out.mkdir(parents=True, exist_ok=True)
     (state / "tmp").mkdir(parents=True, exist_ok=True)
     lease = Lease(plan, number, out, state, rehearsal, deadline_s)

@@ -10,8 +10,9 @@ Here (the checkout's .venv):
 On the GPU machine (the call's command; the image's python3):
     PYTHONUNBUFFERED=1 python3 benchmarks/lease/kit.py call PLAN N
 
-Plans: kernels (issue 33), realm-1, realm-2, realm-3 (issue 34); `next` offers kernels first, then the realm plans
-until their runs are committed, then a second try of kernels if its first lease left a section unfinished.
+Plans: kernels (issue 33), realm (issue 34); `next` offers kernels first, then realm until its 15 runs are
+committed (each lease trains as many of the missing ones as fit, seeds first), then a second try of kernels if
+its first lease left a section unfinished.
 """
 
 from __future__ import annotations
@@ -61,7 +62,8 @@ def main(argv: list[str] | None = None) -> int:
     sp = sub.add_parser("collect", help="put what a lease returned where it is committed")
     sp.add_argument("plan")
     sp.add_argument("folders", nargs="+", type=Path, help="each call's returned files (the tool's files_at)")
-    sp.add_argument("--force", action="store_true", help="realm-1: commit the runs even if the task misses")
+    sp.add_argument("--force", action="store_true", help="realm, the first lease that trains: commit the runs even "
+                    "if the task misses issue 34's wants")
     sp = sub.add_parser("shrink", help="write the smaller setting a realm lease proposed into the config, once")
     sp.add_argument("plan")
     sp = sub.add_parser("rehearse", help="every plan (or those named) on the CPU, as on the device")

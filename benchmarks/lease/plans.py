@@ -6,10 +6,10 @@ minutes a command, at most 8 files of 16 MiB back from ``$OUT``, and 64 MiB of w
 section writes its files to ``$OUT`` as it ends (a stopped call still returns what it finished), and every call's
 carry stays under ``CARRY_LIMIT`` together with the working tree (tests/test_lease.py checks both).
 
-``PLANS`` lists ``kernels`` (issue 33), then ``realm-1``, ``realm-2``, ``realm-3`` (issue 34: one seed of the five
-methods each). A lease runs ``status.next_plan``: ``kernels`` first, then the realm plans until their 15 runs are
-committed, then the kernels plan's second try if its first left a section unfinished (issue 64). docs/lease.md is
-the page for whoever holds a lease.
+``PLANS`` lists ``kernels`` (issue 33) and ``realm`` (issue 34: every run of the 15 still missing, seeds first,
+as many as the lease's pace and the device's memory allow; issue 64). A lease runs ``status.next_plan``:
+``kernels`` first, then ``realm`` until its 15 runs are committed, then the kernels plan's second try if its
+first left a section unfinished. docs/lease.md is the page for whoever holds a lease.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ CALL_TIMEOUT_S = 570  # the device tool's timeout_s for a call: the deadline plu
 CARRY_LIMIT = 60 * MIB  # working tree + carry of one call (the tool's limit is 64 MiB)
 OUT_MAX_FILES, OUT_MAX_FILE, OUT_MAX_TOTAL, OUT_MAX_DEPTH = 8, 16 * MIB, 64 * MIB, 2
 REALM_METHODS = ("none", "clip_b", "clip_v", "clip_cov", "kl_cov")
+REALM_SEEDS = 3
 REALM_CONFIG = "configs/smollm2-gpu.yaml"
 REALM_RESULTS = "results/smollm2-gpu"
 KERNEL_RESULTS = "benchmarks/results"
@@ -60,11 +61,7 @@ class Plan:
     purpose: str
     wheels: tuple[str, ...]  # top-level packages the image lacks; carry.py adds what they need
     calls: tuple[Call, ...]
-    seed: int | None = None  # realm plans: the seed this wave trains
-
-    @property
-    def realm(self) -> bool:
-        return self.seed is not None
+    realm: bool = False  # trains the comparison's missing runs (results/smollm2-gpu/)
 
 
 ENV = Section("env", 30, ("env.json",), "the device, driver, torch, transformers, triton; the carried imports")
@@ -81,21 +78,21 @@ KERNELS = Plan(
 REALM_WHEELS = ("reasoning-gym", "gguf", "pytz")
 
 
-def _realm(n: int) -> Plan:
+def _realm() -> Plan:
     model = Section("model", 150, (), "join the GGUF's two parts, check its sha256, build SmolLM2 once")
-    sampler = Section("sampler", 100, ("sampler.json",), "graph vs eager sampler: same tokens, speed; update norms")
-    train = Section("train", 0, (), "this seed's missing runs as a paced wave: only those that can finish by the "
-                    "deadline go on, in the methods' order (benchmarks/gpu/realm_wave.py)")
+    sampler = Section("sampler", 100, ("sampler.json",), "graph vs eager sampler: same tokens, speed; update norms "
+                      "(skipped once results/smollm2-gpu/sampler.json is committed)")
+    train = Section("train", 0, (), "every missing run, seeds first, as a paced wave: only those that can finish "
+                    "by the deadline and that the memory holds go on (benchmarks/gpu/realm_wave.py)")
     ship = Section("ship", 30, ("runs.tar.gz",), "each run's metrics.jsonl, config.yaml, run.json, samples.jsonl")
-    second = (model, sampler, train, ship) if n == 1 else (model, train, ship)
-    return Plan(f"realm-{n}", 34, f"seed {n - 1} of GRPO, ClipB, ClipV, Clip-Cov and KL-Cov from SmolLM2-135M",
-                wheels=REALM_WHEELS, seed=n - 1,
+    return Plan("realm", 34, "GRPO, ClipB, ClipV, Clip-Cov and KL-Cov from SmolLM2-135M, 3 seeds: every run not "
+                "committed yet, seeds first, as many as fit the lease", wheels=REALM_WHEELS, realm=True,
                 calls=(Call((f"{CARRY_DIR}/wheels-realm", f"{CARRY_DIR}/gguf.1"),
                             (ENV, Section("stage", 30, (), "keep the GGUF's first part on the machine"))),
-                       Call((f"{CARRY_DIR}/gguf.2",), second)))
+                       Call((f"{CARRY_DIR}/gguf.2",), (model, sampler, train, ship))))
 
 
-PLANS: dict[str, Plan] = {p.name: p for p in (KERNELS, _realm(1), _realm(2), _realm(3))}
+PLANS: dict[str, Plan] = {p.name: p for p in (KERNELS, _realm())}
 
 
 def get_plan(name: str) -> Plan:
@@ -111,6 +108,7 @@ def get_call(plan: Plan, number: int) -> Call:
     return plan.calls[number - 1]
 
 
-def realm_run_names(seed: int) -> list[str]:
-    """The run folders a realm wave ships (``erft compare``'s ``<method>-s<seed>``)."""
-    return [f"{m}-s{seed}" for m in REALM_METHODS]
+def realm_run_names() -> list[str]:
+    """The comparison's 15 run folders (``erft compare``'s ``<method>-s<seed>``) in the order a wave trains them:
+    seed 0's five methods, then seed 1's, then seed 2's."""
+    return [f"{m}-s{s}" for s in range(REALM_SEEDS) for m in REALM_METHODS]

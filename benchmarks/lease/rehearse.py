@@ -10,8 +10,9 @@
   16 MiB each, 64 MiB in all, two folders deep, plain names).
 - A call killed half-way (SIGKILL to its process group once a section has ended) still returns that section's
   files, whole.
-- What came back is collected into the copy as it would be here (realm waves in order, so realm-2 keeps realm-1's
-  runs), and the collected files checked.
+- What came back is collected into the copy as it would be here (so each realm lease keeps the runs the earlier
+  ones committed), and the collected files checked.
+- The realm plan under a slow device and a small one (:func:`rehearse_realm_leases`, issues 49 and 64).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from plans import (
     OUT_MAX_FILES,
     OUT_MAX_TOTAL,
     PLANS,
+    REALM_RESULTS,
     ROOT,
     Plan,
     realm_run_names,
@@ -157,40 +159,52 @@ def one_call(plan: Plan, n: int, copy: Path, venv_py: Path, out: Path, state: Pa
     if rc:
         failures.append(f"{plan.name} call {n}: exit {rc} ({status}); see {out / 'log.txt'}")
     failures += [f"{plan.name} call {n}: {p}" for p in check_out(out)]
+    skipped = {s["name"] for s in rec["sections"] if s.get("skipped")}
     for s in plan.calls[n - 1].sections:
-        failures += [f"{plan.name} call {n}: {f} missing" for f in s.files if not (out / f).is_file()]
+        failures += [f"{plan.name} call {n}: {f} missing" for f in s.files
+                     if s.name not in skipped and not (out / f).is_file()]
     return failures
 
 
-REALM_CALLS = 5  # the calls a realm wave may take on the CPU: each must commit at least one of its five runs
-PACED_PLAN = "realm-2"  # the plan whose rehearsal also plays a slow device's two leases (no sampler section)
+REALM_CALLS = 5  # the ordinary calls a realm plan may take on the CPU: each must commit at least one run
+SLOW, SMALL = 7.5, 3  # the slow device's budget (runs: seven fit, not eight); the small device's memory (runs)
 
 
-def rehearse_slow_leases(plan: Plan, copy: Path, venv_py: Path, work: Path, state: Path,
-                         first: list[Path]) -> list[str]:
-    """Issue 49 on the CPU, before the plan's ordinary last call: a lease whose budget holds half a run (nothing
-    fits: its record gives the pace, the budget one run needs and the smaller setting; nothing is committed),
-    then one whose budget holds three runs run two at a time (the first two are committed, the others are
-    left for the next call, which the caller makes)."""
+def rehearse_realm_leases(plan: Plan, copy: Path, venv_py: Path, work: Path, state: Path,
+                          first: list[Path]) -> list[str]:
+    """Issues 49 and 64 on the CPU, each a lease's call 2 with call 1's folder ``first``: a budget of 7.5 runs (the
+    first lease that trains: its first run starts alone until its peak memory is read; seeds first, exactly seed
+    0's five and seed 1's ``none`` and ``clip_b`` are committed); a budget of half a run (nothing fits: the record
+    gives the pace, the budget one run needs and the smaller setting; nothing more is committed); then a device
+    whose memory holds three runs, with five allowed at once (the runs start together at the peak the earlier
+    leases measured, never more than three run at once, and this one call commits the remaining eight)."""
     from status import missing_runs, plan_state
 
     failures, n = [], len(plan.calls)
-    names = realm_run_names(plan.seed)
-    for budget, want in (("0.5", 0), ("3", 2)):
-        out = work / f"out-{plan.name}-{n}-budget-{budget}"
-        failures += one_call(plan, n, copy, venv_py, out, state, extra={"ERFT_LEASE_BUDGET_RUNS": budget})
+    names = realm_run_names()
+    for label, extra, want in ((f"budget of {SLOW} runs", {"ERFT_LEASE_BUDGET_RUNS": str(SLOW)}, int(SLOW)),
+                               ("budget of 0.5 run", {"ERFT_LEASE_BUDGET_RUNS": "0.5"}, int(SLOW)),
+                               (f"memory for {SMALL} runs, 5 at once",
+                                {"ERFT_LEASE_MEMORY_RUNS": str(SMALL), "ERFT_LEASE_AT_ONCE": "5"}, len(names))):
+        out = work / f"out-{plan.name}-{n}-{label.split()[0]}-{want}"
+        failures += one_call(plan, n, copy, venv_py, out, state, extra=extra)
         wave = json.loads((out / "lease.json").read_text()).get("wave", {})
         collect(plan, [*first, out], root=copy, force=True)
-        got = [x for x in names if x not in missing_runs(plan.seed, copy)]
-        print(f"   budget of {budget} run(s): {wave.get('verdict')}; committed {got}", flush=True)
+        got = [x for x in names if x not in missing_runs(copy)]
+        print(f"   {label}: {wave.get('verdict')}; at most {wave.get('most_at_once')} at once; memory "
+              f"{wave.get('memory')}; committed {len(got)}: {got}", flush=True)
         if got != names[:want]:
-            failures.append(f"{plan.name}, budget of {budget} run(s): committed {got}, not {names[:want]}")
-        if want == 0 and not (wave.get("verdict") == "nothing fits" and wave.get("pace", {}).get("step_s")
+            failures.append(f"{plan.name}, {label}: committed {got}, not {names[:want]}")
+        if "0.5" in label and not (wave.get("verdict") == "nothing fits" and wave.get("pace", {}).get("step_s")
                               and wave.get("needed_s", 0) > 0 and "proposal" in wave):
-            failures.append(f"{plan.name}, budget of {budget} run(s): the record lacks the verdict, pace or "
-                            f"proposal: {json.dumps(wave)[:400]}")
-        if want == 2 and wave.get("verdict") != "partial":
-            failures.append(f"{plan.name}, budget of {budget} run(s): verdict {wave.get('verdict')}, not partial")
+            failures.append(f"{plan.name}, {label}: the record lacks the verdict, pace or proposal: "
+                            f"{json.dumps(wave)[:400]}")
+        if str(SLOW) in label and wave.get("verdict") != "partial":
+            failures.append(f"{plan.name}, {label}: verdict {wave.get('verdict')}, not partial")
+        if "ERFT_LEASE_MEMORY_RUNS" in extra and (wave.get("most_at_once") != SMALL
+                                                  or (wave.get("memory") or {}).get("runs_it_holds") != SMALL):
+            failures.append(f"{plan.name}, {label}: {wave.get('most_at_once')} ran at once, the record says the "
+                            f"memory holds {(wave.get('memory') or {}).get('runs_it_holds')}: not {SMALL}")
         print("   kit.py next would add: " + " | ".join(plan_state(plan, copy)), flush=True)
     return failures
 
@@ -224,30 +238,33 @@ def rehearse(names: list[str], work: Path) -> list[str]:
             failures += [f"{name} killed: {p}" for p in check_out(out)]
             print(f"   killed after env ({secs:.0f} s): returned {sorted(p.name for p in out.iterdir())}", flush=True)
             shutil.rmtree(state, ignore_errors=True)
-        for n in range(1, len(plan.calls) + 1):
-            if name == PACED_PLAN and n == len(plan.calls):  # the slow device's leases first (issue 49)
-                failures += rehearse_slow_leases(plan, copy, venv_py, work, state, folders[:1])
-            out = work / f"out-{name}-{n}"
-            left = missing_runs(plan.seed, copy) if plan.realm else []
-            failures += one_call(plan, n, copy, venv_py, out, state)
+        if plan.realm:  # call 1, then the slow and small devices' leases, then ordinary calls while runs are left
+            out = work / f"out-{name}-1"
+            failures += one_call(plan, 1, copy, venv_py, out, state)
             folders.append(out)
-        written = collect(plan, folders, root=copy, force=True)
-        if plan.realm and missing_runs(plan.seed, copy) == left:
-            failures.append(f"{name}: call {len(plan.calls)} committed no run while {len(left)} were left (issue 49)")
-        for again in range(2, REALM_CALLS + 1) if plan.realm else ():  # a wave the CPU could not finish at once
-            before = missing_runs(plan.seed, copy)
-            if not before:
-                break
-            print(f"   {len(before)} run(s) left: call {len(plan.calls)} again ({again} of {REALM_CALLS})", flush=True)
-            out = work / f"out-{name}-{len(plan.calls)}-again-{again}"
-            failures += one_call(plan, len(plan.calls), copy, venv_py, out, state)
-            written += collect(plan, [folders[0], out], root=copy, force=True)
-            if missing_runs(plan.seed, copy) == before:
-                failures.append(f"{name}: a call committed no run while {len(before)} were left (issue 49)")
-                break
-        if plan.realm and missing_runs(plan.seed, copy):
-            failures.append(f"{name}: {', '.join(missing_runs(plan.seed, copy))} not committed after "
-                            f"{REALM_CALLS} calls")
+            failures += rehearse_realm_leases(plan, copy, venv_py, work, state, folders)
+            written = [copy / REALM_RESULTS / n for n in realm_run_names() if (copy / REALM_RESULTS / n).is_dir()]
+            for again in range(1, REALM_CALLS + 1):
+                before = missing_runs(copy)
+                if not before:
+                    break
+                print(f"   {len(before)} run(s) left: call {len(plan.calls)} again ({again} of {REALM_CALLS})",
+                      flush=True)
+                out = work / f"out-{name}-{len(plan.calls)}-again-{again}"
+                failures += one_call(plan, len(plan.calls), copy, venv_py, out, state)
+                written += collect(plan, [folders[0], out], root=copy, force=True)
+                if missing_runs(copy) == before:
+                    failures.append(f"{name}: a call committed no run while {len(before)} were left (issue 49)")
+                    break
+            if missing_runs(copy):
+                failures.append(f"{name}: {', '.join(missing_runs(copy))} not committed after {REALM_CALLS} "
+                                "more calls")
+        else:
+            for n in range(1, len(plan.calls) + 1):
+                out = work / f"out-{name}-{n}"
+                failures += one_call(plan, n, copy, venv_py, out, state)
+                folders.append(out)
+            written = collect(plan, folders, root=copy, force=True)
         print("   collected: " + ", ".join(str(p.relative_to(copy)) for p in written), flush=True)
         if plan.realm and not any(p.parent.name == "smollm2-gpu" and p.is_dir() for p in written):
             failures.append(f"{name}: no finished run was collected")

@@ -13,9 +13,10 @@ sys.path.insert(0, str(ROOT / "benchmarks" / "gpu"))
 from realm import _finished  # noqa: E402  (one definition of a finished run)
 
 
-def missing_runs(seed: int, root: Path = ROOT) -> list[str]:
-    """This wave's runs that are not committed finished in results/smollm2-gpu/."""
-    return [n for n in realm_run_names(seed) if not _finished(root / REALM_RESULTS / n)]
+def missing_runs(root: Path = ROOT) -> list[str]:
+    """The comparison's runs not committed finished in results/smollm2-gpu/, in the order a wave trains them
+    (seeds first)."""
+    return [n for n in realm_run_names() if not _finished(root / REALM_RESULTS / n)]
 
 
 KERNEL_TRIES = 2  # after two leases with a failed section, the kernels plan gives way to the realm plans
@@ -36,18 +37,18 @@ def kernel_leases(root: Path = ROOT) -> dict[Path, list[str]]:
 
 
 def plan_done(plan: Plan, root: Path = ROOT) -> bool:
-    """A realm wave has run when its five runs are committed finished; the kernels plan when one lease ran every
+    """The realm plan has run when its 15 runs are committed finished; the kernels plan when one lease ran every
     section, or after ``KERNEL_TRIES`` leases (what failed twice needs mending here, not a third lease)."""
     if plan.realm:
-        return not missing_runs(plan.seed, root)
+        return not missing_runs(root)
     leases = kernel_leases(root)
     return any(not failed for failed in leases.values()) or len(leases) >= KERNEL_TRIES
 
 
 def next_plan(root: Path = ROOT) -> Plan | None:
     """The plan a lease runs next (None: every plan has run): ``kernels`` while no lease of it is committed; then
-    the realm plans, in order, until their 15 runs are committed (the comparison is the larger missing result, and
-    the kernels have figures already: issue 64); then the ``kernels`` plan's second try, if it needs one."""
+    the realm plan until its 15 runs are committed (the comparison is the larger missing result, and the kernels
+    have figures already: issue 64); then the ``kernels`` plan's second try, if it needs one."""
     kernels = PLANS["kernels"]
     if not kernel_leases(root):
         return kernels
@@ -58,9 +59,9 @@ def next_plan(root: Path = ROOT) -> Plan | None:
 
 
 def last_wave(plan: Plan, root: Path = ROOT) -> tuple[Path, dict] | None:
-    """The newest committed lease record of a realm plan (``lease-<plan>-*.json``) and its wave's record (the
-    train section's ``wave`` in call 2's lease.json); None when no lease of the plan recorded a wave."""
-    for p in sorted((root / KERNEL_RESULTS).glob(f"lease-{plan.name}-*.json"), reverse=True):
+    """The newest committed lease record of the realm plan (``lease-realm-<time>.json``) and its wave's record
+    (the train section's ``wave`` in call 2's lease.json); None when no lease of the plan recorded a wave."""
+    for p in sorted((root / KERNEL_RESULTS).glob(f"lease-{plan.name}-2*.json"), reverse=True):
         try:
             calls = json.loads(p.read_text())["calls"]
         except (OSError, ValueError, KeyError):
@@ -123,14 +124,23 @@ def committed_runs(root: Path = ROOT) -> list[str]:
     return sorted(p.name for p in folder.iterdir() if (p / "run.json").is_file()) if folder.is_dir() else []
 
 
+def known_peak_mib(plan: Plan, root: Path = ROOT) -> float | None:
+    """One run's peak device memory as the last lease of the realm plan measured it (its wave's ``memory``), so
+    the next wave starts its first runs together; None when no lease measured it."""
+    last = last_wave(plan, root)
+    peak = (last[1].get("memory") or {}).get("peak_mib") if last else None
+    return float(peak) if isinstance(peak, (int, float)) and peak > 0 else None
+
+
 def plan_state(plan: Plan, root: Path = ROOT) -> list[str]:
-    """``kit.py next``'s lines about a realm plan partly done, or whose last lease finished nothing."""
+    """``kit.py next``'s lines about the realm plan partly done, or whose last lease finished nothing."""
     if not plan.realm:
         return []
-    missing = missing_runs(plan.seed, root)
-    done = [n for n in realm_run_names(plan.seed) if n not in missing]
+    missing = missing_runs(root)
+    done = [n for n in realm_run_names() if n not in missing]
     lines = [f"{len(done)} of {len(missing) + len(done)} runs of {plan.name} are committed ({', '.join(done)}): "
-             f"this lease trains the others ({', '.join(missing)})"] if done and missing else []
+             f"this lease trains the others, seeds first, as many as fit ({', '.join(missing)})"] \
+        if done and missing else []
     last = last_wave(plan, root)
     if last is not None:
         path, wave = last

@@ -163,6 +163,8 @@ METRICS: dict[str, Metric] = {
     "time/eval": Metric("evaluation time (steps with an evaluation)", "s"),
     "time/step": Metric("wall time of the whole step", "s"),
     "perf/tokens_per_s": Metric("response tokens per second of the step (before eval)", "tokens/s"),
+    "perf/peak_memory_gb": Metric("the process's peak memory so far: the CUDA allocator's peak reservation on a GPU "
+                                  "(the CUDA context not in it), the peak resident set on a CPU", "GiB"),
 }
 
 _FILL = {"k": r"[0-9]+", "q": "(?:" + "|".join(QUADRANTS) + ")"}

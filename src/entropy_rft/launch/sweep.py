@@ -280,10 +280,10 @@ def planned_numerics(now: dict, cfg: Any) -> dict:
     return now if exact_gemm(str(cfg.model.name), cfg.model.cpu_gemm) else {**now, "pinned": False}
 
 
-def check_recorded_configs(out: Path, plans: list) -> None:
+def check_recorded_configs(out: Path, plans: list, cpu_numerics: bool = True) -> None:
     """A run this request would keep or resume was trained with the same settings (all but ``train.max_steps``,
-    which a rerun may raise) and the same CPU instruction set (``common.numerics``); otherwise one table would
-    mix two settings."""
+    which a rerun may raise) and, with ``cpu_numerics``, the same CPU instruction set (``common.numerics``: only
+    a process that trains, pinned as its runs are, can tell); otherwise one table would mix two settings."""
     from entropy_rft.config.schema import changed_fields
     from entropy_rft.rundir.checkpoints import load_run_config
     from entropy_rft.rundir.files import read_status
@@ -294,7 +294,7 @@ def check_recorded_configs(out: Path, plans: list) -> None:
         if not (run_dir / "config.yaml").is_file():
             continue
         recorded = read_status(run_dir).get("cpu_numerics") or {}
-        if recorded and str(cfg.model.device).startswith("cpu"):
+        if cpu_numerics and recorded and str(cfg.model.device).startswith("cpu"):
             if now is None:
                 from entropy_rft.common.numerics import numerics_record
 

@@ -26,7 +26,8 @@ from entropy_rft.training.records import OldPolicy, Probed, Rule, Scored, Select
 class StepTimer:
     """Wall time of a step's phases: ``with timer("generate"): ...`` adds the block's seconds to that phase;
     ``metrics(tokens)`` gives ``time/<phase>``, ``time/step`` (since the timer was made) and
-    ``perf/tokens_per_s`` (response tokens over the five training phases, evaluation left out)."""
+    ``perf/tokens_per_s`` (response tokens over the five training phases, evaluation left out) and
+    ``perf/peak_memory_gb`` (:func:`peak_memory_gb`)."""
 
     PHASES = ("generate", "forward", "backward", "counterfactual", "probe")
 
@@ -47,7 +48,21 @@ class StepTimer:
         out.update({f"time/{k}": self.seconds.get(k, 0.0) for k in self.PHASES})
         out["time/step"] = time.perf_counter() - self.start
         out["perf/tokens_per_s"] = tokens / max(1e-9, sum(self.seconds.get(k, 0.0) for k in self.PHASES))
+        out["perf/peak_memory_gb"] = peak_memory_gb()
         return out
+
+
+def peak_memory_gb() -> float:
+    """This process's peak memory so far, in GiB: on a GPU the CUDA caching allocator's peak reservation
+    (``torch.cuda.max_memory_reserved``, as verl's ``perf/max_memory_reserved_gb``; the CUDA context is not in
+    it), else the peak resident set (``getrusage``'s ``ru_maxrss``: KiB on Linux, bytes on macOS). What a lease's
+    wave reads to know how many runs the device's memory holds (benchmarks/gpu/realm_wave.py)."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        return torch.cuda.max_memory_reserved() / 2**30
+    import resource
+
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss / (2**30 if sys.platform == "darwin" else 2**20)
 
 
 def step_row(step: int, s: Scored, old: OldPolicy, sel: Selection, rule: Rule, vanilla: Rule, upd: Update,
