@@ -136,7 +136,7 @@ def test_the_next_plan_is_the_first_that_has_not_run(tmp_path):
     assert status.next_plan(tmp_path).name == "kernels"
     rec = tmp_path / "benchmarks" / "results" / "lease-kernels-2026-12-01-1200.json"
     rec.parent.mkdir(parents=True)
-    rec.write_text(json.dumps({"calls": [{"sections": [{"name": "env", "status": "ok"},
+    rec.write_text(json.dumps({"calls": [{"call": 1, "sections": [{"name": "env", "status": "ok"},
                                                        {"name": "trl", "status": "timed out"}]}]}))
     # a section did not finish: the kernels plan runs again, but after the realm plans (issue 64: the comparison
     # is the larger missing result, the kernels have figures already)
@@ -152,9 +152,9 @@ def test_the_next_plan_is_the_first_that_has_not_run(tmp_path):
             _finished_run(tmp_path / "results" / "smollm2-gpu" / f"{m}-s{seed}")
     assert status.missing_runs(tmp_path) == []
     assert status.next_plan(tmp_path).name == "kernels"  # every run is in: the kernels plan's second try
-    rec.write_text(json.dumps({"calls": [{"sections": [{"name": "env", "status": "ok"}]}]}))
+    rec.write_text(json.dumps({"calls": [{"call": 1, "sections": [{"name": "env", "status": "ok"}]}]}))
     assert status.next_plan(tmp_path) is None  # a lease ran every section
-    rec.write_text(json.dumps({"calls": [{"sections": [{"name": "trl", "status": "failed"}]}]}))
+    rec.write_text(json.dumps({"calls": [{"call": 1, "sections": [{"name": "trl", "status": "failed"}]}]}))
     rec.with_name("lease-kernels-2026-12-02-1200.json").write_text(rec.read_text())
     assert status.kernel_leases(tmp_path)[rec] == ["trl"]
     assert status.next_plan(tmp_path) is None  # failed twice: mend it here, no third lease

@@ -54,9 +54,9 @@ INCOMPLETE = 3
 def _finished(run_dir: Path) -> bool:
     try:
         info = json.loads((run_dir / "run.json").read_text())
-    except (OSError, ValueError):
+        return info.get("status") == "finished" and int(info.get("step", 0)) >= int(info.get("max_steps", 1 << 30))
+    except (OSError, ValueError, TypeError, AttributeError):  # a damaged run.json is data: the run is not finished
         return False
-    return info.get("status") == "finished" and int(info.get("step", 0)) >= int(info.get("max_steps", 1 << 30))
 
 
 def restore(results: Path, runs: Path) -> list[str]:

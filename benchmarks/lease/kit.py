@@ -70,7 +70,18 @@ def main(argv: list[str] | None = None) -> int:
     sp.add_argument("plans", nargs="*")
     sp.add_argument("--work", type=Path, default=ROOT / ".lease" / "rehearsal")
     a = p.parse_args(argv)
+    from checks import LeaseDataError
 
+    try:
+        return dispatch(a)
+    except LeaseDataError as e:  # a returned file or a committed record that is not what the kit writes
+        print(f"{a.cmd}: {e}" + ("; nothing was written" if a.cmd in ("collect", "shrink") else ""),
+              file=sys.stderr)
+        return 2
+
+
+def dispatch(a: argparse.Namespace) -> int:
+    """Run the subcommand ``a.cmd``."""
     if a.cmd == "call":
         from device import run_call
 

@@ -3,10 +3,10 @@ session with a GPU runs the next plan that has not."""
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
+from checks import LeaseDataError, check_lease_file, visible
 from plans import KERNEL_RESULTS, PLANS, REALM_CONFIG, REALM_RESULTS, ROOT, Plan, realm_run_names
 
 sys.path.insert(0, str(ROOT / "benchmarks" / "gpu"))
@@ -22,18 +22,24 @@ def missing_runs(root: Path = ROOT) -> list[str]:
 KERNEL_TRIES = 2  # after two leases with a failed section, the kernels plan gives way to the realm plans
 
 
+def lease_records(plan: str, root: Path = ROOT) -> list[tuple[Path, list[dict]]]:
+    """The committed records of ``plan``'s leases (``lease-<plan>-<time>.json``), oldest first, each with its
+    calls (checked: ``checks.check_lease_file``). A damaged record is data too: it is named on stderr and left
+    out, so the next plan is still offered."""
+    out = []
+    for p in sorted((root / KERNEL_RESULTS).glob(f"lease-{plan}-2*.json")):
+        try:
+            out.append((p, check_lease_file(p)))
+        except LeaseDataError as e:
+            print(f"warning: {e}: left out of the leases that ran", file=sys.stderr)
+    return out
+
+
 def kernel_leases(root: Path = ROOT) -> dict[Path, list[str]]:
     """The committed records of kernels leases (``lease-kernels-*.json``), each with its sections that did not
     end ``ok``."""
-    out = {}
-    for p in sorted((root / KERNEL_RESULTS).glob("lease-kernels-*.json")):
-        try:
-            calls = json.loads(p.read_text())["calls"]
-        except (OSError, ValueError, KeyError):
-            continue
-        out[p] = [s["name"] for c in calls for s in c["sections"] if s.get("status") != "ok"] or ([] if calls else
-                                                                                               ["no call"])
-    return out
+    return {p: [s["name"] for c in calls for s in c["sections"] if s.get("status") != "ok"] or
+            ([] if calls else ["no call"]) for p, calls in lease_records("kernels", root)}
 
 
 def plan_done(plan: Plan, root: Path = ROOT) -> bool:
@@ -61,12 +67,8 @@ def next_plan(root: Path = ROOT) -> Plan | None:
 def last_wave(plan: Plan, root: Path = ROOT) -> tuple[Path, dict] | None:
     """The newest committed lease record of the realm plan (``lease-realm-<time>.json``) and its wave's record
     (the train section's ``wave`` in call 2's lease.json); None when no lease of the plan recorded a wave."""
-    for p in sorted((root / KERNEL_RESULTS).glob(f"lease-{plan.name}-2*.json"), reverse=True):
-        try:
-            calls = json.loads(p.read_text())["calls"]
-        except (OSError, ValueError, KeyError):
-            continue
-        waves = [c["wave"] for c in calls if isinstance(c.get("wave"), dict) and "verdict" in c["wave"]]
+    for p, calls in reversed(lease_records(plan.name, root)):
+        waves = [c["wave"] for c in calls if "wave" in c]
         if waves:
             return p, waves[-1]
     return None
@@ -82,8 +84,14 @@ def config_settings(root: Path = ROOT) -> dict:
 
 
 def wave_advice(plan: Plan, wave: dict, settings_now: dict | None, committed: list[str]) -> list[str]:
-    """What a holder reads of a wave's record: the runs a partial wave left; for a wave where nothing fits, the
-    pace, the budget one run needs and the smaller setting (while ``settings_now`` still equals the wave's)."""
+    """What a holder reads of a wave's record (checked: ``checks.check_wave``), each line shown, never obeyed
+    (control characters escaped)."""
+    return [visible(line) for line in _advice(plan, wave, settings_now, committed)]
+
+
+def _advice(plan: Plan, wave: dict, settings_now: dict | None, committed: list[str]) -> list[str]:
+    """The runs a partial wave left; for a wave where nothing fits, the pace, the budget one run needs and the
+    smaller setting (while ``settings_now`` still equals the wave's)."""
     verdict = wave.get("verdict")
     if verdict == "partial":
         return [f"the last lease of {plan.name} finished {', '.join(wave.get('finished', []))}; "

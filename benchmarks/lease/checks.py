@@ -1,0 +1,215 @@
+"""What a lease brings back, and the lease records committed since, are data (issue 65): every file is checked
+here before ``collect``, ``shrink`` or ``next`` acts on it, and a malformed one ends in one line naming the file
+and the field (:class:`LeaseDataError`), before anything is written.
+
+- ``runs.tar.gz``: read member by member before anything is extracted; only the files a run ships
+  (``<method>-s<seed>/{metrics.jsonl,config.yaml,run.json,samples.jsonl}``) and ``environment.json``, each a
+  plain file within ``MEMBER_MAX`` bytes, ``TOTAL_MAX`` in all; then extracted streaming, counting bytes.
+- ``lease.json``: a call's record of the shape ``device.py`` writes; its ``wave`` of the shape ``realm_wave.py``
+  writes (the fields ``status.py`` reads, each of its type).
+- a run's ``run.json`` and ``metrics.jsonl``: the fields the kit reads, of their types, read line by line.
+- a kernels part: its ``device`` and ``date``, which name the committed files.
+
+The standard library and ``entropy_rft.common.text`` only (the device imports this module before any carried
+wheel).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import sys
+import tarfile
+import zlib
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
+from entropy_rft.common.text import visible  # noqa: E402  (the standard library only; shown, never obeyed)
+
+MEMBER_MAX = 32 << 20  # bytes of one file of a run, unpacked (a real run's metrics.jsonl: ~1 MB)
+TOTAL_MAX = 256 << 20  # bytes of the whole tar, unpacked
+JSON_MAX = 16 << 20  # bytes of a lease.json, env.json, sampler.json or kernels part (the tool returns <= 16 MiB)
+DATE = re.compile(r"\d{4}-\d{2}-\d{2}\Z")
+RECORD_NAME = re.compile(r"lease-[a-z0-9]+(-[a-z0-9]+)*\.json\Z")
+
+
+class LeaseDataError(Exception):
+    """A returned file or a committed record that is not what the kit writes; ``str()`` is its one line (the
+    file and the field, control characters escaped). ``kit.py`` prints it and exits 2."""
+
+    def __init__(self, where: object, what: str):
+        super().__init__(f"{visible(where)}: {visible(what)}")
+
+
+def _number(v: object) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def read_json(path: Path, limit: int = JSON_MAX) -> object:
+    """``path``'s JSON, read only when within ``limit`` bytes."""
+    try:
+        size = path.stat().st_size
+        if size > limit:
+            raise LeaseDataError(path, f"{size} bytes, over the {limit} a lease file may hold")
+        return json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError) as e:
+        raise LeaseDataError(path, f"cannot be read ({type(e).__name__})") from None
+    except ValueError as e:
+        raise LeaseDataError(path, f"is not JSON ({e})") from None
+
+
+def _need(cond: bool, where: object, what: str) -> None:
+    if not cond:
+        raise LeaseDataError(where, what)
+
+
+def check_wave(wave: object, where: object) -> dict:
+    """A wave's record (``realm_wave.py``): the fields the kit reads, each of its type."""
+    _need(isinstance(wave, dict), where, "wave is not an object")
+    assert isinstance(wave, dict)
+    _need(isinstance(wave.get("verdict"), str), where, "wave.verdict is not text")
+    for key in ("finished", "failed", "runs", "started"):
+        v = wave.get(key, [])
+        _need(isinstance(v, list) and all(isinstance(x, str) for x in v), where, f"wave.{key} is not a list of names")
+    stopped = wave.get("stopped", {})
+    _need(isinstance(stopped, dict) and all(isinstance(v, str) for v in stopped.values()), where,
+          "wave.stopped is not an object of texts")
+    for key in ("needed_s", "budget_s", "pace_share"):
+        _need(key not in wave or _number(wave[key]), where, f"wave.{key} is not a number")
+    for key in ("pace", "settings", "memory", "proposal"):
+        _need(key not in wave or isinstance(wave[key], dict), where, f"wave.{key} is not an object")
+    pace = wave.get("pace") or {}
+    _need(all(_number(pace.get(k, 0)) for k in ("startup_s", "step_s", "eval_s")), where,
+          "wave.pace's startup_s, step_s or eval_s is not a number")
+    peak = (wave.get("memory") or {}).get("peak_mib")
+    _need(peak is None or _number(peak), where, "wave.memory.peak_mib is not a number")
+    if wave["verdict"] == "nothing fits" and wave.get("pace"):
+        missing = [k for k in ("pace_run", "pace_share", "needed_s", "budget_s", "settings", "proposal")
+                   if k not in wave]
+        _need(not missing, where, f"a 'nothing fits' wave with a pace lacks {', '.join(missing)}")
+    prop = wave.get("proposal") or {}
+    _need(prop.get("sets") is None or isinstance(prop["sets"], dict), where, "wave.proposal.sets is not an object")
+    _need(all(_number(prop.get(k, 0)) for k in ("predicted_s", "budget_s")), where,
+          "wave.proposal's predicted_s or budget_s is not a number")
+    return wave
+
+
+def check_call_record(rec: object, where: object, calls: int | None = None) -> dict:
+    """One call's ``lease.json`` (``device.py``): ``call`` a whole number (within the plan's ``calls``),
+    ``sections`` a list of objects with a text ``name`` and, when there, a text ``status``; ``wave`` as
+    :func:`check_wave` has it."""
+    _need(isinstance(rec, dict), where, "is not an object")
+    assert isinstance(rec, dict)
+    call = rec.get("call")
+    _need(isinstance(call, int) and not isinstance(call, bool) and call >= 1
+          and (calls is None or call <= calls), where, f"call is {call!r}, not a call number of the plan")
+    sections = rec.get("sections")
+    _need(isinstance(sections, list) and all(isinstance(s, dict) and isinstance(s.get("name"), str)
+                                             and isinstance(s.get("status", ""), str) for s in sections),
+          where, "sections is not a list of sections with a name and a status")
+    if "wave" in rec:
+        check_wave(rec["wave"], where)
+    return rec
+
+
+def check_lease_file(path: Path) -> list[dict]:
+    """A committed lease record (``lease-<plan>-<time>.json``, ``collect.lease_record``): its calls."""
+    rec = read_json(path)
+    _need(isinstance(rec, dict) and isinstance(rec.get("calls"), list), path, "calls is not a list")
+    assert isinstance(rec, dict)
+    return [check_call_record(c, path) for c in rec["calls"]]
+
+
+def check_kernels_part(res: object, where: object) -> dict:
+    """A kernels part (``kernels.py --json``): an object whose ``device`` is text and ``date`` a date, which name
+    the committed files."""
+    _need(isinstance(res, dict), where, "is not an object")
+    assert isinstance(res, dict)
+    _need(isinstance(res.get("device", "device"), str), where, "device is not text")
+    date = res.get("date", "")
+    _need(date == "" or (isinstance(date, str) and DATE.match(date) is not None), where,
+          f"date is {date!r}, not YYYY-MM-DD")
+    return res
+
+
+def tar_members(tar_path: Path, allowed: set[str]) -> list[str]:
+    """The members of ``tar_path`` after checking each header, before anything is extracted: a plain file named
+    in ``allowed`` (no other name, no link, no folder, no device), once, within ``MEMBER_MAX`` bytes and
+    ``TOTAL_MAX`` in all."""
+    names, total = [], 0
+    try:
+        with tarfile.open(tar_path, "r:gz") as tar:
+            for m in tar:
+                _need(m.name in allowed, tar_path, f"holds {m.name!r}, which no run ships (a run ships only "
+                      "metrics.jsonl, config.yaml, run.json and samples.jsonl)")
+                _need(m.isreg(), tar_path, f"{m.name} is not a plain file")
+                _need(m.name not in names, tar_path, f"holds {m.name} twice")
+                _need(m.size <= MEMBER_MAX, tar_path, f"{m.name} unpacks to {m.size} bytes, over {MEMBER_MAX}")
+                total += m.size
+                _need(total <= TOTAL_MAX, tar_path, f"unpacks to over {TOTAL_MAX} bytes")
+                names.append(m.name)
+    except (tarfile.TarError, EOFError, OSError, zlib.error) as e:
+        raise LeaseDataError(tar_path, f"is not a whole gzip tar ({type(e).__name__}: {e})") from None
+    return names
+
+
+def extract(tar_path: Path, names: list[str], dest: Path) -> None:
+    """Copy the members ``names`` (checked by :func:`tar_members`) into ``dest``, streaming, each stopped at its
+    declared size and ``MEMBER_MAX``."""
+    want = set(names)
+    try:
+        with tarfile.open(tar_path, "r:gz") as tar:
+            for m in tar:
+                if m.name not in want or not m.isreg():
+                    continue
+                out = dest / m.name
+                out.parent.mkdir(parents=True, exist_ok=True)
+                src = tar.extractfile(m)
+                assert src is not None
+                with out.open("wb") as f:
+                    copied = 0
+                    while chunk := src.read(1 << 20):
+                        copied += len(chunk)
+                        _need(copied <= min(m.size, MEMBER_MAX), tar_path, f"{m.name} is longer than its header")
+                        f.write(chunk)
+    except (tarfile.TarError, EOFError, OSError, zlib.error) as e:
+        raise LeaseDataError(tar_path, f"is not a whole gzip tar ({type(e).__name__}: {e})") from None
+
+
+def check_run_json(path: Path) -> dict:
+    """A run's ``run.json``: ``status`` text, ``step`` and ``max_steps`` whole numbers."""
+    info = read_json(path)
+    _need(isinstance(info, dict), path, "is not an object")
+    assert isinstance(info, dict)
+    _need(isinstance(info.get("status"), str), path, "status is not text")
+    for key in ("step", "max_steps"):
+        v = info.get(key)
+        _need(isinstance(v, int) and not isinstance(v, bool) and v >= 0, path, f"{key} is {v!r}, not a whole number")
+    return info
+
+
+EVAL_KEYS = re.compile(r"eval/(pass@\d+|response_tokens)\Z")
+
+
+def check_metrics(path: Path) -> int:
+    """A run's ``metrics.jsonl``, line by line: each line an object with a whole ``step``, its ``eval/pass@k``
+    and ``eval/response_tokens`` numbers (or null). Returns the rows."""
+    n = 0
+    try:
+        with path.open() as f:
+            for i, line in enumerate(f, 1):
+                try:
+                    row = json.loads(line)
+                except ValueError:
+                    raise LeaseDataError(f"{path} line {i}", "is not JSON") from None
+                _need(isinstance(row, dict), f"{path} line {i}", "is not an object")
+                step = row.get("step")
+                _need(isinstance(step, int) and not isinstance(step, bool), f"{path} line {i}",
+                      f"step is {step!r}, not a whole number")
+                bad = [k for k, v in row.items() if EVAL_KEYS.match(str(k)) and v is not None and not _number(v)]
+                _need(not bad, f"{path} line {i}", f"{', '.join(bad)} is not a number")
+                n += 1
+    except (OSError, UnicodeDecodeError) as e:
+        raise LeaseDataError(path, f"cannot be read ({type(e).__name__})") from None
+    return n
