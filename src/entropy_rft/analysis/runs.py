@@ -1,10 +1,12 @@
 """Run directories as data: ``load_run`` reads a run's config, metrics, token records and evaluation
 histograms into a ``RunData``; ``assign_labels`` groups runs into series (the method with its variant, then
-the engine and the model, each only where the runs given differ in it; seeds of one label are averaged).
+the engine and the model, each only where the runs given differ in it, then the settings in which runs of one
+label differ; seeds of one series are averaged).
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from collections.abc import Sequence
@@ -18,6 +20,8 @@ from entropy_rft.analysis.summary import (
     read_run_config,
 )
 from entropy_rft.common.errors import UserError
+from entropy_rft.config.loading import config_from_dict
+from entropy_rft.config.schema import Config, changed_fields
 from entropy_rft.control.lens import QUADRANTS
 from entropy_rft.policy.evaluation import pass_at_k_from_hist
 from entropy_rft.rundir.files import has_metrics, read_jsonl, read_status, read_step_log
@@ -42,6 +46,7 @@ class RunData:
     engine: str = "native"
     model: str = "default"
     law_entropy: str = "eval"  # the law's H (analysis.law.law_points): "train" for runs without eval/entropy
+    settings: dict[str, str] = field(default_factory=dict)  # the settings its label names (assign_labels)
 
 
 def expand_run_dirs(paths: Sequence[str | Path]) -> list[Path]:
@@ -132,8 +137,80 @@ def _model_short(name: str) -> str:
     return name
 
 
-def assign_labels(runs: Sequence[RunData]) -> None:
-    """Set each run's series label: its variant, then its engine and model where the runs differ in them.
+SEED_FIELDS = ("train.seed", "train.max_steps")  # all that seeds of one series may differ in (as erft compare)
+
+
+def _dir_names(rs: Sequence[RunData]) -> list[str]:
+    """The runs' directory names, or their full paths where two of them share a name."""
+    names = [r.name for r in rs]
+    return names if len(set(names)) == len(names) else [str(r.path) for r in rs]
+
+
+def _settings(r: RunData) -> Config | str:
+    """The run's recorded settings as a ``Config`` (``config_from_dict``, the method's registry check left out),
+    or why they do not read as one (a hand-written config, another version's)."""
+    try:
+        return config_from_dict(r.cfg, check_method=False)
+    except UserError as e:
+        return str(e)
+
+
+def _value_words(v: Any) -> str:
+    """A setting's value as ``--set`` takes it: text as it is, anything else as JSON (0.0002, null, true)."""
+    return v if isinstance(v, str) else json.dumps(v, default=str)
+
+
+def _differing_settings(read: Sequence[Config | str]) -> list[dict[str, str]]:
+    """Per run, the values (``_value_words``) of the fields in which the runs read differ, but the seed and
+    ``train.max_steps`` (``changed_fields`` against the first run read, as erft compare's check); ``{}`` for a
+    run whose settings did not read."""
+    cfgs = [(i, c) for i, c in enumerate(read) if not isinstance(c, str)]
+    if len(cfgs) < 2:
+        return [{} for _ in read]
+    i0, c0 = cfgs[0]
+    per: list[dict[str, Any]] = [{} for _ in read]  # per run: the fields in which it and the first run read differ
+    for i, c in cfgs[1:]:
+        for key, first, this in changed_fields(c0, c, ignore=SEED_FIELDS):
+            per[i0][key], per[i][key] = first, this
+    return [{} if isinstance(c, str) else {k: _value_words(per[i].get(k, v0)) for k, v0 in sorted(per[i0].items())}
+            for i, c in enumerate(read)]
+
+
+def _split_by_settings(label: str, rs: Sequence[RunData]) -> list[str]:
+    """Runs of one label (with a recorded seed) whose settings differ become one series per setting, labelled
+    with the differing fields (``none (optim.lr=0.05)``); a run whose settings do not read is a series of its
+    own (``none [run dir]``). Returns the notes that say so."""
+    read = [_settings(r) for r in rs]
+    differing = _differing_settings(read)
+    notes: list[str] = []
+    for r, c, d, name in zip(rs, read, differing, _dir_names(rs)):
+        if isinstance(c, str):
+            r.label = f"{label} [{name}]"
+            notes.append(f"{name}: settings not compared ({c}); a series of its own, not a seed of {label}")
+        elif d:
+            r.settings = d
+            r.label = f"{label} ({', '.join(f'{k}={v}' for k, v in d.items())})"
+    if any(differing):
+        keys = next(d for d in differing if d)
+        values = {k: list(dict.fromkeys(d[k] for d in differing if d)) for k in keys}
+        notes.append(f"the runs of {label} differ in settings other than the seed: "
+                     + "; ".join(f"{k} ({', '.join(v)})" for k, v in values.items())
+                     + "; each setting is a series of its own, not averaged as seeds")
+    return notes
+
+
+def _by_label(runs: Sequence[RunData]) -> dict[str, list[RunData]]:
+    groups: dict[str, list[RunData]] = {}
+    for r in runs:
+        groups.setdefault(r.label, []).append(r)
+    return groups
+
+
+def assign_labels(runs: Sequence[RunData]) -> list[str]:
+    """Set each run's series label: its variant, then its engine and model where the runs differ in them, then
+    the settings in which runs of one label differ (all fields but ``train.seed`` and ``train.max_steps``:
+    erft compare refuses to mix other settings in one table; ``_split_by_settings``). Returns the notes that
+    name those settings.
 
     Runs of one label are seeds only when their ``train.seed`` values are distinct; otherwise (the same seed
     twice, or a seed missing) each of them is its own series, labelled with its run directory's name.
@@ -149,25 +226,27 @@ def assign_labels(runs: Sequence[RunData]) -> None:
         parts.append(lambda r: short[r.model])
     for r in runs:
         r.label = " · ".join(f(r) for f in parts)
-    groups: dict[str, list[RunData]] = {}
-    for r in runs:
-        groups.setdefault(r.label, []).append(r)
-    for label, rs in groups.items():
+        r.settings = {}
+    notes: list[str] = []
+    for label, rs in _by_label(runs).items():
+        seeded = [r for r in rs if r.seed is not None]  # another engine's run records no settings of erft's
+        if len(seeded) > 1:
+            notes += _split_by_settings(label, seeded)
+    for label, rs in _by_label(runs).items():
         seeds = [r.seed for r in rs]
         if len(rs) > 1 and (None in seeds or len(set(seeds)) < len(seeds)):
-            names = [r.name for r in rs]
-            if len(set(names)) < len(names):
-                names = [str(r.path) for r in rs]
-            for r, n in zip(rs, names):
+            for r, n in zip(rs, _dir_names(rs)):
                 r.label = f"{label} [{n}]"
+    return notes
 
 
 def series_info(runs: Sequence[RunData]) -> list[dict[str, Any]]:
-    """Per series (in report order): label, method, variant, engine, model, and its runs and seeds."""
+    """Per series (in report order): label, method, variant, engine, model, the settings its label names, and its
+    runs and seeds."""
     out = []
     for label, rs in by_label(runs):
         out.append({"label": label, "method": rs[0].method, "variant": rs[0].variant, "engine": rs[0].engine,
-                    "model": rs[0].model, "n": len(rs), "runs": [str(r.path) for r in rs],
+                    "model": rs[0].model, "settings": rs[0].settings, "n": len(rs), "runs": [str(r.path) for r in rs],
                     "seeds": [r.seed for r in rs]})
     return out
 

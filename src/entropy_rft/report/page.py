@@ -6,8 +6,10 @@ output), and writes ``out/report.html`` (readable offline: no script, no externa
 
 Runs are grouped into series by a label (``assign_labels``): the method with its variant (``clip_v:mu=3``,
 ``clip_v@0.8x``), then the engine (native / trl) and the model, each only where the runs given differ in
-it. Runs of one label with different ``train.seed`` are seeds and are averaged; runs of one label that
-share a seed are not seeds, and their labels get the run directory's name.
+it. Runs of one label whose settings differ in more than the seed and ``train.max_steps`` (what erft compare
+refuses to mix) are one series per setting, labelled with the fields that differ (``none (optim.lr=0.05)``), and
+the page says which settings differ. Runs of one series with different ``train.seed`` are seeds and are
+averaged; runs of one label that share a seed are not seeds, and their labels get the run directory's name.
 """
 
 from __future__ import annotations
@@ -162,7 +164,7 @@ def build_report(paths: Sequence[str | Path], out: str | Path, *, source: str | 
     ``source``, ``entropy_key`` and ``metric`` choose their reader and keys)."""
     runs = load_runs(paths, source=source, entropy_key=entropy_key, metric=metric)
     run_dirs = [r.path for r in runs]
-    assign_labels(runs)
+    settings = assign_labels(runs)  # the notes of the settings that keep runs of one method apart
     summaries = [run_summary(r.path, rows=r.rows, cfg=r.cfg) for r in runs]
     for r, s in zip(runs, summaries):
         s["method"] = r.label
@@ -212,13 +214,14 @@ def build_report(paths: Sequence[str | Path], out: str | Path, *, source: str | 
         f"<title>{title}</title><style>{CSS}</style></head><body>"
         f"<h1>{title}</h1><p class=\"meta\">Generated {now} from {len(runs)} run(s): {run_list}</p>"
         f"<h2>Summary</h2><p class=\"summary\" id=\"summary\">{html.escape(paragraph)}</p>"
-        f"<h2>Table (mean ± std over seeds)</h2>{tables}" + comparison_html + quadrant_html
+        + "".join(f'<p class="warn">Settings: {html.escape(n)}.</p>' for n in settings)
+        + f"<h2>Table (mean ± std over seeds)</h2>{tables}" + comparison_html + quadrant_html
         + _omitted_html(omitted) + "".join(sections) + "</body></html>\n"
     )
     atomic_write_text(out / "report.html", page)
     numbers = {"runs": [str(p) for p in run_dirs], "summary": paragraph, "series": series_info(runs),
-               "figures": figures_present, "omitted": omitted, "methods": agg, "lens": lens, "law": fits,
-               "comparison": comparison, "quadrants": quadrants,
+               "settings": settings, "figures": figures_present, "omitted": omitted, "methods": agg, "lens": lens,
+               "law": fits, "comparison": comparison, "quadrants": quadrants,
                "read": [r.cfg["byo"]["note"] for r in runs if "byo" in r.cfg]}
     atomic_write_json(out / "report.json", numbers)
     for name in ("report.html", "report.json"):

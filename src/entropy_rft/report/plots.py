@@ -2,8 +2,8 @@
 
 Every ``fig_*`` function takes the loaded runs (``analysis.runs.RunData``) and returns PNG bytes, or ``None`` when
 the runs hold no data for that figure (the report then leaves it out and says why). A series is the runs of
-one label (``RunData.label``: method and variant, plus engine and model where they differ); its seeds share a
-colour, the curves of a series with several seeds are their mean (seeds drawn thin behind it), and no panel
+one label (``RunData.label``: method and variant, plus engine, model and settings where they differ); its seeds
+share a colour, the curves of a series with several seeds are their mean (seeds drawn thin behind it), and no panel
 is drawn empty. Legends sit outside the plotting area: right of a single panel, below a pair of panels.
 """
 
