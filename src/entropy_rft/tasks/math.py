@@ -14,8 +14,10 @@ mapping of each named benchmark; every field can be overridden in ``task.params`
 Bad rows (missing or empty answer, empty prompt, wrong types) are counted, and the count with the first
 row index is reported on stderr at load time; ``on_bad_rows="skip"`` (default) drops them,
 ``"error"`` refuses the dataset with a :class:`~entropy_rft.common.errors.UserError`. Loading happens when the
-task is built, before any training step, so a bad file never stops a run midway. Reading and checking rows:
-:mod:`entropy_rft.tasks.rows`.
+task is built, before any training step, so a bad file never stops a run midway. A local UTF-8 JSONL file is
+read line by line and only the byte offsets of its usable rows are kept: a split reads back the rows it names
+(``erft eval`` the held-out ones; the training examples when first read, before a run's first step), and a file
+changed since it was loaded is refused. Reading and checking rows: :mod:`entropy_rft.tasks.rows`.
 
 The reward is :func:`entropy_rft.tasks.rewards.math_reward` (last ``\\boxed{}`` vs the gold answer, math-verify in
 worker processes with a hard time limit), or any ``"pkg.mod:fn"`` with ``fn(response, answer) -> float``
@@ -29,9 +31,10 @@ import json
 import random
 import re
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from entropy_rft.common.errors import UserError
 from entropy_rft.tasks.base import Example, Task
@@ -41,7 +44,10 @@ from entropy_rft.tasks.rows import (  # noqa: F401  (DAPO_*, BadRows, get_path: 
     DAPO_PREFIX,
     DAPO_SUFFIX,
     BadRows,
+    LazyList,
+    Pair,
     get_path,
+    load_pairs,
     load_rows,
     rows_to_pairs,
 )
@@ -200,7 +206,8 @@ class MathTask(Task):
             except (ImportError, AttributeError, ValueError) as e:
                 raise UserError(f"task param 'reward' {reward!r} cannot be imported ({e}); fix the path") from None
 
-        # rows
+        # rows (of a local JSONL file: their offsets only, the rows read again when a split needs them)
+        loaded: tuple[Sequence[Pair], BadRows] | None = None
         if dataset == "champ":
             # Problems whose answers are prose (yes/no, descriptions) are not machine-checkable: left out.
             rows = [r for r in champ_rows() if r["answer"] is not None]
@@ -215,7 +222,8 @@ class MathTask(Task):
             spec = replace(spec, **{k: v for k, v in dict(source=source, split=split, config=config,
                                                            prompt_key=prompt_key, answer_key=answer_key,
                                                            clean=clean).items() if v is not None})
-            rows = load_rows(spec.source, split=spec.split, config=spec.config)
+            loaded = load_pairs(spec.source, split=spec.split, config=spec.config, prompt_key=spec.prompt_key,
+                                answer_key=spec.answer_key, clean=spec.clean, on_bad_rows=on_bad_rows, dedupe=dedupe)
         else:
             raise UserError(f"task param 'dataset' {dataset!r} is unknown; known: "
                             f"{', '.join(sorted(DATASETS))}, champ, gsm_symbolic (or set 'source')")
@@ -225,9 +233,12 @@ class MathTask(Task):
             raise UserError(f"task param 'val_size' must be an int >= 0 or 'all', got {spec.val_size!r}")
         self.spec = spec
         self.name = name or dataset or Path(str(spec.source)).stem or "math"
-        self.pairs, self.bad_rows = rows_to_pairs(rows, source=str(spec.source), prompt_key=spec.prompt_key,
-                                                  answer_key=spec.answer_key, clean=spec.clean,
-                                                  on_bad_rows=on_bad_rows, dedupe=dedupe)
+        if loaded is None:
+            loaded = rows_to_pairs(rows, source=str(spec.source), prompt_key=spec.prompt_key,
+                                   answer_key=spec.answer_key, clean=spec.clean, on_bad_rows=on_bad_rows,
+                                   dedupe=dedupe)
+        self.pairs: Sequence[Pair] = loaded[0]
+        self.bad_rows: BadRows = loaded[1]
         if val_size is None and dataset is None:  # a file of one's own: hold out a tenth of it for evaluation
             spec = self.spec = replace(spec, val_size=default_holdout(len(self.pairs)))
             self.notes = (f"task '{self.name}': {spec.val_size} of the {len(self.pairs)} usable rows of "
@@ -242,34 +253,48 @@ class MathTask(Task):
         prompt = make_prompt(question, template=self.template, prompt_format=self.prompt_format, system=self.system)
         return Example(prompt=prompt, answer=answer, meta={"question": question, "row": row, "source": self.name})
 
-    def held_out(self) -> tuple[list[tuple[str, str, int]], list[tuple[str, str, int]]]:
-        """(train pairs, held-out pairs) by ``holdout_seed``; independent of the run seed."""
+    def held_out_index(self) -> tuple[list[int], list[int]]:
+        """(train, held-out) indices into ``pairs`` by ``holdout_seed``, independent of the run seed: the
+        ``val_size`` first of ``range(len(pairs))`` shuffled by ``random.Random(holdout_seed)``, in increasing
+        order, are held out; the rest train, in increasing order."""
         if self.spec.val_size == "all":
-            return [], list(self.pairs)
+            return [], list(range(len(self.pairs)))
         idx = list(range(len(self.pairs)))
         random.Random(self.holdout_seed).shuffle(idx)
         n = min(int(self.spec.val_size), len(idx))
         val_idx = sorted(idx[:n])
         val_set = set(val_idx)
-        return [p for i, p in enumerate(self.pairs) if i not in val_set], [self.pairs[i] for i in val_idx]
+        return [i for i in range(len(self.pairs)) if i not in val_set], val_idx
+
+    def _pick(self, indices: list[int]) -> list[Pair]:
+        take = getattr(self.pairs, "take", None)  # a JSONL file's pairs read only the rows named
+        return take(indices) if take is not None else [self.pairs[i] for i in indices]
+
+    def held_out(self) -> tuple[list[Pair], list[Pair]]:
+        """(train pairs, held-out pairs) by ``holdout_seed`` (:meth:`held_out_index`)."""
+        train, val = self.held_out_index()
+        return self._pick(train), self._pick(val)
 
     def split(self, seed: int) -> tuple[list[Example], list[Example]]:
-        """Train (shuffled by ``seed``, capped by ``limit``) and validation (fixed order) examples."""
-        train, val = self.held_out()
+        """Train (shuffled by ``seed``, capped by ``limit``) and validation (fixed order) examples.
+
+        The training examples are made when first read (:class:`~entropy_rft.tasks.rows.LazyList`; a list in
+        all but its type), so a command that only evaluates reads no training row of a JSONL file."""
+        train, val = self.held_out_index()
         if self.part == "val":
             train = list(val)
         elif self.part == "train":
             val = []
-        train = list(train)
-        random.Random(seed).shuffle(train)
+        random.Random(seed).shuffle(train)  # the permutation depends on the length only: as shuffling the pairs
         if self.limit is not None:
             train = train[: int(self.limit)]
-        val_ex = [self.example(*p) for p in val]
+        val_ex = [self.example(*p) for p in self._pick(val)]
         if self.val_task:
             from entropy_rft.tasks import build_task
 
             val_ex = build_task(self.val_task, **self.val_task_params).split(seed)[1]
-        return [self.example(*p) for p in train], val_ex
+        train_ex = LazyList(len(train), lambda: [self.example(*p) for p in self._pick(train)])
+        return cast(list[Example], train_ex), val_ex
 
     # -- verifier
     def _pool_for_custom(self):
