@@ -178,14 +178,17 @@ def extract(tar_path: Path, names: list[str], dest: Path) -> None:
 
 
 def check_run_json(path: Path) -> dict:
-    """A run's ``run.json``: ``status`` text, ``step`` and ``max_steps`` whole numbers."""
+    """A run's ``run.json``: ``status`` text, ``step`` and ``max_steps`` whole numbers (or absent, or null, as
+    in a run stopped before its first step); a finished run has both."""
     info = read_json(path)
     _need(isinstance(info, dict), path, "is not an object")
     assert isinstance(info, dict)
     _need(isinstance(info.get("status"), str), path, "status is not text")
     for key in ("step", "max_steps"):
         v = info.get(key)
-        _need(isinstance(v, int) and not isinstance(v, bool) and v >= 0, path, f"{key} is {v!r}, not a whole number")
+        _need(v is None or (isinstance(v, int) and not isinstance(v, bool) and v >= 0), path,
+              f"{key} is {v!r}, not a whole number")
+        _need(v is not None or info["status"] != "finished", path, f"a finished run without {key}")
     return info
 
 
