@@ -42,9 +42,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "'none' as the reference; 'preset' in the list also runs each method at its preset. "
                         "E.g. --methods all --entropy-targets preset,0.5x,0.65x,0.8x.")
     p.add_argument("--jobs", type=int, default=1,
-                   help="Runs trained at a time, each in its own process (output in OUT/logs/); on a CPU keep "
-                        "jobs x threads per run <= cores. With --set model.device=cuda the N runs share the one "
-                        "GPU, each with cores/N CPU threads (unless train.threads is set).")
+                   help="Runs trained at a time (at most 256), each in its own process (output in OUT/logs/); on "
+                        "a CPU keep jobs x threads per run <= cores. With --set model.device=cuda the N runs share "
+                        "the one GPU, each with cores/N CPU threads (unless train.threads is set).")
     p.add_argument("--seeds", type=int, default=1, help="Number of seeds, counting up from --seed.")
     p.add_argument("--seed", type=int, default=None, help="First seed (default: the config's).")
     p.add_argument("--max-steps", type=int, help="Steps per run.")
@@ -56,7 +56,33 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Prepare every run (nothing written), train them, summarise. A SIGTERM, SIGINT or SIGHUP ends each part
+    in one line and 128 + the signal's number: before any run started, nothing was written; while runs train,
+    each saves a checkpoint (``sweep.train_all``); after them, the summary is left as it was."""
+    from entropy_rft.launch import sweep
+
+    try:
+        with sweep.stop_raises():
+            out, variants, plans = _prepare(args)
+    except sweep.Stopped as s:
+        return _say_stopped(s.signum, " before any run started; nothing was written")
+    stopped_by = sweep.train_all(plans, out, args.jobs, args.overwrite)
+    try:
+        with sweep.stop_raises():
+            return _summarise(args, out, variants, plans, stopped_by)
+    except sweep.Stopped as s:
+        if stopped_by is not None:
+            return _say_stopped(s.signum, ": the running runs saved a checkpoint; the summary was not written; rerun "
+                                "the same command to continue")
+        return _say_stopped(s.signum, " after the runs ended, before the summary was written; rerun the same "
+                            "command to write it (the runs are kept)")
+
+
+def _prepare(args: argparse.Namespace) -> tuple[Path, list, list]:
+    """The checked request: ``--out``, the variants and every run's plan (``sweep.make_plans``), with each run's
+    folder, device, task, method and model checked before anything is created."""
     from entropy_rft.config.loading import load_config
+    from entropy_rft.config.schema import MAX_SEED
     from entropy_rft.launch import sweep
     from entropy_rft.launch.variants import expand_variants
     from entropy_rft.rundir.files import forget_warnings
@@ -72,27 +98,51 @@ def run(args: argparse.Namespace) -> int:
     preflight.check_min("--seeds", args.seeds, 1)
     preflight.check_min("--max-steps", args.max_steps, 1)
     preflight.check_min("--seed", args.seed, 0)
-    preflight.check_min("--jobs", args.jobs, 1)
+    preflight.check_range("--jobs", args.jobs, 1, sweep.MAX_JOBS, "runs trained at a time, each a process")
+    n_runs = len(variants) * args.seeds
+    if n_runs > sweep.MAX_RUNS:
+        raise UserError(f"--seeds {args.seeds} x {len(variants)} variant(s) is {n_runs} runs, more than the "
+                        f"{sweep.MAX_RUNS:,} one sweep holds; lower --seeds or split the sweep")
     out = Path(args.out)
     base_extra: dict = {}
     if args.model:
         base_extra["model"] = {"name": args.model}
     if args.max_steps is not None:
         base_extra["train"] = {"max_steps": args.max_steps}
-    # Validate every config before training anything.
     first_seed = (args.seed if args.seed is not None
                   else load_config(args.config, args.set, check_method=False).train.seed)
+    if first_seed + args.seeds - 1 > MAX_SEED:
+        raise UserError(f"--seeds {args.seeds} from seed {first_seed} ends at seed {first_seed + args.seeds - 1}, "
+                        f"above train.seed's maximum {MAX_SEED}; lower --seeds or --seed")
+    if n_runs >= 1000:
+        print(f"preparing {n_runs} runs (each run's config and folder checked before the first starts)", flush=True)
+    # Validate every config before training anything.
     plans = sweep.make_plans(variants, range(first_seed, first_seed + args.seeds), args.config, args.set, base_extra)
-    # The whole request (output folders, device, task, method, model) before anything is created.
+    # The whole request (output folders, device, task, method, model) before anything is created. A variant's
+    # runs differ only in their seed and folder: its config is checked once (with its first seed's folder), and
+    # the folders that may differ from that one: those that exist, and the longest name (the highest seed).
     sweep.check_out_folder(out, plans)
+    present = {p.name for p in out.iterdir()} if out.is_dir() else set()
+    last = first_seed + args.seeds - 1
+    checked: set[str] = set()
     for v, seed, cfg in plans:
-        preflight.check_train(cfg, sweep.run_dir_of(out, v, seed))
+        run_dir = sweep.run_dir_of(out, v, seed)
+        if v.dirname not in checked:
+            preflight.check_train(cfg, run_dir)
+            checked.add(v.dirname)
+        elif seed == last or run_dir.name in present:
+            preflight.check_out(run_dir)
     if not args.overwrite:
         sweep.check_recorded_configs(out, plans)
+    return out, variants, plans
+
+
+def _summarise(args: argparse.Namespace, out: Path, variants: list, plans: list, stopped_by: int | None) -> int:
+    """The summary of the runs (``analysis.summary.compare_summary``), written on top of ``out``."""
     from entropy_rft.analysis.summary import compare_summary
+    from entropy_rft.launch import sweep
     from entropy_rft.rundir.files import atomic_write_json, atomic_write_text
 
-    stopped_by = sweep.train_all(plans, out, args.jobs, args.overwrite)
     targets = any(v.target is not None for v in variants)
     runs = [(v.label, sweep.run_dir_of(out, v, s)) for v, s, _ in sorted(plans, key=lambda p: variants.index(p[0]))]
     if stopped_by is not None:  # the summary of what ran; the runs that never logged a step are left out
@@ -112,10 +162,15 @@ def run(args: argparse.Namespace) -> int:
 
 def _stopped(signum: int, out: Path, *, wrote: bool) -> int:
     """The one line of a sweep a signal stopped, and its exit status (128 + the signal's number)."""
+    what = f"the summary of what ran is in {out / 'summary.md'}" if wrote else "no run had logged a step"
+    return _say_stopped(signum, f": the running runs saved a checkpoint; {what}; rerun the same command to continue")
+
+
+def _say_stopped(signum: int, words: str) -> int:
+    """``erft compare: stopped by SIGTERM<words>`` on stderr (``words``: ``: ...`` or `` before ...``); returns
+    128 + the signal's number."""
     import signal
     import sys
 
-    what = f"the summary of what ran is in {out / 'summary.md'}" if wrote else "no run had logged a step"
-    print(f"erft compare: stopped by {signal.Signals(signum).name}: the running runs saved a checkpoint; {what}; "
-          "rerun the same command to continue", file=sys.stderr, flush=True)
+    print(f"erft compare: stopped by {signal.Signals(signum).name}{words}", file=sys.stderr, flush=True)
     return 128 + signum

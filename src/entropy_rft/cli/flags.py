@@ -62,10 +62,11 @@ def check_sampling_args(args: argparse.Namespace) -> None:
     """The flags eval and filter share, checked: batch size, threads, seed, temperature, device, output folder."""
     import math
 
+    from entropy_rft.common.threads import MAX_THREADS
     from entropy_rft.training import preflight
 
     preflight.check_min("--batch-size", args.batch_size, 1)
-    preflight.check_threads(args.threads)
+    preflight.check_range("--threads", args.threads, 0, MAX_THREADS, "0: automatic")
     preflight.check_min("--seed", args.seed, 0)
     if not math.isfinite(args.temperature):
         raise UserError(f"--temperature must be a finite number, got {args.temperature}")

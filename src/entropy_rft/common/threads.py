@@ -33,6 +33,9 @@ __all__ = [
 SMALL_MODEL_PARAMS = 50_000_000
 # The automatic choice never asks for more threads than this, whatever the core count.
 MAX_AUTO_THREADS = 8
+# The most threads a user may ask for (``train.threads``, ``--threads``): more than any CPU has cores; torch takes
+# the count as a C int, so a larger number fails inside it rather than meaning anything.
+MAX_THREADS = 1024
 
 
 def available_cores() -> int:

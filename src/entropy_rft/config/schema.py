@@ -18,6 +18,7 @@ from typing import Any, cast
 from entropy_rft.common.constraints import rule_words
 from entropy_rft.common.errors import UserError
 from entropy_rft.common.options import AGG_MODES, CPU_GEMM_MODES, ENGINES, KL_ESTIMATORS, ROLLOUT_BACKENDS, or_list
+from entropy_rft.common.threads import MAX_THREADS
 from entropy_rft.config.fields import setting as _f
 from entropy_rft.config.fields import short
 
@@ -25,6 +26,7 @@ from entropy_rft.config.fields import short
 DEVICE_RE = re.compile(r"^(cpu|mps|(cuda|xpu)(:\d+)?)$")
 DEVICES = "'cpu', 'cuda', 'cuda:N' or 'mps'"
 MAX_SEED = 2**32 - 1
+MAX_EPS_HIGH = 10  # algo.eps_high's bound: a ratio of 11 (DAPO's clip-higher is 0.28)
 DTYPES = ("float32", "bfloat16", "float16")
 ALGORITHMS = ("grpo", "dr_grpo", "ppo")
 SCHEDULES = ("constant", "linear", "cosine")
@@ -105,14 +107,19 @@ class RolloutConfig:
 class AlgoConfig:
     algorithm: str = _f("grpo", "'grpo' (group-normalised advantages), 'dr_grpo' (mean only, Dr.GRPO, "
                         "arXiv 2503.20783) or 'ppo' (value head + GAE).", choices=ALGORITHMS)
-    eps_low: float | None = _f(0.2, "PPO ratio clip, lower side: r >= 1 - eps_low. null disables.", ge=0)
-    eps_high: float | None = _f(0.2, "PPO ratio clip, upper side: r <= 1 + eps_high (clip-higher: 0.28, DAPO).", ge=0)
+    eps_low: float | None = _f(0.2, "PPO ratio clip, lower side: r >= 1 - eps_low; at most 1 (the ratio is "
+                               "positive: 1 already leaves that side open). null disables.", ge=0, le=1)
+    eps_high: float | None = _f(0.2, "PPO ratio clip, upper side: r <= 1 + eps_high (clip-higher: 0.28, DAPO); at "
+                                f"most {MAX_EPS_HIGH} (a ratio of {1 + MAX_EPS_HIGH}). null disables.",
+                                ge=0, le=MAX_EPS_HIGH)
     dual_clip: float | None = _f(None, "Dual clip c: bounds the loss of A<0 tokens by -A*c (arXiv 1912.09729).", gt=1)
     agg: str = _f("token-mean", f"Loss aggregation: {or_list(AGG_MODES)}.", choices=AGG_MODES)
     minibatches: int = _f(2, "Optimizer minibatches per rollout batch; >1 lets the ratio leave 1, so PPO "
                           "clipping, clip-higher, Clip-Cov's exclusion and KL-Cov act.", ge=1)
     ppo_epochs: int = _f(1, "Passes over the rollout batch.", ge=1)
-    grad_accum: int = _f(1, "Micro-batches per minibatch (gradient accumulation). Selections stay per minibatch.", ge=1)
+    grad_accum: int = _f(1, "Micro-batches per minibatch (gradient accumulation). Selections stay per minibatch. "
+                         "At most a minibatch's sequences (rollout.prompts_per_step x rollout.group_size / "
+                         "algo.minibatches): a micro-batch holds at least one.", ge=1)
     drop_uniform_groups: bool = _f(False, "Drop groups whose rewards are all equal (DAPO dynamic sampling).")
     adv_eps: float = _f(1e-6, "Epsilon added to the group std in GRPO normalisation.", ge=0)
     ref_kl_coef: float = _f(0.0, "KL to the frozen base policy (papers: 0). >0 loads a reference model.", ge=0)
@@ -234,7 +241,7 @@ class TrainConfig:
                         note="(0: no per-step lines)")
     threads: int = _f(0, "CPU threads for torch; 0: automatic (entropy_rft.common.threads.choose_threads: 1 thread "
                       "for models under 50M parameters, which also avoids OpenMP's collapse when the cores are "
-                      "shared with other busy processes; else the cores, at most 8).", ge=0,
+                      "shared with other busy processes; else the cores, at most 8).", ge=0, le=MAX_THREADS,
                       note="(0: automatic, see train.threads)")
 
 

@@ -36,6 +36,10 @@ def validate(cfg: Config, *, check_method: bool = True) -> None:
     n_seq = r.prompts_per_step * r.group_size
     _check(a.minibatches <= n_seq, "algo.minibatches",
            f"({a.minibatches}) must not exceed the rollout batch ({n_seq} sequences)")
+    per_minibatch = n_seq // a.minibatches
+    _check(a.grad_accum <= per_minibatch, "algo.grad_accum",
+           f"({a.grad_accum}) must not exceed a minibatch's {per_minibatch} sequences (the rollout batch's {n_seq} / "
+           f"algo.minibatches {a.minibatches}): a micro-batch holds at least one sequence")
     _check(e.batch_size >= e.samples, "eval.batch_size", f"must be >= eval.samples ({e.samples}), got {e.batch_size}")
     if ap.knob_min is not None and ap.knob_max is not None:
         _check(ap.knob_min < ap.knob_max, "autopilot.knob_min", f"({ap.knob_min}) must be < autopilot.knob_max "

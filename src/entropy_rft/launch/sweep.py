@@ -22,18 +22,41 @@ def run_dir_of(out: Path, v: Variant, seed: int) -> Path:
     return out / f"{v.dirname}-s{seed}"
 
 
+MAX_JOBS = 256  # --jobs: runs trained at a time, each a process holding its own model
+MAX_RUNS = 1_000_000  # runs in one sweep: each plan holds its config (~5 KB) while the sweep runs
+
+
 def make_plans(variants: list[Variant], seeds: range, config: str | None, sets: list[str],
           base_extra: dict[str, Any]) -> list[Plan]:
     """Every run's validated config, seed-major: an interrupted sweep holds whole seeds of every variant, not
-    every seed of a few. ``base_extra``: the overrides every run shares (model, max_steps)."""
+    every seed of a few. ``base_extra``: the overrides every run shares (model, max_steps).
+
+    A variant's configs differ only in ``train.seed``, whose one rule is its range: each variant's config is
+    loaded and validated at the lowest and the highest seed (the first line naming the field, as a run-by-run
+    check would), and every seed's config is a copy of it with its seed, so that 100,000 seeds take seconds,
+    not the half hour of loading each (~18 ms a config)."""
+    import copy
+
     from entropy_rft.config.loading import load_config
 
+    def load(v: Variant, seed: int) -> Any:
+        extra = {**base_extra, "method": v.method_extra(), "train": {**base_extra.get("train", {}), "seed": seed}}
+        return load_config(config, sets, extra=extra, check_method=False)
+
+    if not seeds:
+        return []
+    lo, hi = min(seeds[0], seeds[-1]), max(seeds[0], seeds[-1])
+    base = []
+    for v in variants:
+        base.append(load(v, lo))
+        if hi != lo:
+            load(v, hi)
     out = []
     for seed in seeds:
-        for v in variants:
-            extra = {**base_extra, "method": v.method_extra(),
-                     "train": {**base_extra.get("train", {}), "seed": seed}}
-            out.append((v, seed, load_config(config, sets, extra=extra, check_method=False)))
+        for v, cfg in zip(variants, base):
+            own = copy.deepcopy(cfg)  # each run owns its config, as when each was loaded
+            own.train.seed = seed
+            out.append((v, seed, own))
     return out
 
 
@@ -69,6 +92,43 @@ def _worker_start() -> None:
 
 def _exit_on_signal(signum: int, _frame: Any) -> None:
     raise SystemExit(128 + signum)
+
+
+class Stopped(BaseException):  # not an Exception: nothing on the way turns it into another error
+    """A stop signal (SIGTERM, SIGINT, SIGHUP) where no run's own handlers hold (:func:`stop_raises`)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"stopped by signal {signum}")
+        self.signum = signum
+
+
+def _raise_stopped(signum: int, _frame: Any) -> None:
+    raise Stopped(signum)
+
+
+class stop_raises:  # noqa: N801 - used as a context manager, like contextlib's lower-case ones
+    """While installed (``with``), a SIGTERM, SIGINT or SIGHUP raises :class:`Stopped` at once: for the parts of
+    ``erft compare`` where no run's own handlers hold (preparing the runs: nothing written yet; between runs; the
+    summary, written atomically), so there is nothing to save first. A run's handlers (``launch.run.StopSignals``,
+    :class:`Stop`) put these back when they end. Outside the main thread nothing is installed."""
+
+    def __init__(self) -> None:
+        self._old: dict = {}
+
+    def __enter__(self) -> stop_raises:
+        import contextlib
+        import signal
+
+        for name in STOP_SIGNALS:
+            with contextlib.suppress(ValueError):  # not the main thread
+                self._old[name] = signal.signal(getattr(signal, name), _raise_stopped)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        import signal
+
+        for name, h in self._old.items():
+            signal.signal(getattr(signal, name), h)
 
 
 class Stop:
@@ -122,6 +182,46 @@ def _first_line(err: BaseException) -> str:
     return f"{type(err).__name__}: {text[:200]}" if text else type(err).__name__
 
 
+def status_since(run_dir: Path, since: float) -> dict:
+    """The run's ``run.json`` when it was written at or after ``since`` (``time.time()``; 2 s earlier counts, for
+    file systems that keep whole seconds), else ``{}``: what this sweep's worker recorded, not a status left by an
+    earlier session."""
+    from entropy_rft.rundir.files import read_status
+
+    try:
+        fresh = (run_dir / "run.json").stat().st_mtime >= since - 2.0
+    except OSError:
+        return {}
+    return read_status(run_dir) if fresh else {}
+
+
+def outcome(err: BaseException | None, signalled: bool, status: dict, checkpoints: bool = True) -> tuple[str, str]:
+    """How a run trained in a worker ended: ``("done" | "stopped" | "failed", words)`` for its line.
+
+    ``err``: the exception its future holds (None: it returned); ``signalled``: a stop signal reached the sweep;
+    ``status``: its ``run.json`` as this sweep's worker left it (:func:`status_since`; read once the workers have
+    ended). A worker killed under the pool (a SIGKILL, the out-of-memory killer) breaks the pool, and every run
+    then holds ``BrokenProcessPool``: the pool stops the others with a SIGTERM, on which each saves a checkpoint
+    and records "stopped". Only a run that recorded neither that nor "finished" is the failure."""
+    from concurrent.futures.process import BrokenProcessPool
+
+    if err is None:
+        return "done", "done"
+    if signalled and isinstance(err, SystemExit):
+        return "stopped", "stopped"
+    if isinstance(err, BrokenProcessPool):
+        if status.get("status") == "finished":
+            return "done", "done"
+        if status.get("status") == "stopped":
+            saved = ("checkpoint saved; rerun the same command to resume it" if checkpoints else
+                     "no checkpoint, train.checkpoints is false: a rerun starts it again")
+            return "stopped", (f"stopped at step {status.get('step')} when another run's process was killed "
+                               f"({saved})")
+        return "failed", ("FAILED: its process was killed by a signal sent to it alone or by the out-of-memory "
+                          "killer, before it recorded a stop")
+    return "failed", f"FAILED: {_first_line(err)}"
+
+
 def _train_logged(cfg: Any, run_dir: Path, log: Path, overwrite: bool, threads: int = 0) -> None:
     """One run in a worker process, its stdout and stderr appended to ``log``; ``threads`` > 0: torch's
     thread count in this process (:func:`worker_threads`)."""
@@ -165,7 +265,9 @@ def run_parallel(plans: list, out: Path, jobs: int, overwrite: bool) -> int | No
     SIGTERM, SIGINT or SIGHUP (:class:`Stop`) the running runs stop with a checkpoint, the rest do not start, and
     the signal's number is returned once every worker has ended (None: every run ended)."""
     import multiprocessing as mp
+    import time
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+    from concurrent.futures.process import BrokenProcessPool
 
     from entropy_rft.common.threads import available_cores
     from entropy_rft.launch.run import is_finished
@@ -177,6 +279,7 @@ def run_parallel(plans: list, out: Path, jobs: int, overwrite: bool) -> int | No
         else:
             todo.append((i, (v, seed, cfg)))
     failed: list[str] = []
+    broken: list = []  # the runs a killed worker's broken pool ended: said once every worker has ended
     ctx = mp.get_context("spawn")  # a fresh interpreter per run: no torch state shared with this one
     pools: list = []  # the pool's live workers: a private map of the executor (None once it has shut down)
 
@@ -188,33 +291,51 @@ def run_parallel(plans: list, out: Path, jobs: int, overwrite: bool) -> int | No
         pools.append(pool)
         running: dict = {}
         while todo or running:
-            while todo and len(running) < jobs and stop.signum is None:
+            while todo and len(running) < jobs and stop.signum is None and not broken:
                 i, (v, seed, cfg) = todo.pop(0)
                 name = f"{v.dirname}-s{seed}"
                 log = out / "logs" / f"{name}.log"
                 print(f"[{i}/{len(plans)}] {v.label} seed {seed}: started (log: {log})", flush=True)
                 threads = worker_threads(jobs, available_cores(), cfg.train.threads, cfg.model.device)
-                running[pool.submit(_train_logged, cfg, out / name, log, overwrite, threads)] = (i, v, seed, cfg, log)
+                fut = pool.submit(_train_logged, cfg, out / name, log, overwrite, threads)
+                running[fut] = (i, v, seed, cfg, log, time.time())
             if not running:
                 break  # stopped: what was not started stays so
             done, _ = wait(running, timeout=PROGRESS_EVERY_S, return_when=FIRST_COMPLETED)
             if not done:  # the runs' own progress bars are in their logs: one line for all of them here
-                print("  " + "; ".join(progress_words(out, v, seed, cfg) for _, v, seed, cfg, _ in running.values()),
+                print("  " + "; ".join(progress_words(out, v, seed, cfg) for _, v, seed, cfg, *_ in running.values()),
                       flush=True)
             for fut in done:
-                i, v, seed, _, log = running.pop(fut)
+                i, v, seed, cfg, log, since = running.pop(fut)
                 err = fut.exception()
-                if err is None:
-                    print(f"[{i}/{len(plans)}] {v.label} seed {seed}: done", flush=True)
-                elif stop.signum is not None and isinstance(err, SystemExit):
-                    print(f"[{i}/{len(plans)}] {v.label} seed {seed}: stopped (see {log})", flush=True)
-                else:
-                    failed.append(f"{v.label} seed {seed} ({_first_line(err)}; see {log})")
-                    print(f"[{i}/{len(plans)}] {v.label} seed {seed}: FAILED: {_first_line(err)}", flush=True)
+                if isinstance(err, BrokenProcessPool):  # its status is final once the pool's workers have ended
+                    broken.append((i, v, seed, cfg, log, since, err))
+                    continue
+                kind, words = outcome(err, stop.signum is not None, {})
+                _said(i, len(plans), v, seed, kind, words, log, failed)
+    stopped = 0
+    for i, v, seed, cfg, log, since, err in broken:  # the pool has shut down: every worker has ended
+        kind, words = outcome(err, stop.signum is not None, status_since(out / f"{v.dirname}-s{seed}", since),
+                              cfg.train.checkpoints)
+        stopped += kind == "stopped"
+        _said(i, len(plans), v, seed, kind, words, log, failed)
+    if broken and todo:
+        print(f"{len(todo)} run(s) not started: a worker was killed, which ends the pool", flush=True)
     if failed and stop.signum is None:
-        raise UserError(f"{len(failed)} run(s) failed: {'; '.join(failed)}; fix and rerun the same command "
-                        "(finished runs are kept)")
+        rest = "".join(f"{n} {what}; " for n, what in ((stopped, "other run(s) stopped"),
+                                                          (len(todo) if broken else 0, "not started")) if n)
+        raise UserError(f"{len(failed)} run(s) failed: {'; '.join(failed)}; {rest}fix and rerun the same command "
+                        "(finished runs are kept, stopped ones resume)")
     return stop.signum
+
+
+def _said(i: int, n: int, v: Variant, seed: int, kind: str, words: str, log: Path, failed: list[str]) -> None:
+    """A run's line ``[i/n] label seed S: words``; a failed one is also named in ``failed``."""
+    if kind == "failed":
+        failed.append(f"{v.label} seed {seed} ({words.removeprefix('FAILED: ')}; see {log})")
+    elif kind == "stopped" and words == "stopped":
+        words = f"stopped (see {log})"
+    print(f"[{i}/{n}] {v.label} seed {seed}: {words}", flush=True)
 
 
 OWN_FILES = ("summary.md", "summary.json", "logs", "report")  # what erft compare (and report --out) writes on top
@@ -315,21 +436,28 @@ def check_recorded_configs(out: Path, plans: list, cpu_numerics: bool = True) ->
 def train_all(plans: list[Plan], out: Path, jobs: int, overwrite: bool) -> int | None:
     """Train (or resume, or keep when finished) every plan: in this process one after the other, or ``jobs``
     at a time in fresh processes. Returns the number of the signal that stopped the sweep (SIGTERM, SIGINT,
-    SIGHUP: the running runs saved a checkpoint and record "stopped"), or None when every run ended."""
+    SIGHUP: the running runs saved a checkpoint and record "stopped"), or None when every run ended.
+
+    A signal while no run's own handlers hold (``launch.run.StopSignals``, :class:`Stop`: a run loading its model
+    or ending, between two runs) stops the sweep there at once (:func:`stop_raises`): there is nothing to save."""
     import signal
 
     from entropy_rft.launch import run as launch
 
     out.mkdir(parents=True, exist_ok=True)
-    if jobs > 1:
-        return run_parallel(plans, out, jobs, overwrite)
     stops = {128 + getattr(signal, name) for name in STOP_SIGNALS}
-    for i, (v, seed, cfg) in enumerate(plans, 1):
-        print(f"[{i}/{len(plans)}] {v.label} seed {seed}")
-        try:
-            launch.start_or_resume(cfg, run_dir_of(out, v, seed), overwrite=overwrite)
-        except SystemExit as e:  # the run's own handlers (launch.run.StopSignals) saved it and said so
-            if isinstance(e.code, int) and e.code in stops:
-                return e.code - 128
-            raise
+    try:
+        with stop_raises():
+            if jobs > 1:
+                return run_parallel(plans, out, jobs, overwrite)
+            for i, (v, seed, cfg) in enumerate(plans, 1):
+                print(f"[{i}/{len(plans)}] {v.label} seed {seed}")
+                try:
+                    launch.start_or_resume(cfg, run_dir_of(out, v, seed), overwrite=overwrite)
+                except SystemExit as e:  # the run's own handlers (launch.run.StopSignals) saved it and said so
+                    if isinstance(e.code, int) and e.code in stops:
+                        return e.code - 128
+                    raise
+    except Stopped as s:
+        return s.signum
     return None

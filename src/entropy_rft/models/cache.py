@@ -37,6 +37,8 @@ from typing import Any
 
 from filelock import FileLock
 
+from entropy_rft.common.paths import expand_user
+
 INFO_FILE = "erft_build.json"
 LOCK_TIMEOUT_S = 3600.0
 CHECKSUMS_KEY = "files"  # erft_build.json's record of what the build wrote: {name: {"size", "sha256"}}
@@ -48,9 +50,9 @@ _DIGESTS: dict[tuple[int, int, int, int], str] = {}
 def cache_root() -> Path:
     """``$ERFT_CACHE``, else ``$XDG_CACHE_HOME/entropy-rft``, else ``~/.cache/entropy-rft``."""
     if os.environ.get("ERFT_CACHE"):
-        return Path(os.environ["ERFT_CACHE"]).expanduser()
+        return expand_user(os.environ["ERFT_CACHE"], "ERFT_CACHE")
     if os.environ.get("XDG_CACHE_HOME"):
-        return Path(os.environ["XDG_CACHE_HOME"]).expanduser() / "entropy-rft"
+        return expand_user(os.environ["XDG_CACHE_HOME"], "XDG_CACHE_HOME") / "entropy-rft"
     return Path.home() / ".cache" / "entropy-rft"
 
 

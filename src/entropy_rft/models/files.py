@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from entropy_rft.common.errors import UserError
+from entropy_rft.common.paths import expand_user
 from entropy_rft.common.streams import parse_json
 
 # Built-in policy names (built by ``entropy_rft.training.sft`` and ``entropy_rft.models.loading.build_smollm2``).
@@ -80,9 +81,9 @@ def hub_cache_dir() -> Path:
 
     for key in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
         if os.environ.get(key):
-            return Path(os.path.expandvars(os.environ[key])).expanduser()
+            return expand_user(os.path.expandvars(os.environ[key]), key)
     if os.environ.get("HF_HOME"):
-        return Path(os.path.expandvars(os.environ["HF_HOME"])).expanduser() / "hub"
+        return expand_user(os.path.expandvars(os.environ["HF_HOME"]), "HF_HOME") / "hub"
     return Path(constants.HF_HUB_CACHE)
 
 
@@ -238,8 +239,11 @@ def locate_policy(name_or_path: str) -> str:
     """
     name = str(name_or_path)
     if name in policy_names():
+        from entropy_rft.models.cache import cache_root
+
+        cache_root()  # where a built-in policy is built: a '~nouser' in ERFT_CACHE is refused here, in one line
         return name
-    path = Path(name).expanduser()
+    path = expand_user(name, "--model")
     if name.strip() and path.exists():
         if (problem := folder_problem(path)) is not None:
             raise UserError(f"--model {name!r}: {problem}")

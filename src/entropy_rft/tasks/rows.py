@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import IO, Any, TypeVar, overload
 
 from entropy_rft.common.errors import UserError
+from entropy_rft.common.paths import expand_user
 from entropy_rft.common.streams import open_regular, parse_json, regular_problem
 
 BAD_ROW_POLICIES = ("skip", "error")
@@ -144,7 +145,7 @@ class _BadJson(str):
 
 def _local_file(source: str) -> Path | None:
     """The local dataset file ``source`` names (checked: a regular file of a known type), or None for a hub id."""
-    p = Path(str(source)).expanduser()
+    p = expand_user(str(source), "task.params.source")
     if not (p.suffix.lower() in LOCAL_SUFFIXES or p.exists()):
         return None
     if p.is_dir():

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from entropy_rft.common.errors import UserError
+from entropy_rft.common.paths import expand_user
 from entropy_rft.training import limits
 
 if TYPE_CHECKING:
@@ -50,7 +51,7 @@ def _stamp(paths: list[Path]) -> tuple:
 
 
 def _folder_stamp(name: str) -> tuple:
-    p = Path(name).expanduser()
+    p = expand_user(name, "--model")
     try:
         return _stamp([p, *sorted(p.iterdir())]) if p.is_dir() else _stamp([p])
     except OSError:
@@ -247,9 +248,10 @@ def check_min(flag: str, value: float | None, low: float) -> None:
         raise UserError(f"{flag} must be >= {low}, got {value}")
 
 
-def check_threads(threads: int, flag: str = "--threads") -> None:
-    if threads < 0:
-        raise UserError(f"{flag} must be >= 0 (0: automatic), got {threads}")
+def check_range(flag: str, value: float | None, low: float, high: float, what: str = "") -> None:
+    """Refuse a numeric option outside ``low..high`` in one line, ``what`` saying what it counts (None passes)."""
+    if value is not None and not low <= value <= high:
+        raise UserError(f"{flag} must be in {low}..{high}{f' ({what})' if what else ''}, got {value}")
 
 
 # ----------------------------------------------------------------------------- task
@@ -299,7 +301,7 @@ def _files_in(value: Any) -> list[Path]:
         return [f for v in value for f in _files_in(v)]
     if isinstance(value, str) and value.strip() and len(value) < 4096:
         try:
-            p = Path(value).expanduser()
+            p = Path(os.path.expanduser(value))  # a '~nouser' text is no file, not an error
             return [p] if p.is_file() else []
         except (OSError, ValueError):
             return []
