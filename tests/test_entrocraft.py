@@ -100,7 +100,7 @@ def test_the_trainer_trains_with_the_released_advantages(entropy):
                                       (0.7, 0.5))
     adv = grpo((pm1 + 1) / 2, 4)[:, None] * mask
     stats = SimpleNamespace(entropy=torch.full((16, 5), entropy))
-    run = SimpleNamespace(autopilot=None, cfg=SimpleNamespace(algo=SimpleNamespace(agg="token-mean")),
+    run = SimpleNamespace(autopilot=None, loss=SimpleNamespace(agg="token-mean"),
                           method=control.build_method("entrocraft", total_steps=10))
     s = Scored([], None, (pm1 + 1) / 2, mask)
     sel = stages.select(run, s, OldPolicy(torch.zeros(16, 5), stats, adv))

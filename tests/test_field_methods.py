@@ -20,6 +20,7 @@ from entropy_rft.common.errors import UserError
 from entropy_rft.config.loading import load_config
 from entropy_rft.control.builtins import adaptive_entropy_step, entropic_step, entropy_advantage_shift
 from entropy_rft.core.loss import agg_weights, policy_loss, ppo_clipped_mask
+from entropy_rft.core.loss_types import LossSettings
 from entropy_rft.core.theory import first_order_entropy_change
 from entropy_rft.launch.run import start
 from entropy_rft.rundir.files import read_jsonl
@@ -396,8 +397,8 @@ def test_existing_lens_metrics_are_bit_identical():
         s = NS(mask=mask)
         old = NS(adv=adv, logp=logp, stats=NS(s_centered=s_c))
         pr = NS(logp=new, ratio=torch.exp((new - logp).double()))
-        rule = NS(loss_kwargs={"agg": agg, "eps_low": 0.2, "eps_high": 0.28})
-        vanilla = NS(loss_kwargs={"agg": agg, "eps_low": 0.2, "eps_high": 0.2})
+        rule = NS(settings=LossSettings(agg=agg, eps_low=0.2, eps_high=0.28))
+        vanilla = NS(settings=LossSettings(agg=agg, eps_low=0.2, eps_high=0.2))
         sel = NS(keep=keep, adv_shift=None, weight_select=None)
         upd = NS(zeroed=torch.zeros_like(mask))
         for got in (lens_metrics(s, old, pr, mask & keep, rule),

@@ -312,6 +312,45 @@ def test_loss_decreases_on_a_fixed_batch(micro_model, tmp_path):
     assert losses[-1] < losses[0] - 1e-3, losses
 
 
+@pytest.mark.parametrize("sets", [
+    {"method.name": "clip_cov", "algo.minibatches": 2, "algo.grad_accum": 2},  # 2 updates x 2 micro-batches
+    {"method.name": "entropy_adv", "algo.algorithm": "ppo", "algo.ppo_epochs": 2},  # a critic, adv_shift
+])
+def test_an_update_reads_its_metrics_in_one_transfer(micro_model, tmp_path, monkeypatch, sets):
+    """Stages 7-8 keep every micro-batch's loss metrics, gradient norm and critic loss on the device and read them
+    once, after the last optimizer update: one ``.tolist()`` in the loss's and the stages' code, no per-tensor
+    read. The numbers are those of reading each tensor on its own (issue 66)."""
+    from host_reads import Reads, per_tensor_metrics
+
+    run = build_run(cfg_for(micro_model, **{"task.name": "micro:OverlapTask", **sets}), tmp_path)
+    exs = stages.sample_prompts(run)
+    group = [e for e in exs for _ in range(run.cfg.rollout.group_size)]
+    s = stages.score(run, group, stages.rollout(run, [e.prompt for e in group]))
+    old = stages.old_policy(run, s)
+    sel = stages.select(run, s, old)
+    pending = []
+    read_updates = stages.read_updates
+    monkeypatch.setattr(stages, "read_updates", lambda updates: pending.extend(updates) or read_updates(updates))
+    reads = Reads(monkeypatch)
+    reads.on = True
+    upd = stages.update(run, s, old, sel)
+    reads.on = False
+    assert reads.made_in("loss_types.py", "stages.py") == ["tolist"]
+    assert len(pending) == run.cfg.algo.minibatches * run.cfg.algo.ppo_epochs
+
+    rows = []
+    for u in pending:  # the same numbers, each tensor read on its own
+        row = stages.mean_rows([per_tensor_metrics(o) for o in u.outs])
+        row["optim/grad_norm"] = float(u.grad_norm)
+        row["optim/lr"] = u.lr
+        if u.value_losses is not None:
+            row["loss/value"] = stages.weighted_sum([(float(v), n, of) for v, n, of in u.value_losses])
+        rows.append(row)
+    want = stages.mean_rows(rows)
+    assert upd.metrics == want and list(upd.metrics) == list(want)
+    assert upd.metrics["tokens/counted"] > 0 and ("loss/value" in want) == (sets.get("algo.algorithm") == "ppo")
+
+
 def test_ppo_with_critic_runs(micro_model, tmp_path):
     start(cfg_for(micro_model, **{"algo.algorithm": "ppo", "train.max_steps": 3}), tmp_path / "ppo")
     rows = strict_rows(tmp_path / "ppo" / "metrics.jsonl")

@@ -116,7 +116,7 @@ def test_the_subclass_attributes_are_its_own():
     ours = set(re.findall(r"self\.(\w+)(?:\s*:[^=\n]+)?\s*=[^=]", inspect.getsource(EntropyControlGRPOTrainer)))
     ours |= set(re.findall(r"setattr\(self, (\w+)", inspect.getsource(EntropyControlGRPOTrainer)))
     ours.discard("attr")  # setattr(self, attr, ...): the knob attributes, named in KNOB_ATTRIBUTES
-    assert {"method", "delegates", "_hook", "loss_kwargs", "_entropy_bonus_enabled"} <= ours, ours
+    assert {"method", "delegates", "_hook", "loss_settings", "_entropy_bonus_enabled"} <= ours, ours
     theirs = inspect.getsource(GRPOTrainer) + inspect.getsource(transformers.Trainer)
     shared = {a for a in ours if re.search(rf"self\.{a}\b", theirs)}
     assert shared == set(KNOB_ATTRIBUTES) & ours, sorted(shared)

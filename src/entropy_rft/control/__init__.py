@@ -25,7 +25,14 @@ from entropy_rft.control.builtins import (
     NoControl,
     Steer,
 )
-from entropy_rft.control.lens import QUADRANTS, gradient_coefficients, lens_attribution, quadrant_effects, weight_lens
+from entropy_rft.control.lens import (
+    QUADRANTS,
+    gradient_coefficients,
+    lens_attribution,
+    loss_gradient,
+    quadrant_effects,
+    weight_lens,
+)
 from entropy_rft.control.masks import (
     clip_b_mask,
     clip_cov_mask,
@@ -35,6 +42,7 @@ from entropy_rft.control.masks import (
     kl_cov_select,
 )
 from entropy_rft.control.registry import (
+    LossOverrides,
     Masks,
     Method,
     available_methods,
@@ -55,9 +63,11 @@ __all__ = [
     "grad_mask",
     "lens_attribution",
     "gradient_coefficients",
+    "loss_gradient",
     "weight_lens",
     "quadrant_effects",
     "QUADRANTS",
+    "LossOverrides",
     "Masks",
     "Method",
     "param",

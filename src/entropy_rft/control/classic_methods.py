@@ -7,13 +7,13 @@ Knob directions as in :mod:`entropy_rft.control.paper_methods`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from torch import Tensor
 
 from entropy_rft.control.masks import grad_mask, high_entropy_mask
 from entropy_rft.control.paper_methods import PAPER_A
-from entropy_rft.control.registry import Masks, Method, param, register_method
+from entropy_rft.control.registry import LossOverrides, Masks, Method, param, register_method
 
 if TYPE_CHECKING:
     from entropy_rft.core.dynamics import TokenStats
@@ -42,8 +42,8 @@ class ClipHigher(Method):
     eps_low: float = param(0.2, "lower ratio clip, r >= 1 - eps_low", ge=0)
     eps_high: float = param(0.28, "upper ratio clip, r <= 1 + eps_high", ge=0)
 
-    def loss_kwargs(self) -> dict[str, Any]:
-        return {"eps_low": float(self.eps_low), "eps_high": float(self.eps_high)}
+    def loss_overrides(self) -> LossOverrides:
+        return LossOverrides(eps_low=float(self.eps_low), eps_high=float(self.eps_high))
 
 
 @register_method
@@ -60,8 +60,8 @@ class EntropyBonus(Method):
 
     coef: float = param(1e-3, "entropy coefficient", ge=0)
 
-    def loss_kwargs(self) -> dict[str, Any]:
-        return {"entropy_coef": float(self.coef)}
+    def loss_overrides(self) -> LossOverrides:
+        return LossOverrides(entropy_coef=float(self.coef))
 
     def needs_entropy_grad(self) -> bool:
         return True

@@ -22,7 +22,7 @@ from entropy_rft.control._common import (
     masked_mean_std,
     resolve_level,
 )
-from entropy_rft.control.registry import Masks, Method, param, register_method
+from entropy_rft.control.registry import LossOverrides, Masks, Method, param, register_method
 
 if TYPE_CHECKING:
     from entropy_rft.core.dynamics import TokenStats
@@ -164,8 +164,8 @@ class AdaptiveEntropy(Method):
         self._last_h = h
         return {"control/own_entropy": h, "control/own_target": target, "control/own_output": self._applied}
 
-    def loss_kwargs(self) -> dict[str, Any]:
-        return {"entropy_coef": float(self.coef if self._applied is None else self._applied)}
+    def loss_overrides(self) -> LossOverrides:
+        return LossOverrides(entropy_coef=float(self.coef if self._applied is None else self._applied))
 
     def needs_entropy_grad(self) -> bool:
         return True
@@ -241,8 +241,8 @@ class CEGPPO(Method):
     beta_high: float = param(1.0, "beta2: gradient factor of A>0 tokens above 1 + eps_high (0 = PPO; authors' "
                                   "scripts 1)", ge=0)
 
-    def loss_kwargs(self) -> dict[str, Any]:
-        return {"ce_beta_low": float(self.beta_low), "ce_beta_high": float(self.beta_high)}
+    def loss_overrides(self) -> LossOverrides:
+        return LossOverrides(ce_beta_low=float(self.beta_low), ce_beta_high=float(self.beta_high))
 
 
 @register_method
@@ -277,8 +277,8 @@ class ClipLow(Method):
                            note="(r >= 1 - eps_low > 0)")
     eps_high: float = param(0.2, "upper ratio clip, r <= 1 + eps_high (0.2: PPO's usual value)", ge=0)
 
-    def loss_kwargs(self) -> dict[str, Any]:
-        return {"eps_low": float(self.eps_low), "eps_high": float(self.eps_high)}
+    def loss_overrides(self) -> LossOverrides:
+        return LossOverrides(eps_low=float(self.eps_low), eps_high=float(self.eps_high))
 
 
 @register_method
@@ -363,8 +363,8 @@ class EntropicControl(Method):
     def rollout_masks(self, stats: TokenStats, advantages: Tensor, mask: Tensor) -> Masks:
         return Masks(weight_select=mask & (stats.logp.detach() > math.log(self.high_prob)))
 
-    def loss_kwargs(self) -> dict[str, Any]:
-        return {"weight_alpha": float(self.alpha)}
+    def loss_overrides(self) -> LossOverrides:
+        return LossOverrides(weight_alpha=float(self.alpha))
 
     def state_dict(self) -> dict[str, Any]:
         # alpha itself too: the knob 1 + alpha does not give alpha back bit for bit

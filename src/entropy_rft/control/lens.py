@@ -7,23 +7,27 @@ factor, −w·A·r·S_c (lr dropped; a PPO-clipped token has no gradient and car
 
 Methods that reweight tokens, add gradient to them or change the clip (advantage shaping, EntroPIC, CE-GPPO,
 clip-low/high) drop nothing, so the drop lens cannot see them. ``weight_lens`` extends it to any method: with
-g_t = −∂L/∂log π_t the gradient coefficient of token t in the loss (``gradient_coefficients``, by autograd on
-``loss.policy_loss`` itself), Theorem 3.3 per token gives the first-order entropy change −g_t·S_c,t (a logit step
-along g_t·(e_k − p)), so the method's change in token weights carries Σ_t −(g_t^method − g_t^vanilla)·S_c,t,
-per quadrant. For a keep-mask with vanilla settings g_t = w_t·A_t·r_t on the kept tokens, which is the drop lens
-with the aggregation weights renormalised over the kept tokens.
+g_t = −∂L/∂log π_t the gradient coefficient of token t in the loss (``loss_gradient``, by autograd on
+``loss.compute_policy_loss`` itself; ``gradient_coefficients`` is its keyword call), Theorem 3.3 per token gives the
+first-order entropy change −g_t·S_c,t (a logit step along g_t·(e_k − p)), so the method's change in token weights
+carries Σ_t −(g_t^method − g_t^vanilla)·S_c,t, per quadrant. For a keep-mask with vanilla settings g_t = w_t·A_t·r_t
+on the kept tokens, which is the drop lens with the aggregation weights renormalised over the kept tokens.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import torch
 from torch import Tensor
 
 from entropy_rft.control._common import agg_weights, as_mask, broadcast_advantages, check_bool_like, check_like
-from entropy_rft.core.loss import policy_loss
+from entropy_rft.core.loss import compute_policy_loss, loss_arguments
+from entropy_rft.core.loss_types import LossInputs, LossSettings
 from entropy_rft.core.theory import first_order_entropy_change
 
-__all__ = ["QUADRANTS", "gradient_coefficients", "lens_attribution", "quadrant_effects", "weight_lens"]
+__all__ = ["QUADRANTS", "gradient_coefficients", "lens_attribution", "loss_gradient", "quadrant_effects",
+           "weight_lens"]
 
 # name -> (advantage condition, S_c condition); S_c == 0 (no first-order effect) goes with "sneg".
 QUADRANTS = ("pos_spos", "pos_sneg", "neg_spos", "neg_sneg", "zero")
@@ -107,16 +111,23 @@ def quadrant_effects(declared: dict[str, str]) -> dict[str, str]:
     return {q: declared.get(q, declared.get("all", "-")) for q in QUADRANTS}
 
 
+def loss_gradient(inputs: LossInputs, settings: LossSettings) -> Tensor:
+    """g_t = −∂L/∂log π_t of the loss (``loss.compute_policy_loss`` of ``inputs`` with ``settings``, the method's
+    masks in ``inputs.masks``) at ``inputs.logp`` (float64; 0 off the mask). The vanilla surrogate gives
+    g_t = w_t·A_t·r_t on unclipped counted tokens (PPO Eq. 7 with the aggregation weights w). Terms whose gradient
+    does not flow through log π_t of the sampled token (the entropy bonus, the reference KL) must be off in
+    ``settings``. No metric is read."""
+    lp = inputs.logp.detach().to(torch.float64).requires_grad_(True)
+    at = replace(inputs, logp=lp, old_logp=inputs.old_logp.detach().to(torch.float64))
+    (grad,) = torch.autograd.grad(compute_policy_loss(at, settings).loss, lp)
+    return torch.where(at.mask, -grad, torch.zeros_like(grad))
+
+
 def gradient_coefficients(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor,
                           **loss_kwargs) -> Tensor:
-    """g_t = −∂L/∂log π_t of ``loss.policy_loss`` at ``logp`` (float64; 0 off the mask), for any of its
-    settings and method masks. The vanilla surrogate gives g_t = w_t·A_t·r_t on unclipped counted tokens
-    (PPO Eq. 7 with the aggregation weights w). Terms whose gradient does not flow through log π_t of the sampled
-    token (the entropy bonus, the reference KL) must be left out of ``loss_kwargs``."""
-    lp = logp.detach().to(torch.float64).requires_grad_(True)
-    loss, _ = policy_loss(lp, old_logp.detach().to(torch.float64), advantages, mask, **loss_kwargs)
-    (grad,) = torch.autograd.grad(loss, lp)
-    return torch.where(mask, -grad, torch.zeros_like(grad))
+    """``loss_gradient`` as one keyword call: each keyword is the ``LossSettings``, ``Masks`` or ``LossInputs``
+    field of that name (``loss.loss_arguments``, as ``loss.policy_loss`` takes them)."""
+    return loss_gradient(*loss_arguments(logp, old_logp, advantages, mask, **loss_kwargs))
 
 
 def weight_lens(g_method: Tensor, g_vanilla: Tensor, advantages: Tensor, s_centered: Tensor,

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 from torch import Tensor
 
 from entropy_rft.control._common import ADVANTAGE_SIGNS
 from entropy_rft.control.masks import CLIP_V_SIGNS, clip_b_mask, clip_cov_mask, clip_v_mask, kl_cov_select
-from entropy_rft.control.registry import Masks, Method, param, register_method
+from entropy_rft.control.registry import LossOverrides, Masks, Method, param, register_method
 
 if TYPE_CHECKING:
     from entropy_rft.core.dynamics import TokenStats
@@ -252,8 +252,8 @@ class KLCov(Method):
                          le=1)
     coef: float = param(1.0, "coefficient of |logp - old_logp| on the selected tokens", ge=0)
 
-    def loss_kwargs(self) -> dict[str, Any]:
-        return {"eps_low": None, "eps_high": None, "kl_cov_coef": float(self.coef)}
+    def loss_overrides(self) -> LossOverrides:
+        return LossOverrides(eps_low=None, eps_high=None, kl_cov_coef=float(self.coef))
 
     def minibatch_masks(self, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, *,
                         clipped: Tensor | None = None, generator: torch.Generator | None = None) -> Masks:

@@ -1,7 +1,7 @@
 """The method registry: names -> configured entropy-control methods (verl-style, errors list the names).
 
-A method contributes to ``loss.policy_loss`` only through ``Masks`` and ``loss_kwargs``. The trainer
-calls ``rollout_masks`` once per rollout batch (old-policy ``TokenStats`` of the whole batch) and
+A method contributes to the loss only through ``Masks`` and ``loss_overrides`` (a typed ``LossOverrides``). The
+trainer calls ``rollout_masks`` once per rollout batch (old-policy ``TokenStats`` of the whole batch) and
 ``minibatch_masks`` once per optimizer minibatch (current log-probs, detached), as DESIGN.md fixes.
 
 A method that is itself an entropy controller (the TRL-style adaptive coefficient, EntroPIC) keeps its own
@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, cast
 from torch import Tensor
 
 from entropy_rft.common.constraints import rule_words, type_hints, typed_problem
-from entropy_rft.core.loss_types import Masks
+from entropy_rft.core.loss_types import LossOverrides, Masks
 
 if TYPE_CHECKING:
     import torch
@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from entropy_rft.core.dynamics import TokenStats
 
 __all__ = [
+    "LossOverrides",
     "Masks",
     "Method",
     "Resample",
@@ -111,9 +112,15 @@ class Method:
         """Check what the parameters' declarations cannot say (rules that join parameters); raise ValueError
         naming the bad one. Called after ``check_params``."""
 
+    def loss_overrides(self) -> LossOverrides:
+        """The method's own loss settings at its current parameters (its clip, KL-Cov's or the entropy bonus's
+        coefficient, CE-GPPO's β, EntroPIC's α), each by the name of the ``LossSettings`` field it replaces; an
+        engine applies them to its settings (``LossOverrides.apply``). The default sets none."""
+        return LossOverrides()
+
     def loss_kwargs(self) -> dict[str, Any]:
-        """Static overrides for ``policy_loss`` (eps_low/eps_high, kl_cov_coef, entropy_coef)."""
-        return {}
+        """The fields ``loss_overrides`` sets, by name (to read; a method overrides ``loss_overrides``)."""
+        return self.loss_overrides().kwargs()
 
     def needs_entropy_grad(self) -> bool:
         """Whether ``policy_loss`` needs ``entropy`` with its gradient (entropy bonus)."""

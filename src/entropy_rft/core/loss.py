@@ -3,7 +3,12 @@
 Methods enter only through masks (``keep``, ``zeroed``, ``kl_cov_select``) and coefficients: this module
 never knows which method produced them. Semantics are fixed in DESIGN.md ("Semantics of policy_loss").
 ``compute_policy_loss`` takes the typed inputs and settings of ``core.loss_types``; ``policy_loss`` is the same
-as one keyword call.
+as one keyword call, each keyword given to the field of its name (``loss_arguments``).
+
+Each rule of the loss has one home here: the ratio clip (its bounds ``clip_bounds``, where it removes the
+gradient ``clip_regions``; the surrogate, ``ppo_clipped_mask``, CE-GPPO and TRL's clip log all read them) and the
+aggregation modes (their weights ``aggregation_weights``, over a batch's own counts or a global batch's; their
+names and shape rule ``loss_types.check_agg``).
 
 References: PPO clipped surrogate (Schulman et al. 2017, arXiv 1707.06347, Eq. 7); asymmetric clip
 "clip-higher" (DAPO, Yu et al. 2025, arXiv 2503.14476); dual clip (Ye et al. 2020, arXiv 1912.09729);
@@ -19,13 +24,14 @@ EntroPIC's terms are checked against their authors' released code instead (``tes
 from __future__ import annotations
 
 import functools
+from dataclasses import fields
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from entropy_rft.common.options import AGG_MODES, KL_ESTIMATORS
-from entropy_rft.core.loss_types import LossInputs, LossOutputs, LossSettings, Masks
+from entropy_rft.core.loss_types import ClipRegions, LossInputs, LossOutputs, LossSettings, Masks, check_agg
 from entropy_rft.core.tensor_checks import as_mask, broadcast_advantages, check_like
 
 __all__ = [
@@ -37,9 +43,13 @@ __all__ = [
     "Masks",
     "agg_weights",
     "aggregate",
+    "aggregation_weights",
+    "clip_bounds",
+    "clip_regions",
     "compute_policy_loss",
     "importance_ratio",
     "kl_estimate",
+    "loss_arguments",
     "policy_loss",
     "ppo_clipped_mask",
     "token_logprobs",
@@ -47,23 +57,38 @@ __all__ = [
 ]
 
 
-def _check_agg(agg: str, mask: Tensor) -> None:
-    """``agg`` is one of ``AGG_MODES``; the per-sequence modes need a ``[B, T]`` mask."""
-    if agg not in AGG_MODES:
-        raise ValueError(f"agg must be one of {list(AGG_MODES)}, got {agg!r}")
-    if agg != "token-mean" and mask.dim() < 2:
-        raise ValueError(f"agg={agg!r} needs a mask shaped [B, T], got {tuple(mask.shape)}")
+def aggregation_weights(mf: Tensor, agg: str, *, tokens: Tensor | float | None = None,
+                        sequences: Tensor | float | None = None, width: float | None = None) -> Tensor:
+    """The aggregation modes' per-token weights w (verl's ``agg_loss``; Dr.GRPO), the one place their formulas
+    stand, for the counting mask ``mf`` as floats and the counts it is normalised by: the batch's own
+    (``agg_weights``) or a global batch's (an engine's ranks and micro-batches: ``integrations.window``, verl's
+    ``global_batch_info``). The caller clamps the counts to at least 1.
+
+    - ``token-mean``: w = m / N_tok (``tokens``);
+    - ``seq-mean-token-mean``: w = m / max(Σ_t m_b, 1) / N_seq (``sequences``);
+    - ``seq-mean-token-sum-norm`` (Dr.GRPO): w = m / (N_seq · T) (``sequences``, ``width`` T).
+    """
+    check_agg(agg)
+
+    def given(count: Any, what: str) -> Any:
+        if count is None:
+            raise ValueError(f"{agg} weights need {what}")
+        return count
+
+    if agg == "token-mean":
+        return mf / given(tokens, "the token count")
+    if agg == "seq-mean-token-mean":
+        return mf / mf.sum(-1, keepdim=True).clamp(min=1.0) / given(sequences, "the sequence count")
+    return mf / (given(sequences, "the sequence count") * given(width, "the width"))
 
 
 def agg_weights(m: Tensor, agg: str = "token-mean", dtype: torch.dtype = torch.float32) -> Tensor:
-    """Per-token weights w with ``aggregate(ℓ, m, agg) == Σ w·ℓ`` (zeros when nothing counts).
-
-    - ``token-mean``: w = 1/Σm;
-    - ``seq-mean-token-mean``: w = 1/(n_seq · Σ_t m_b), n_seq = sequences with Σ_t m > 0;
-    - ``seq-mean-token-sum-norm`` (Dr.GRPO): w = 1/(n_seq · T), T = ``m.shape[-1]``.
+    """Per-token weights w with ``aggregate(ℓ, m, agg) == Σ w·ℓ`` (zeros when nothing counts): the formulas of
+    ``aggregation_weights`` with ``m``'s own counts, N_tok = Σm and N_seq = the sequences with Σ_t m > 0 (each at
+    least 1), T = ``m.shape[-1]``.
     """
     m = as_mask(m, "m")
-    _check_agg(agg, m)
+    check_agg(agg, m)
     return _weights(m, agg, dtype)
 
 
@@ -71,12 +96,9 @@ def _weights(m: Tensor, agg: str, dtype: torch.dtype) -> Tensor:
     """``agg_weights`` of a bool ``m`` and a valid ``agg``, unchecked."""
     mf = m.to(dtype)
     if agg == "token-mean":
-        return mf / mf.sum().clamp(min=1.0)
-    per_seq = mf.sum(-1, keepdim=True)
-    n_seq = (per_seq > 0).sum().clamp(min=1).to(dtype)
-    if agg == "seq-mean-token-mean":
-        return mf / per_seq.clamp(min=1.0) / n_seq
-    return mf / (n_seq * m.shape[-1])
+        return aggregation_weights(mf, agg, tokens=mf.sum().clamp(min=1.0))
+    n_seq = (mf.sum(-1, keepdim=True) > 0).sum().clamp(min=1).to(dtype)
+    return aggregation_weights(mf, agg, sequences=n_seq, width=m.shape[-1])
 
 
 def aggregate(token_loss: Tensor, m: Tensor, agg: str = "token-mean") -> Tensor:
@@ -111,6 +133,28 @@ def importance_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Tensor:
     return torch.exp(lr)
 
 
+def clip_bounds(eps_low: float | Tensor | None, eps_high: float | Tensor | None
+                ) -> tuple[float | Tensor | None, float | Tensor | None]:
+    """PPO's ratio clip range [1 − eps_low, 1 + eps_high] (Schulman et al. 2017, Eq. 7; clip-higher: DAPO); a side
+    whose eps is None is unbounded (None). Per-token widths (tensors) give per-token bounds."""
+    return None if eps_low is None else 1 - eps_low, None if eps_high is None else 1 + eps_high
+
+
+def clip_regions(adv: Tensor, r: Tensor, eps_low: float | Tensor | None, eps_high: float | Tensor | None,
+                 dual_clip: float | None = None) -> ClipRegions:
+    """Where the ratio clip removes a token's gradient (PPO Eq. 7), the one statement of that rule: ``low`` A < 0
+    and r < 1 − eps_low, ``high`` A > 0 and r > 1 + eps_high (``clip_bounds``; a side whose eps is None never
+    clips), and with ``dual_clip = c`` (Ye et al. 2020) ``dual`` A < 0 and r > c. ``r`` detached."""
+    lo, hi = clip_bounds(eps_low, eps_high)
+
+    def never() -> Tensor:
+        return torch.zeros(torch.broadcast_shapes(adv.shape, r.shape), dtype=torch.bool, device=r.device)
+
+    low = (adv < 0) & (r < lo) if lo is not None else never()
+    high = (adv > 0) & (r > hi) if hi is not None else never()
+    return ClipRegions(low, high, None if dual_clip is None else (adv < 0) & (r > dual_clip))
+
+
 def ppo_clipped_mask(
     logp: Tensor,
     old_logp: Tensor,
@@ -120,24 +164,14 @@ def ppo_clipped_mask(
     eps_high: float | None,
     dual_clip: float | None = None,
 ) -> Tensor:
-    """Valid tokens whose gradient the ratio clip removes (PPO, Schulman et al. 2017, Eq. 7).
-
-    A > 0 and r > 1 + eps_high, or A < 0 and r < 1 − eps_low; with ``dual_clip = c`` also A < 0 and r > c.
-    A side whose eps is None never clips.
-    """
+    """Valid tokens whose gradient the ratio clip removes (``clip_regions``: low, high or dual)."""
     mask = as_mask(mask)
     check_like(logp, mask, "logp")
     check_like(old_logp, mask, "old_logp")
     adv = broadcast_advantages(advantages, mask)
     with torch.no_grad():
-        r = importance_ratio(logp.detach(), old_logp, mask)
-        out = torch.zeros_like(mask)
-        if eps_high is not None:
-            out |= (adv > 0) & (r > 1 + eps_high)
-        if eps_low is not None:
-            out |= (adv < 0) & (r < 1 - eps_low)
-        if dual_clip is not None:
-            out |= (adv < 0) & (r > dual_clip)
+        c = clip_regions(adv, importance_ratio(logp.detach(), old_logp, mask), eps_low, eps_high, dual_clip)
+        out = c.low | c.high if c.dual is None else c.low | c.high | c.dual
     return out & mask
 
 
@@ -208,11 +242,13 @@ def compute_policy_loss(inputs: LossInputs, settings: LossSettings) -> LossOutpu
     if mk.adv_shift is not None:
         adv = adv + torch.where(mask, mk.adv_shift.detach().to(dt), torch.zeros_like(adv))
     r = importance_ratio(logp, old_logp, mask)
+    rd = r.detach()
+    clipped = clip_regions(adv, rd, eps_low, eps_high, s.dual_clip)
 
     pg = _clipped_surrogate(adv, r, eps_low, eps_high, s.dual_clip, dt)
     ce = None
     if s.ce_beta_low != 0 or s.ce_beta_high != 0:
-        pg, ce = _ce_gppo(pg, adv, r, mask, eps_low, eps_high, s.ce_beta_low, s.ce_beta_high)
+        pg, ce = _ce_gppo(pg, adv, r, mask, clipped, eps_low, eps_high, s.ce_beta_low, s.ce_beta_high)
 
     live = m if mk.zeroed is None else m & ~mk.zeroed  # tokens whose loss is not multiplied by 0
     w = _weights(m, s.agg, dt)  # aggregate()'s weights over m, the same for every term
@@ -253,11 +289,6 @@ def compute_policy_loss(inputs: LossInputs, settings: LossSettings) -> LossOutpu
     def det(x: Tensor | None) -> Tensor | None:
         return None if x is None else x.detach()
 
-    rd = r.detach()
-    clipped = {"low": (adv < 0) & (rd < 1 - eps_low) if eps_low is not None else torch.zeros_like(m),
-               "high": (adv > 0) & (rd > 1 + eps_high) if eps_high is not None else torch.zeros_like(m)}
-    if s.dual_clip is not None:
-        clipped["dual"] = (adv < 0) & (rd > s.dual_clip)
     terms = {"loss/total": det(total), "loss/pg": det(loss_pg), "loss/kl_cov": det(loss_kl_cov),
              "loss/kl_ref": det(loss_kl_ref), "kl/ref": det(kl_raw), "loss/entropy_bonus": det(loss_ent)}
     return LossOutputs(total, terms, m, mask, rd, clipped, mk, ce, det(loss_adjust))
@@ -265,14 +296,13 @@ def compute_policy_loss(inputs: LossInputs, settings: LossSettings) -> LossOutpu
 
 def _clipped_surrogate(adv: Tensor, r: Tensor, eps_low: float | Tensor | None, eps_high: float | Tensor | None,
                        dual_clip: float | None, dt: torch.dtype) -> Tensor:
-    """PPO's token loss max(−A·r, −A·clip(r, 1−eps_low, 1+eps_high)) (Eq. 7), and the dual clip's bound −A·c
-    on A < 0 tokens."""
+    """PPO's token loss max(−A·r, −A·clip(r, 1−eps_low, 1+eps_high)) (Eq. 7; ``clip_bounds``), and the dual clip's
+    bound −A·c on A < 0 tokens."""
     pg1 = -adv * r
     if eps_low is None and eps_high is None:
         pg = pg1
     else:
-        lo = None if eps_low is None else 1 - eps_low
-        hi = None if eps_high is None else 1 + eps_high
+        lo, hi = clip_bounds(eps_low, eps_high)
         if isinstance(lo, Tensor) or isinstance(hi, Tensor):  # per-token bounds: clamp's min and max as tensors
             lo, hi = (None if b is None else torch.as_tensor(b, dtype=dt, device=r.device) for b in (lo, hi))
         pg = torch.maximum(pg1, -adv * torch.clamp(r, lo, hi))
@@ -281,19 +311,19 @@ def _clipped_surrogate(adv: Tensor, r: Tensor, eps_low: float | Tensor | None, e
     return pg
 
 
-def _ce_gppo(pg: Tensor, adv: Tensor, r: Tensor, mask: Tensor, eps_low: float | Tensor | None,
+def _ce_gppo(pg: Tensor, adv: Tensor, r: Tensor, mask: Tensor, clipped: ClipRegions, eps_low: float | Tensor | None,
              eps_high: float | Tensor | None, beta_low: float, beta_high: float) -> tuple[Tensor, Tensor]:
-    """CE-GPPO's term on the tokens the ratio clip removes: value 0, gradient −β·b·A·∇log π; and those tokens."""
+    """CE-GPPO's term on the tokens the ratio clip removes (``clipped``: low, high): value 0, gradient
+    −β·b·A·∇log π, b = 1 − eps_low or 1 + eps_high; and those tokens."""
     unit = r / r.detach() - 1
+    lo, hi = clip_bounds(eps_low, eps_high)
     ce = torch.zeros_like(mask)
-    if eps_low is not None and beta_low != 0:
-        low_c = (adv < 0) & (r.detach() < 1 - eps_low)
-        pg = torch.where(low_c, pg - beta_low * (1 - eps_low) * adv * unit, pg)
-        ce = ce | low_c
-    if eps_high is not None and beta_high != 0:
-        high_c = (adv > 0) & (r.detach() > 1 + eps_high)
-        pg = torch.where(high_c, pg - beta_high * (1 + eps_high) * adv * unit, pg)
-        ce = ce | high_c
+    if lo is not None and beta_low != 0:
+        pg = torch.where(clipped.low, pg - beta_low * lo * adv * unit, pg)
+        ce = ce | clipped.low
+    if hi is not None and beta_high != 0:
+        pg = torch.where(clipped.high, pg - beta_high * hi * adv * unit, pg)
+        ce = ce | clipped.high
     return pg, ce
 
 
@@ -323,29 +353,54 @@ def policy_loss(
     weight_select: Tensor | None = None,
     weight_alpha: float = 0.0,
 ) -> tuple[Tensor, dict[str, float | None]]:
-    """``compute_policy_loss`` as one keyword call: the loss and its metrics as numbers (see
-    ``LossOutputs.metrics``). Each keyword is the ``LossSettings`` field or the ``Masks`` field of that name; an
-    ``eps_low``/``eps_high`` tensor shaped like the mask is per-token widths (``Masks.eps_*``)."""
-    widths = {k: v if isinstance(v, Tensor) else None for k, v in (("eps_low", eps_low), ("eps_high", eps_high))}
-    settings = _settings(None if widths["eps_low"] is not None else eps_low,
-                         None if widths["eps_high"] is not None else eps_high, dual_clip, agg, kl_cov_coef, ref_kl_coef,
-                         ref_kl_estimator, ref_kl_ratio_weighted, entropy_coef, ce_beta_low, ce_beta_high, weight_alpha)
-    masks = Masks(keep=keep, zeroed=zeroed, kl_cov_select=kl_cov_select, adv_shift=adv_shift,
-                  weight_select=weight_select, eps_low=widths["eps_low"], eps_high=widths["eps_high"])
-    out = compute_policy_loss(LossInputs(logp, old_logp, advantages, mask, masks, ref_logp, entropy), settings)
+    """``compute_policy_loss`` as one keyword call: the loss and its metrics as numbers (``LossOutputs.metrics``,
+    one transfer). Each keyword is the ``LossSettings``, ``Masks`` or ``LossInputs`` field of that name
+    (``loss_arguments``); an ``eps_low``/``eps_high`` tensor shaped like the mask is per-token widths
+    (``Masks.eps_*``)."""
+    inputs, settings = loss_arguments(
+        logp, old_logp, advantages, mask, keep=keep, zeroed=zeroed, eps_low=eps_low, eps_high=eps_high,
+        dual_clip=dual_clip, agg=agg, kl_cov_select=kl_cov_select, kl_cov_coef=kl_cov_coef, ref_logp=ref_logp,
+        ref_kl_coef=ref_kl_coef, ref_kl_estimator=ref_kl_estimator, ref_kl_ratio_weighted=ref_kl_ratio_weighted,
+        entropy=entropy, entropy_coef=entropy_coef, adv_shift=adv_shift, ce_beta_low=ce_beta_low,
+        ce_beta_high=ce_beta_high, weight_select=weight_select, weight_alpha=weight_alpha)
+    out = compute_policy_loss(inputs, settings)
     return out.loss, out.metrics()
 
 
+_SETTING_NAMES = frozenset(f.name for f in fields(LossSettings))
+_MASK_NAMES = frozenset(f.name for f in fields(Masks))
+_INPUT_NAMES = frozenset({"ref_logp", "entropy"})
+
+
+def loss_arguments(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor,
+                   **keywords: Any) -> tuple[LossInputs, LossSettings]:
+    """The typed inputs and settings of a keyword call (``policy_loss``, ``control.gradient_coefficients``): each
+    keyword goes to the field of its name, never by position: a ``LossSettings`` field (unnamed ones keep their
+    defaults), a ``Masks`` field, or ``ref_logp``/``entropy``; ``eps_low``/``eps_high`` as tensors are
+    ``Masks``' per-token widths, as numbers (or None) the settings'. Another keyword raises TypeError naming it.
+    The settings are validated once per distinct set of values (``_settings``)."""
+    unknown = sorted(set(keywords) - _SETTING_NAMES - _MASK_NAMES - _INPUT_NAMES)
+    if unknown:
+        raise TypeError(f"unexpected loss keyword(s) {', '.join(unknown)}; the loss takes "
+                        f"{', '.join(sorted(_SETTING_NAMES | _MASK_NAMES | _INPUT_NAMES))}")
+    widths = {k: keywords.pop(k) for k in ("eps_low", "eps_high") if isinstance(keywords.get(k), Tensor)}
+    settings = _settings(**{k: v for k, v in keywords.items() if k in _SETTING_NAMES},
+                         **{k: None for k in widths})
+    masks = Masks(**{k: v for k, v in keywords.items() if k in _MASK_NAMES and k not in _SETTING_NAMES}, **widths)
+    inputs = LossInputs(logp, old_logp, advantages, mask, masks, keywords.get("ref_logp"), keywords.get("entropy"))
+    return inputs, settings
+
+
 @functools.lru_cache(maxsize=64, typed=True)
-def _cached_settings(*args: Any) -> LossSettings:
-    return LossSettings(*args)
+def _cached_settings(**named: Any) -> LossSettings:
+    return LossSettings(**named)
 
 
-def _settings(*args: Any) -> LossSettings:
-    """``LossSettings(*args)``, validated once per distinct tuple of values and types (``1``, ``1.0`` and ``True``
-    are distinct keys; a value that cannot be hashed, only possible in a wrong call, is validated anew and raises
-    there)."""
+def _settings(**named: Any) -> LossSettings:
+    """``LossSettings(**named)``, by field name, validated once per distinct set of names, values and types (``1``,
+    ``1.0`` and ``True`` are distinct keys; a value that cannot be hashed, only possible in a wrong call, is
+    validated anew and raises there)."""
     try:
-        return _cached_settings(*args)
+        return _cached_settings(**named)
     except TypeError:
-        return LossSettings(*args)
+        return LossSettings(**named)

@@ -1,19 +1,25 @@
-"""The typed interface of the policy loss: what a method contributes (``Masks``), what one call reads
-(``LossInputs``, checked when built), how the loss is set (``LossSettings``, validated once when built) and what
-it returns (``LossOutputs``: the loss with its graph, and the metrics as tensors until ``metrics()`` turns them
-into numbers, once, where the step logs them).
+"""The typed interface of the policy loss: what a method contributes (``Masks`` per call, ``LossOverrides`` to the
+settings), what one call reads (``LossInputs``, checked when built), how the loss is set (``LossSettings``, validated
+once when built) and what it returns (``LossOutputs``: the loss with its graph, and the metrics as tensors until
+``read_metrics`` turns those of a whole update into numbers, in one transfer, where the step logs them).
 
-    settings = LossSettings(eps_low=0.2, eps_high=0.28, agg="token-mean")      # once per step
+    settings = LossSettings(eps_low=0.2, eps_high=0.28, agg="token-mean")      # once, where the engine sets up
+    settings = method.loss_overrides().apply(settings)                          # the method's own (clip-higher, ...)
     out = compute_policy_loss(LossInputs(logp, old_logp, adv, mask, Masks(keep=keep)), settings)
-    out.loss.backward(); row = out.metrics()                                   # per micro-batch
+    out.loss.backward(); outs.append(out)                                      # per micro-batch: nothing read
+    rows, _ = read_metrics([o.pending() for o in outs])                        # once per update: one transfer
 
-``core.loss.compute_policy_loss`` is the maths; ``core.loss.policy_loss`` is the keyword call that builds these.
+``core.loss.compute_policy_loss`` is the maths; ``core.loss.policy_loss`` is the keyword call that builds these by
+field name. The aggregation modes' names and their shape rule are checked here (``check_agg``); their formulas are
+``core.loss.aggregation_weights``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
-from typing import Any, Literal, get_args
+import enum
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Literal, NamedTuple, get_args
 
 import torch
 from torch import Tensor
@@ -21,7 +27,22 @@ from torch import Tensor
 from entropy_rft.common.options import AGG_MODES, KL_ESTIMATORS
 from entropy_rft.core.tensor_checks import as_mask, broadcast_advantages, check_bool_like, check_like, is_number
 
-__all__ = ["Agg", "KLEstimator", "LossInputs", "LossOutputs", "LossSettings", "Masks"]
+__all__ = [
+    "UNSET",
+    "Agg",
+    "ClipRegions",
+    "KLEstimator",
+    "LossInputs",
+    "LossOutputs",
+    "LossOverrides",
+    "LossSettings",
+    "Masks",
+    "PendingMetrics",
+    "check_agg",
+    "host_floats",
+    "ratio_clip",
+    "read_metrics",
+]
 
 Agg = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 KLEstimator = Literal["k1", "k2", "k3"]
@@ -51,6 +72,15 @@ def _check_coef(value: Any, name: str) -> None:
         raise ValueError(f"{name} must be a number, got {value!r}")
 
 
+def check_agg(agg: Any, mask: Tensor | None = None) -> None:
+    """The aggregation mode's rule, checked in one place: ``agg`` is one of ``AGG_MODES``; the per-sequence modes
+    need a mask shaped [B, T] (``mask``, when given)."""
+    if agg not in AGG_MODES:
+        raise ValueError(f"agg must be one of {list(AGG_MODES)}, got {agg!r}")
+    if mask is not None and agg != "token-mean" and mask.dim() < 2:
+        raise ValueError(f"agg={agg!r} needs a mask shaped [B, T], got {tuple(mask.shape)}")
+
+
 @dataclass(frozen=True)
 class LossSettings:
     """How the loss is set: the same for every micro-batch of an update, validated once when built (a bad value
@@ -76,16 +106,56 @@ class LossSettings:
         _check_eps(self.eps_high, "eps_high")
         if self.dual_clip is not None and (not is_number(self.dual_clip) or not self.dual_clip > 1):
             raise ValueError(f"dual_clip must be None or a number > 1, got {self.dual_clip!r}")
-        if self.agg not in AGG_MODES:
-            raise ValueError(f"agg must be one of {list(AGG_MODES)}, got {self.agg!r}")
+        check_agg(self.agg)
         for name in ("kl_cov_coef", "ref_kl_coef", "entropy_coef"):
             _check_coef(getattr(self, name), name)
         if self.ref_kl_estimator not in KL_ESTIMATORS:
             raise ValueError(f"ref_kl_estimator must be one of {list(KL_ESTIMATORS)}, got {self.ref_kl_estimator!r}")
 
     def kwargs(self) -> dict[str, Any]:
-        """The settings as ``policy_loss`` keywords."""
+        """The settings as ``policy_loss`` keywords (by field name)."""
         return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+class _Unset(enum.Enum):
+    UNSET = "unset"
+
+
+UNSET = _Unset.UNSET  # a ``LossOverrides`` field the method leaves to the engine
+
+
+@dataclass(frozen=True)
+class LossOverrides:
+    """A method's own loss settings (``Method.loss_overrides``): each field it sets replaces the ``LossSettings``
+    field of the same name; ``UNSET`` leaves the engine's. Clip-higher and clip-low set the clip, KL-Cov takes it
+    off and sets its coefficient, the entropy bonus its coefficient, CE-GPPO its β, EntroPIC its α. A method never
+    sets the aggregation, the dual clip or the reference KL: those are the engine's."""
+
+    eps_low: float | None | _Unset = UNSET
+    eps_high: float | None | _Unset = UNSET
+    kl_cov_coef: float | _Unset = UNSET
+    entropy_coef: float | _Unset = UNSET
+    ce_beta_low: float | _Unset = UNSET
+    ce_beta_high: float | _Unset = UNSET
+    weight_alpha: float | _Unset = UNSET
+
+    def kwargs(self) -> dict[str, Any]:
+        """The fields the method sets, by name (``Method.loss_kwargs``)."""
+        return {f.name: v for f in fields(self) if (v := getattr(self, f.name)) is not UNSET}
+
+    def apply(self, settings: LossSettings) -> LossSettings:
+        """``settings`` with the fields the method sets replaced, by name (validated as any ``LossSettings``);
+        ``settings`` itself when it sets none."""
+        changes = self.kwargs()
+        return replace(settings, **changes) if changes else settings
+
+
+def ratio_clip(settings: LossSettings | Mapping[str, Any]) -> tuple[float | None, float | None]:
+    """(eps_low, eps_high) of the loss's settings, or of their keywords by name (a side not named: None, unclipped),
+    for the selections that read the clip (``loss.ppo_clipped_mask``)."""
+    if isinstance(settings, LossSettings):
+        return settings.eps_low, settings.eps_high
+    return settings.get("eps_low"), settings.get("eps_high")
 
 
 _BOOL_MASKS = ("keep", "zeroed", "kl_cov_select", "weight_select")
@@ -137,8 +207,7 @@ class LossInputs:
         per-sequence aggregations a [B, T] mask."""
         if s.weight_alpha != 0 and self.masks.weight_select is None:
             raise ValueError("weight_alpha is non-zero but weight_select is None (pass EntroPIC's token selection)")
-        if s.agg != "token-mean" and self.mask.dim() < 2:
-            raise ValueError(f"agg={s.agg!r} needs a mask shaped [B, T], got {tuple(self.mask.shape)}")
+        check_agg(s.agg, self.mask)
         if s.kl_cov_coef != 0 and self.masks.kl_cov_select is None:
             raise ValueError("kl_cov_coef is non-zero but kl_cov_select is None (pass the KL-Cov selection)")
         if s.ref_kl_coef != 0 and self.ref_logp is None:
@@ -147,61 +216,131 @@ class LossInputs:
             raise ValueError("entropy_coef is non-zero but entropy is None")
 
 
-def _frac(x: Tensor, m: Tensor, n: int) -> float | None:
-    return float((x & m).sum()) / n if n else None
+class ClipRegions(NamedTuple):
+    """Where PPO's ratio clip removes a token's gradient (``loss.clip_regions``), bool like the mask."""
+
+    low: Tensor  # A < 0 and r < 1 − eps_low
+    high: Tensor  # A > 0 and r > 1 + eps_high
+    dual: Tensor | None = None  # A < 0 and r > c (only with a dual clip)
+
+
+def host_floats(tensors: Sequence[Tensor]) -> list[float]:
+    """The numbers of one-element tensors, in one device-to-host transfer (one host sync): stacked in float64,
+    which holds every float32, bfloat16 and float16 value and every integer count below 2**53 exactly, so each
+    number is the one ``float(t)`` reads."""
+    if not tensors:
+        return []
+    device = tensors[0].device
+    return torch.stack([t.detach().reshape(()).to(device, torch.float64) for t in tensors]).tolist()
+
+
+_Read = Literal["value", "frac", "tokens", "of_valid"]
+
+
+@dataclass(frozen=True)
+class PendingMetrics:
+    """One loss call's metrics before their numbers leave the device (``LossOutputs.pending``): ``n``, the counted
+    tokens (a host number: the compaction of the counted tokens sized it), the response tokens as a tensor, and per
+    metric, in row order, how it is read and from which one-element tensor: ``value`` the number itself, ``frac``
+    a count over n (both None with no counted token or no tensor), ``tokens`` n, ``of_valid`` n over the response
+    tokens. ``finish`` makes the row from the numbers ``host_floats`` read of ``tensors()``."""
+
+    n: int
+    n_valid: Tensor
+    reads: dict[str, tuple[_Read, Tensor | None]]
+
+    def tensors(self) -> list[Tensor]:
+        """What the row is read from, in the order ``finish`` takes the numbers."""
+        return [self.n_valid, *(x for _, x in self.reads.values() if x is not None)]
+
+    def finish(self, numbers: Iterator[float]) -> dict[str, float | None]:
+        """The metrics row from the numbers of ``tensors()`` (taken from ``numbers`` in that order)."""
+        n, n_valid = self.n, int(next(numbers))
+        out: dict[str, float | None] = {}
+        for name, (how, x) in self.reads.items():
+            if how == "tokens":
+                out[name] = float(n)
+            elif how == "of_valid":
+                out[name] = n / n_valid if n_valid else None
+            elif x is None:
+                out[name] = None
+            else:
+                v = next(numbers)
+                out[name] = v / n if how == "frac" else v
+        return out
+
+
+def read_metrics(pending: Sequence[PendingMetrics], extra: Sequence[Tensor] = ()
+                 ) -> tuple[list[dict[str, float | None]], list[float]]:
+    """The rows of many loss calls (an update's micro-batches) and the numbers of ``extra`` one-element tensors (a
+    gradient norm, a critic loss), read in one transfer (``host_floats``): one host sync for all of them."""
+    numbers = iter(host_floats([t for p in pending for t in p.tensors()] + list(extra)))
+    rows = [p.finish(numbers) for p in pending]
+    return rows, list(numbers)
 
 
 @dataclass
 class LossOutputs:
     """The loss (a scalar with its graph) and what its metrics are made of, detached, still on the device:
-    ``metrics()`` reads them (one host sync per call), so a step calls it where it logs, not per term."""
+    ``pending()`` gathers them as tensors, ``read_metrics`` reads those of a whole update at once, so nothing is read
+    per micro-batch or per term (``metrics()``: one call's alone)."""
 
     loss: Tensor
     terms: dict[str, Tensor | None]  # loss/total, loss/pg, loss/kl_cov, loss/kl_ref, kl/ref, loss/entropy_bonus
     counted: Tensor  # m = mask & keep, bool
     valid: Tensor  # the response mask
     ratio: Tensor  # r, detached
-    clipped: dict[str, Tensor]  # low, high, dual (only with a dual clip): where that clip removes the gradient
+    clipped: ClipRegions  # where the ratio clip removes the gradient (low, high; dual with a dual clip)
     masks: Masks  # the method's, as the loss read them
     ce: Tensor | None = None  # the tokens CE-GPPO's term reached (None: term off)
     weight_adjust: Tensor | None = None  # EntroPIC's term (None: off)
 
-    def metrics(self) -> dict[str, float | None]:
-        """The metrics as numbers (None when no token counts or the term is absent), over counted tokens:
-        ``loss/total``, ``loss/pg``, ``loss/kl_cov``, ``loss/kl_ref`` (coefficient-weighted contributions that sum
-        to ``loss/total``), ``kl/ref`` (the raw aggregated estimate), ``loss/entropy_bonus``,
-        ``clip/ratio_low_frac``, ``clip/ratio_high_frac``, ``clip/ratio_frac``, ``clip/dual_frac``, ``ratio/mean``,
-        ``ratio/max``, ``ratio/min``, ``loss/counted_frac`` (Σm/Σmask), ``loss/zeroed_frac`` and
-        ``control/kl_cov_selected_frac``, ``tokens/counted``; with their terms ``loss/adv_shift_mean``,
-        ``clip/ce_frac``, ``loss/weight_adjust`` and ``control/weight_selected_frac``
-        (names: ``entropy_rft.common.metric_names``)."""
+    def pending(self) -> PendingMetrics:
+        """The metrics as one-element tensors, over the counted tokens m (names: ``entropy_rft.common.metric_names``):
+        ``loss/total``, ``loss/pg``, ``loss/kl_cov``, ``loss/kl_ref`` (coefficient-weighted contributions that sum to
+        ``loss/total``), ``kl/ref`` (the raw aggregated estimate), ``loss/entropy_bonus``, ``clip/ratio_low_frac``,
+        ``clip/ratio_high_frac``, ``clip/ratio_frac``, ``clip/dual_frac``, ``ratio/mean``, ``ratio/max``,
+        ``ratio/min``, ``loss/counted_frac`` (Σm/Σmask), ``loss/zeroed_frac`` and ``control/kl_cov_selected_frac``,
+        ``tokens/counted``; with their terms ``loss/adv_shift_mean``, ``clip/ce_frac``, ``loss/weight_adjust`` and
+        ``control/weight_selected_frac``. Each is None when no token counts or its term is absent. The counted
+        tokens are compacted once (their count sizes the result: on CUDA a wait for the device, no transfer)."""
         m, c, mk = self.counted, self.clipped, self.masks
-        n = int(m.sum())
+        at = m.reshape(-1).nonzero().squeeze(-1)  # the counted tokens in order: x.reshape(-1)[at] is x[m]
+        n = at.numel()
 
-        def val(x: Tensor | None) -> float | None:
-            return None if x is None or n == 0 else float(x)
+        def count(x: Tensor | None) -> tuple[_Read, Tensor | None]:
+            return "frac", None if x is None or n == 0 else (x & m).sum()
 
-        rm = self.ratio[m]  # every tensor here is detached: no graph is built
-        n_valid = int(self.valid.sum())
-        out: dict[str, float | None] = {k: val(v) for k, v in self.terms.items()}
-        out.update({
-            "clip/ratio_low_frac": _frac(c["low"], m, n),
-            "clip/ratio_high_frac": _frac(c["high"], m, n),
-            "clip/ratio_frac": _frac(c["low"] | c["high"], m, n),
-            "clip/dual_frac": _frac(c["dual"], m, n) if "dual" in c else None,
-            "ratio/mean": float(rm.to(torch.float64).mean()) if n else None,
-            "ratio/max": float(rm.max()) if n else None,
-            "ratio/min": float(rm.min()) if n else None,
-            "loss/counted_frac": n / n_valid if n_valid else None,
-            "loss/zeroed_frac": _frac(mk.zeroed, m, n) if mk.zeroed is not None else None,
-            "control/kl_cov_selected_frac": _frac(mk.kl_cov_select, m, n) if mk.kl_cov_select is not None else None,
-            "tokens/counted": float(n),
+        def value(x: Tensor | None) -> tuple[_Read, Tensor | None]:
+            return "value", None if x is None or n == 0 else x
+
+        rm = self.ratio.reshape(-1)[at]  # every tensor here is detached: no graph is built
+        reads: dict[str, tuple[_Read, Tensor | None]] = {k: value(v) for k, v in self.terms.items()}
+        reads.update({
+            "clip/ratio_low_frac": count(c.low),
+            "clip/ratio_high_frac": count(c.high),
+            "clip/ratio_frac": count(c.low | c.high),
+            "clip/dual_frac": count(c.dual),
+            "ratio/mean": value(rm.to(torch.float64).mean() if n else None),
+            "ratio/max": value(rm.max() if n else None),
+            "ratio/min": value(rm.min() if n else None),
+            "loss/counted_frac": ("of_valid", None),
+            "loss/zeroed_frac": count(mk.zeroed),
+            "control/kl_cov_selected_frac": count(mk.kl_cov_select),
+            "tokens/counted": ("tokens", None),
         })
         if mk.adv_shift is not None:
-            out["loss/adv_shift_mean"] = float(mk.adv_shift.detach().to(torch.float64)[m].mean()) if n else None
+            shift = mk.adv_shift.detach().to(torch.float64).reshape(-1)[at].mean() if n else None
+            reads["loss/adv_shift_mean"] = value(shift)
         if self.ce is not None:
-            out["clip/ce_frac"] = _frac(self.ce, m, n)
+            reads["clip/ce_frac"] = count(self.ce)
         if mk.weight_select is not None:
-            out["loss/weight_adjust"] = val(self.weight_adjust)
-            out["control/weight_selected_frac"] = _frac(mk.weight_select, m, n)
-        return out
+            reads["loss/weight_adjust"] = value(self.weight_adjust)
+            reads["control/weight_selected_frac"] = count(mk.weight_select)
+        return PendingMetrics(n, self.valid.sum(), reads)
+
+    def metrics(self) -> dict[str, float | None]:
+        """This call's metrics as numbers (``pending``), read in one transfer; an update reads all of its calls'
+        together (``read_metrics``)."""
+        rows, _ = read_metrics([self.pending()])
+        return rows[0]

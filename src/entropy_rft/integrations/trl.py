@@ -5,7 +5,7 @@ Thin by design: the maths comes from ``dynamics``, ``control`` and ``loss``, the
 ``integrations.stats_forward``, the selections over all processes from ``integrations.window``. This file
 adds only *where* TRL's pipeline gets them: ``_get_per_token_logps_and_entropies`` (log-probs and TokenStats),
 ``_generate_and_score_completions`` (old-policy TokenStats, the rollout-stage masks once per generation
-batch) and ``_compute_loss`` (``policy_loss``, the minibatch selection and loss scales once per optimizer
+batch) and ``_compute_loss`` (``compute_policy_loss``, the minibatch selection and loss scales once per optimizer
 step). docs/trl.md says what each hook does and the one configuration where selection stays per micro-batch.
 
 A guest in TRL: no module, class or function of TRL is modified (``trl_script`` rebinds ``trl.GRPOTrainer`` for
@@ -37,7 +37,8 @@ from entropy_rft import control
 from entropy_rft.config.trl import grpo_config
 from entropy_rft.control import Masks, Method
 from entropy_rft.core import dynamics
-from entropy_rft.core.loss import policy_loss
+from entropy_rft.core.loss import compute_policy_loss
+from entropy_rft.core.loss_types import LossInputs
 from entropy_rft.integrations import window
 from entropy_rft.integrations._compat import require_version
 from entropy_rft.integrations.stats_forward import (
@@ -58,7 +59,10 @@ from entropy_rft.integrations.trl_support import (
     quiet_pass,
     refusals,
     replace_argument,
+    surrogate_settings,
+    trl_knobs,
     trl_log_metrics,
+    trl_loss_settings,
 )
 from entropy_rft.integrations.trl_task import prompt_dataset, task_reward_func
 from entropy_rft.policy.forward import supports_fused
@@ -149,12 +153,7 @@ class EntropyControlGRPOTrainer(GRPOTrainer):
         # the method's, checked above on the caller's config (the config TRL holds carries the method's own)
         if not self.delegates and (bad := refusals(self.method, self.args, getattr(self.model, "config", None))):
             raise ValueError("EntropyControlGRPOTrainer does not support: " + "; ".join(bad))
-        self.agg = agg or AGG_FOR_LOSS_TYPE.get(self.loss_type, "token-mean")
-        self.loss_kwargs: dict[str, Any] = dict(
-            eps_low=self.epsilon_low, eps_high=self.epsilon_high, dual_clip=dual_clip, agg=self.agg,
-            ref_kl_coef=float(self.beta), ref_kl_estimator="k3",
-            ref_kl_ratio_weighted=bool(self.beta and getattr(self.args, "use_bias_correction_kl", False)))
-        self.loss_kwargs.update(self.method.loss_kwargs())
+        self.loss_settings = trl_loss_settings(self.method, self, agg, dual_clip)  # once, as TRL settled them
         self.method_generator = torch.Generator().manual_seed(int(self.args.seed) + 2)
         self.step_metrics = window.StepMetrics()  # our metrics row of the current erft step
         ga, gen_every = self.args.gradient_accumulation_steps, self.args.steps_per_generation * self.num_iterations
@@ -163,6 +162,8 @@ class EntropyControlGRPOTrainer(GRPOTrainer):
                           f"gradient_accumulation_steps ({ga}): an optimizer step spans several generation batches, "
                           "so Clip-Cov/KL-Cov select and the loss is normalised per micro-batch (still over all "
                           "processes)", stacklevel=2)
+
+    loss_kwargs = property(lambda self: self.loss_settings.kwargs(), doc="``loss_settings`` as keywords, to read")
 
     def _apply_knob_to_trl(self) -> None:
         """The method's current clip and entropy coefficient in TRL's loss, when TRL's loss is the one that trains
@@ -177,11 +178,11 @@ class EntropyControlGRPOTrainer(GRPOTrainer):
         TRL has no other way to take a new value, so it is written into its attributes."""
         if not self.delegates:
             return
-        kw = self.method.loss_kwargs()
-        for key, attr in (("eps_low", "epsilon_low"), ("eps_high", "epsilon_high"), ("entropy_coef", "entropy_coef")):
-            if key in kw and getattr(self, attr) != kw[key]:
-                setattr(self, attr, float(kw[key]))
-        if "entropy_coef" in kw and not self._entropy_bonus_enabled:
+        knobs = trl_knobs(self.method)
+        for attr, value in knobs.items():
+            if getattr(self, attr) != value:
+                setattr(self, attr, value)
+        if "entropy_coef" in knobs and not self._entropy_bonus_enabled:
             # TRL switches its entropy term on for a configured coefficient != 0; the method owns the term at any
             # coefficient, so a knob that starts at 0 can raise it (TRL keeps it on likewise in adaptive mode)
             self._entropy_bonus_enabled = True
@@ -254,9 +255,9 @@ class EntropyControlGRPOTrainer(GRPOTrainer):
         old = inputs.get("old_per_token_logps")
         old = logp if old is None else old
         with torch.no_grad():
-            _, met = policy_loss(logp, old, inputs["advantages"], self._loss_mask(inputs),
-                                 **{**self.loss_kwargs, "ref_kl_coef": 0.0, "entropy_coef": 0.0})
-        self._record({k: v for k, v in met.items() if k.startswith(("ratio/", "clip/"))}, mode=None)
+            out = compute_policy_loss(LossInputs(logp, old, inputs["advantages"], self._loss_mask(inputs)),
+                                      surrogate_settings(self.loss_settings))
+        self._record({k: v for k, v in out.metrics().items() if k.startswith(("ratio/", "clip/"))}, mode=None)
 
     @staticmethod
     def _loss_mask(inputs: dict[str, Any]) -> Tensor:
@@ -376,7 +377,7 @@ class EntropyControlGRPOTrainer(GRPOTrainer):
                         model, *self._model_inputs(m))[0] for m in micro]
         win = window.select_window(start, self.method, cur, [m["erft_old_logps"] for m in micro],
                                    [m["advantages"] for m in micro], masks, [m["erft_keep"] for m in micro],
-                                   self.loss_kwargs, self.method_generator, self.agg, self.max_completion_length)
+                                   self.loss_settings, self.method_generator, self.max_completion_length)
         if (start % gen_every) < self.args.steps_per_generation:  # first pass over this generation batch
             # TRL's log: this optimizer step's fractions (metrics.jsonl: the whole generation batch's)
             self._record(window.kept_fractions(self.step_metrics.count(masks, win)), ours=False)
@@ -387,8 +388,8 @@ class EntropyControlGRPOTrainer(GRPOTrainer):
         Clip-Cov as zero advantages, a clip as its epsilons, the entropy bonus as its ``entropy_coef``:
         ``trl_support.composes_with_trl``): TRL's own ``_compute_loss`` (every loss type, level and option as
         stock), and our ratio/clip metrics from its training forward. Other methods: TRL's training forward
-        (log-probs and entropies, as stock computes them), then ``policy_loss`` with the method's masks, and TRL's
-        own log keys (``_record_trl_metrics``)."""
+        (log-probs and entropies, as stock computes them), then ``compute_policy_loss`` with the method's masks and
+        ``loss_settings`` (its metrics read in one transfer), and TRL's own log keys (``_record_trl_metrics``)."""
         if self.delegates:
             return self._compute_trl_loss(model, inputs)
         mask = self._loss_mask(inputs)
@@ -398,12 +399,12 @@ class EntropyControlGRPOTrainer(GRPOTrainer):
         old = inputs.get("old_per_token_logps")
         old = logp.detach() if old is None else old  # as TRL: absent on-policy and in evaluation
         ref = inputs.get("ref_per_token_logps")
-        loss, met = policy_loss(logp, old, inputs["advantages"], mask, keep=masks.keep, zeroed=masks.zeroed,
-                                kl_cov_select=masks.kl_cov_select, ref_logp=ref,
-                                entropy=entropies if self.method.needs_entropy_grad() else None, **self.loss_kwargs)
-        self._record({k: v for k, v in met.items() if k not in _BATCH_LEVEL}, mode=None)
+        loss_in = LossInputs(logp, old, inputs["advantages"], mask, masks, ref,
+                             entropies if self.method.needs_entropy_grad() else None)  # the bonus's, with its grad
+        out = compute_policy_loss(loss_in, self.loss_settings)
+        self._record({k: v for k, v in out.metrics().items() if k not in _BATCH_LEVEL}, mode=None)
         self._record_trl_metrics(logp.detach(), old, inputs["advantages"], inputs, entropies.detach(), ref)
-        return loss * scale
+        return out.loss * scale
 
     def _compute_trl_loss(self, model, inputs):
         """TRL's own ``_compute_loss`` with the method composed into its inputs, and the method's current clip and

@@ -19,19 +19,50 @@ from __future__ import annotations
 import contextlib
 import copy
 import enum
+import functools
 import inspect
 from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Any, cast
 
 import torch
 
 from entropy_rft.control import Method
 from entropy_rft.core.dynamics import TokenStats
+from entropy_rft.core.loss import clip_regions
+from entropy_rft.core.loss_types import UNSET, Agg, LossSettings
 
 # TRL loss_type -> our aggregation mode (DESIGN.md, "Semantics of policy_loss").
 AGG_FOR_LOSS_TYPE = {"dapo": "token-mean", "bnpo": "token-mean", "grpo": "seq-mean-token-mean",
                      "dr_grpo": "seq-mean-token-sum-norm"}
+
+
+def trl_loss_settings(method: Method, trainer: Any, agg: str | None, dual_clip: float | None) -> LossSettings:
+    """The loss's settings of a TRL trainer, built once when it is set up: TRL's clip (``epsilon_low``,
+    ``epsilon_high``), the aggregation (``agg``, or the one of TRL's ``loss_type``: ``AGG_FOR_LOSS_TYPE``), the dual
+    clip, TRL's reference KL (``beta``, k3, ratio-weighted with ``use_bias_correction_kl``), then the method's own
+    (``Method.loss_overrides``)."""
+    beta = float(trainer.beta)
+    return method.loss_overrides().apply(LossSettings(
+        eps_low=trainer.epsilon_low, eps_high=trainer.epsilon_high, dual_clip=dual_clip,
+        agg=cast(Agg, agg or AGG_FOR_LOSS_TYPE.get(trainer.loss_type, "token-mean")), ref_kl_coef=beta,
+        ref_kl_estimator="k3",
+        ref_kl_ratio_weighted=bool(trainer.beta and getattr(trainer.args, "use_bias_correction_kl", False))))
+
+
+def trl_knobs(method: Method) -> dict[str, float]:
+    """The method's own clip and entropy coefficient (``Method.loss_overrides``) under the names of the attributes
+    TRL's ``_compute_loss`` reads them from (``epsilon_low``, ``epsilon_high``, ``entropy_coef``): those it sets."""
+    own = method.loss_overrides()
+    values = {"epsilon_low": own.eps_low, "epsilon_high": own.eps_high, "entropy_coef": own.entropy_coef}
+    return {attr: float(v) for attr, v in values.items() if v is not UNSET and v is not None}
+
+
+@functools.lru_cache(maxsize=8)
+def surrogate_settings(settings: LossSettings) -> LossSettings:
+    """``settings`` without the reference KL and the entropy bonus, for the ratio and clip metrics of a loss TRL
+    computed; built once per settings."""
+    return replace(settings, ref_kl_coef=0.0, entropy_coef=0.0)
 
 
 def delegates_loss(method: Method, agg: str | None = None, dual_clip: float | None = None) -> bool:
@@ -63,7 +94,7 @@ def composes_with_trl(method: Method) -> bool:
     it has no meaning on TRL's cispo, sapo, luspo and vespo losses or on sequence-level ratios. CE-GPPO's
     gradient on clipped tokens and the EntroPIC / STEER weights run there too (a term or weight of their own
     on the PPO surrogate)."""
-    kw = method.loss_kwargs()
+    kw = method.loss_overrides().kwargs()
     if "trl" not in method.engines:
         return False
     if method.stage == "static":
@@ -80,7 +111,7 @@ def grpo_settings(method: Method, args: Any) -> dict[str, float]:
     it, at the method's current values: ``epsilon`` and ``epsilon_high`` (its clip), ``entropy_coef`` (its entropy
     bonus); empty for the others. A side of the clip the method leaves alone keeps ``args``' value (TRL's
     ``epsilon_high`` defaults to ``epsilon``: that default is pinned when the method moves ``epsilon`` alone)."""
-    kw = method.loss_kwargs()
+    kw = method.loss_overrides().kwargs()
     out: dict[str, float] = {}
     if "eps_low" in kw:
         out["epsilon"] = float(kw["eps_low"])
@@ -199,7 +230,7 @@ def refusals(method: Method, args: Any, model_config: Any = None, delegated: boo
     TRL's own (``delegates_loss``), which runs everything TRL runs."""
     trl_entropy_term = bool(_get(args, "entropy_coef", 0.0)) or bool(_get(args, "use_adaptive_entropy", False))
     if delegated:  # TRL's loss runs everything; only its entropy term would be set twice
-        if "entropy_coef" in method.loss_kwargs() and trl_entropy_term:
+        if "entropy_coef" in method.loss_overrides().kwargs() and trl_entropy_term:
             return [f"entropy_coef / use_adaptive_entropy with method {method.name!r} (the method sets TRL's "
                     "entropy_coef itself; leave them at their defaults)"]
         return []
@@ -275,8 +306,7 @@ def trl_log_metrics(logp: torch.Tensor, old: torch.Tensor, adv: torch.Tensor, ma
         kl = torch.exp(ref - logp) - (ref - logp) - 1
         out["kl"] = global_masked_mean(kl * coef_1 if bias_corrected_kl else kl)
     out["entropy"] = global_masked_mean(entropies)
-    low = (coef_1 < 1 - eps_low) & (adv < 0)
-    high = (coef_1 > 1 + eps_high) & (adv > 0)
+    low, high, _ = clip_regions(adv, coef_1, eps_low, eps_high)  # TRL's rule is the loss's
     out["clip_ratio/low_mean"] = global_masked_mean(low.float())
     out["clip_ratio/high_mean"] = global_masked_mean(high.float())
     out["clip_ratio/region_mean"] = global_masked_mean((low | high).float())

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -99,7 +100,9 @@ def train_trl(cfg, out: str | Path, resume: bool = False, method: Method | None 
         method=cfg.method.name if method is None else method,
         method_params=cfg.method_params() if method is None else None, agg=cfg.algo.agg, dual_clip=cfg.algo.dual_clip)
     apply_threads(cfg.train.threads, trainer.model, cfg.model.device)  # 0: automatic (entropy_rft.common.threads)
-    trainer.loss_kwargs.update(loss_overrides(cfg, trainer.method.loss_kwargs()))
+    # what GRPOConfig cannot say (no clip on a side, the KL estimator), by name onto the trainer's settings
+    own = trainer.method.loss_overrides().kwargs()
+    trainer.loss_settings = replace(trainer.loss_settings, **loss_overrides(cfg, own))
     log = ErftLog(trainer, cfg, out, k, purge_step=start + 1 if resume else None)
     trainer.add_callback(log)
     trainer.train(resume_from_checkpoint=str(last) if last else None)

@@ -3,7 +3,7 @@ old-policy TokenStats from the actor's forward to the loss.
 
 Tested with verl 0.9.x (model-engine workers, ``trainer.use_v1``). Thin by design: the statistics come from
 ``dynamics.token_stats``, the masks from ``control`` (the method registry, and ``control.select_minibatch``,
-the minibatch rule all engines share), the loss from ``loss.policy_loss``. verl is not forked, and no module,
+the minibatch rule all engines share), the loss from ``loss.compute_policy_loss``. verl is not forked, and no module,
 class or function of verl is modified. Three layers, each usable without the next:
 
 1. **Policy losses** (``verl.trainer.ppo.core_algos.register_policy_loss``). Importing this module registers
@@ -13,7 +13,7 @@ class or function of verl is modified. Three layers, each usable without the nex
    ``vanilla`` keep their names. Select one with ``actor_rollout_ref.actor.policy_loss.loss_mode``. Import it
    in every verl process with ``actor_rollout_ref.model.external_lib=entropy_rft.integrations.verl`` (verl's
    ``HFModelConfig`` imports it) or ``VERL_USE_EXTERNAL_MODULES=entropy_rft.integrations.verl``.
-   Each loss is ``policy_loss`` with verl's ratio clip (``clip_ratio_low/high``, dual clip ``clip_ratio_c``)
+   Each loss is ``compute_policy_loss`` with verl's ratio clip (``clip_ratio_low/high``, dual clip ``clip_ratio_c``)
    and the method's masks, rescaled to verl's global-batch normalisation (``config.global_batch_info``).
    Minibatch-stage methods (Clip-Cov, KL-Cov) work with the loss alone; rollout-stage methods (ClipB, ClipV,
    80/20, grad-mask) need layer 2 and raise a clear error without it.
@@ -59,7 +59,7 @@ importing it, i.e. no ``external_lib`` / ``VERL_USE_EXTERNAL_MODULES``, turns ev
   method without rollout-stage selection (no engine swap).
 
 The verl-free pieces live beside this module and stay importable from it: ``integrations.verl_conventions``
-(verl's actor config as ``policy_loss`` arguments, ``global_scale``) and ``integrations.verl_stats`` (layer 3's
+(verl's actor config as the loss's ``LossSettings``, ``global_scale``) and ``integrations.verl_stats`` (layer 3's
 ``stats_model_output`` and ``rollout_keep``).
 """
 
@@ -67,6 +67,7 @@ from __future__ import annotations
 
 import functools
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,7 +77,8 @@ from torch import Tensor
 from entropy_rft import control
 from entropy_rft.control import Masks, Method, MinibatchSelection, select_minibatch
 from entropy_rft.control.selection import combine_selection
-from entropy_rft.core.loss import policy_loss, ppo_clipped_mask
+from entropy_rft.core.loss import compute_policy_loss, ppo_clipped_mask
+from entropy_rft.core.loss_types import LossInputs, LossSettings, ratio_clip
 from entropy_rft.integrations._compat import require_version
 from entropy_rft.integrations.dist import all_gather_rows, rank_and_world
 from entropy_rft.integrations.dist_select import dist_minibatch_masks
@@ -84,8 +86,8 @@ from entropy_rft.integrations.verl_conventions import (
     VERL_KEYS,
     config_value,
     global_scale,
-    loss_kwargs_from_config,
     params_from_verl_keys,
+    settings_from_config,
 )
 from entropy_rft.integrations.verl_stats import PREFIX, STATS_FIELDS, rollout_keep, stats_model_output
 
@@ -197,18 +199,19 @@ class _use_extras:
 
 
 def _minibatch_selection(method: Method, logp: Tensor, old: Tensor, adv: Tensor, mask: Tensor, keep: Tensor | None,
-                         kw: dict[str, Any], generator: torch.Generator | None,
+                         settings: LossSettings | Mapping[str, Any], generator: torch.Generator | None,
                          info: dict[str, Any]) -> MinibatchSelection:
     """``control.select_minibatch`` on this micro-batch of every data-parallel rank (per rank when the process
-    group is larger than the data-parallel group), this rank's rows. Only a minibatch-stage method needs the
-    other ranks: Clip-Cov and KL-Cov exchange sums, counts and top-k candidates (``integrations.dist_select``),
-    any other is all-gathered."""
+    group is larger than the data-parallel group), this rank's rows, with the loss's ratio clip (``settings``'s,
+    ``ratio_clip``). Only a minibatch-stage method needs the other ranks: Clip-Cov and KL-Cov exchange sums, counts
+    and top-k candidates (``integrations.dist_select``), any other is all-gathered."""
     _, world = rank_and_world()
     gather = method.stage == "minibatch" and world > 1 and int(info.get("dp_size") or 1) == world
     cur, old, adv = logp.detach().float(), old.detach().float(), adv.detach().float()
+    eps_low, eps_high = ratio_clip(settings)
     if not gather:
-        return select_minibatch(cur, old, adv, mask, keep, method, kw.get("eps_low"), kw.get("eps_high"), generator)
-    clipped = ppo_clipped_mask(cur, old, adv, mask, kw.get("eps_low"), kw.get("eps_high"))
+        return select_minibatch(cur, old, adv, mask, keep, method, eps_low, eps_high, generator)
+    clipped = ppo_clipped_mask(cur, old, adv, mask, eps_low, eps_high)
     selected = dist_minibatch_masks(method, cur, adv, mask, clipped, generator)
     if selected is not None:  # Clip-Cov, KL-Cov: sums, counts and top-k candidates only (dist_select)
         return combine_selection(selected, mask, keep)
@@ -217,8 +220,7 @@ def _minibatch_selection(method: Method, logp: Tensor, old: Tensor, adv: Tensor,
     g_adv, _ = all_gather_rows(adv, 0.0)
     g_mask, _ = all_gather_rows(mask, False)
     g_keep = None if keep is None else all_gather_rows(keep, False)[0]
-    sel = select_minibatch(g_cur, g_old, g_adv, g_mask, g_keep, method, kw.get("eps_low"), kw.get("eps_high"),
-                           generator)
+    sel = select_minibatch(g_cur, g_old, g_adv, g_mask, g_keep, method, eps_low, eps_high, generator)
     width = mask.shape[-1]
 
     def local(x: Tensor | None) -> Tensor | None:
@@ -254,18 +256,21 @@ def make_policy_loss(method_name: str):
         if method.needs_entropy_grad() and extras.entropy is None:
             raise RuntimeError(f"loss_mode {method_name!r} needs the current entropy: set "
                                "actor_rollout_ref.actor.calculate_entropy=True and use trainer_mode=erft_sync")
-        kw = loss_kwargs_from_config(config, method, loss_agg_mode)
+        settings = settings_from_config(config, method, loss_agg_mode)
         info = dict(config_value(config, "global_batch_info", {}) or {})
         gen = None  # the selection rule is control.select_minibatch; only Clip-Cov draws from the generator
         if method.stage == "minibatch":
             gen = _GENERATOR.setdefault(method_name, torch.Generator().manual_seed(2))
         masks, counted, _ = _minibatch_selection(method, log_prob, old_log_prob, advantages, mask,
-                                                 None if extras.keep is None else extras.keep.bool(), kw, gen, info)
-        loss, met = policy_loss(log_prob, old_log_prob, advantages, mask, keep=masks.keep, zeroed=masks.zeroed,
-                                kl_cov_select=masks.kl_cov_select,
-                                entropy=extras.entropy if method.needs_entropy_grad() else None, **kw)
-        metrics = {k: float(v) for k, v in met.items() if v is not None}
-        return loss * global_scale(counted, loss_agg_mode, info), metrics
+                                                 None if extras.keep is None else extras.keep.bool(), settings, gen,
+                                                 info)
+        out = compute_policy_loss(LossInputs(log_prob, old_log_prob, advantages, mask,
+                                             Masks(keep=masks.keep, zeroed=masks.zeroed,
+                                                   kl_cov_select=masks.kl_cov_select),
+                                             entropy=extras.entropy if method.needs_entropy_grad() else None),
+                                  settings)
+        metrics = {k: v for k, v in out.metrics().items() if v is not None}  # read in one transfer
+        return out.loss * global_scale(counted, loss_agg_mode, info), metrics
 
     erft_policy_loss.__name__ = f"erft_policy_loss_{method_name}"
     erft_policy_loss.__qualname__ = erft_policy_loss.__name__

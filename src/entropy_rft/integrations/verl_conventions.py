@@ -1,18 +1,20 @@
 """verl's loss conventions in entropy-rft's terms (verl-free, used by :mod:`entropy_rft.integrations.verl`):
-verl's actor config read into ``policy_loss`` keyword arguments (ratio clip, dual clip, aggregation), the
+verl's actor config read into the loss's ``LossSettings`` (ratio clip, dual clip, aggregation), the
 parameters of the methods verl ships itself read from verl's own keys, and verl's global-batch normalisation
-(``config.global_batch_info``) as one factor on ``policy_loss``'s micro-batch aggregate.
+(``config.global_batch_info``) as one factor on the loss's micro-batch aggregate.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+from typing import Any, cast
 
 import torch
 from torch import Tensor
 
 from entropy_rft.control import Method, microbatch_loss_scale
-from entropy_rft.core.loss import AGG_MODES
+from entropy_rft.core.loss import AGG_MODES, aggregation_weights
+from entropy_rft.core.loss_types import Agg, LossOverrides, LossSettings
 
 
 def config_value(config: Any, key: str, default: Any = None) -> Any:
@@ -44,21 +46,30 @@ def params_from_verl_keys(config: Any, method: str) -> dict[str, float]:
     return out
 
 
-def loss_kwargs_from_config(config: Any, method: Method, agg: str) -> dict[str, Any]:
-    """``policy_loss`` keyword arguments from verl's actor config: the ratio clip (``clip_ratio`` with
-    ``clip_ratio_low``/``clip_ratio_high``), the dual clip ``clip_ratio_c`` (verl's vanilla loss applies it
-    always, default 3.0) and the aggregation; the method's own overrides (clip-higher, KL-Cov, entropy bonus)
-    win. Clip-Cov and KL-Cov have no dual clip, as verl's own ``clip_cov`` and ``kl_cov``."""
+def settings_from_config(config: Any, method: Method, agg: str) -> LossSettings:
+    """The loss's settings from verl's actor config: the ratio clip (``clip_ratio`` with ``clip_ratio_low``/
+    ``clip_ratio_high``), the dual clip ``clip_ratio_c`` (verl's vanilla loss applies it always, default 3.0) and the
+    aggregation ``agg`` (verl's ``loss_agg_mode``); the method's own (``Method.loss_overrides``: clip-higher, KL-Cov,
+    entropy bonus) win. Clip-Cov and KL-Cov have no dual clip, as verl's own ``clip_cov`` and ``kl_cov``. Read at
+    every loss call (verl passes the config there), built and validated once per distinct configuration."""
     if agg not in AGG_MODES:
         raise ValueError(f"entropy-rft losses support loss_agg_mode in {list(AGG_MODES)}, got {agg!r}")
     eps = config_value(config, "clip_ratio", 0.2)
     lo, hi = config_value(config, "clip_ratio_low"), config_value(config, "clip_ratio_high")
-    kw: dict[str, Any] = {"eps_low": float(eps if lo is None else lo), "eps_high": float(eps if hi is None else hi),
-                          "dual_clip": float(config_value(config, "clip_ratio_c", 3.0)), "agg": agg}
-    kw.update(method.loss_kwargs())
-    if method.name in VERL_KEYS or (kw["eps_low"] is None and kw["eps_high"] is None):
-        kw["dual_clip"] = None  # verl's clip_cov: max(pg1, pg2) only; kl_cov: plain -A·r
-    return kw
+    return _settings(float(eps if lo is None else lo), float(eps if hi is None else hi),
+                     float(config_value(config, "clip_ratio_c", 3.0)), agg, method.name in VERL_KEYS,
+                     method.loss_overrides())
+
+
+@functools.lru_cache(maxsize=64)
+def _settings(eps_low: float, eps_high: float, clip_c: float, agg: str, verl_own: bool,
+              own: LossOverrides) -> LossSettings:
+    """``settings_from_config``'s settings from the values it read (``verl_own``: a method verl ships itself), by
+    field name: verl's clip, then the method's own over it, then the dual clip unless that leaves no clip."""
+    named: dict[str, Any] = {"eps_low": eps_low, "eps_high": eps_high, **own.kwargs()}
+    no_clip = named["eps_low"] is None and named["eps_high"] is None
+    dual = None if verl_own or no_clip else clip_c  # verl's clip_cov: max(pg1, pg2) only; kl_cov: plain -A·r
+    return LossSettings(**named, dual_clip=dual, agg=cast(Agg, agg))
 
 
 def global_scale(counted: Tensor, agg: str, info: dict[str, Any] | None) -> float:
@@ -81,11 +92,6 @@ def global_scale(counted: Tensor, agg: str, info: dict[str, Any] | None) -> floa
         return width / norm if agg == "seq-mean-token-sum-norm" else 1.0
     if not total:
         return 0.0
-    c = counted.to(torch.float64)
-    if agg == "token-mean":
-        weights = c / float(total)
-    elif agg == "seq-mean-token-mean":
-        weights = c / c.sum(-1, keepdim=True).clamp(min=1.0) / float(total)
-    else:
-        weights = c / (float(total) * norm)
+    weights = aggregation_weights(counted.to(torch.float64), agg, tokens=float(total), sequences=float(total),
+                                  width=norm)
     return microbatch_loss_scale(weights, counted, agg) * int(info.get("dp_size") or 1)

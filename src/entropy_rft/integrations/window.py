@@ -32,7 +32,8 @@ from torch import Tensor
 from entropy_rft.control import Masks, Method, MinibatchSelection, microbatch_loss_scale, select_minibatch
 from entropy_rft.control.selection import combine_selection
 from entropy_rft.core.dynamics import TokenStats
-from entropy_rft.core.loss import _check_agg, agg_weights, ppo_clipped_mask
+from entropy_rft.core.loss import agg_weights, aggregation_weights, ppo_clipped_mask
+from entropy_rft.core.loss_types import LossSettings, check_agg, ratio_clip
 from entropy_rft.core.metrics import stats_metrics
 from entropy_rft.integrations.dist import all_gather_rows, all_reduce_sum, rank_and_world
 from entropy_rft.integrations.dist_select import (
@@ -166,7 +167,8 @@ def global_batch_metrics(gb: GlobalBatch, truncated: Tensor | None = None) -> di
 
 
 def global_minibatch_selection(method: Method, cur: list[Tensor] | None, old: list[Tensor], adv: list[Tensor],
-                               mask: list[Tensor], keep: list[Tensor | None], loss_kwargs: dict[str, Any],
+                               mask: list[Tensor], keep: list[Tensor | None],
+                               settings: LossSettings | Mapping[str, Any],
                                generator: torch.Generator | None) -> list[MinibatchSelection]:
     """``control.select_minibatch`` over one optimizer step's micro-batches of all ranks.
 
@@ -176,9 +178,9 @@ def global_minibatch_selection(method: Method, cur: list[Tensor] | None, old: li
     candidates (``dist_select.dist_minibatch_masks``), another minibatch-stage method all-gathers the
     micro-batches (``integrations.dist``); any other method selects nothing
     per minibatch, so the rule runs on each local micro-batch as it is. Returns one selection per local
-    micro-batch.
+    micro-batch. ``settings``: the loss's (their ratio clip, ``ratio_clip``).
     """
-    eps = loss_kwargs.get("eps_low"), loss_kwargs.get("eps_high")
+    eps = ratio_clip(settings)
     if method.stage != "minibatch":
         return [select_minibatch(None, o, a, m, k, method, *eps, generator) for o, a, m, k in zip(old, adv, mask, keep)]
     assert cur is not None  # the callers (trl._build_window) pass cur for a minibatch-stage method
@@ -214,13 +216,13 @@ def global_minibatch_selection(method: Method, cur: list[Tensor] | None, old: li
 
 
 def global_minibatch_masks(method: Method, cur: list[Tensor], old: list[Tensor], adv: list[Tensor],
-                           mask: list[Tensor], loss_kwargs: dict[str, Any],
+                           mask: list[Tensor], settings: LossSettings | Mapping[str, Any],
                            generator: torch.Generator | None) -> list[Masks]:
     """The method's minibatch-stage masks (Clip-Cov, KL-Cov) over one optimizer step's micro-batches of all
     ranks (``global_minibatch_selection`` without a rollout keep). Returns one ``Masks`` per local
     micro-batch."""
     return [s.method for s in global_minibatch_selection(method, cur, old, adv, mask, [None] * len(mask),
-                                                         loss_kwargs, generator)]
+                                                         settings, generator)]
 
 
 def global_loss_scales(counted: list[Tensor], agg: str, width: int | None = None) -> list[float]:
@@ -241,7 +243,7 @@ def global_loss_scales(counted: list[Tensor], agg: str, width: int | None = None
     if world == 1:
         mine = agg_weights(local, agg, torch.float64)
     else:
-        _check_agg(agg, local)
+        check_agg(agg, local)
         mf = local.to(torch.float64)
         per_seq = mf.sum(-1, keepdim=True)
         parts = gather_small(torch.stack([mf.sum(), (per_seq > 0).sum().to(torch.float64),
@@ -252,12 +254,8 @@ def global_loss_scales(counted: list[Tensor], agg: str, width: int | None = None
         n_tok, n_seq = totals.unbind()
         width_all = int(max(float(p[2]) for p in parts))
         mf = _pad_cols(mf, width_all, 0.0)  # the gathered masks' width, so Σ weights adds in the same order
-        if agg == "token-mean":
-            mine = mf / n_tok.clamp(min=1.0)
-        elif agg == "seq-mean-token-mean":
-            mine = mf / per_seq.clamp(min=1.0) / n_seq.clamp(min=1.0)
-        else:
-            mine = mf / (n_seq.clamp(min=1.0) * width_all)
+        mine = aggregation_weights(mf, agg, tokens=n_tok.clamp(min=1.0), sequences=n_seq.clamp(min=1.0),
+                                   width=width_all)
     scales, r = [], 0
     for c in counted:
         scales.append(microbatch_loss_scale(mine[r : r + c.shape[0]], c, agg) * world)
@@ -292,11 +290,12 @@ class Window(NamedTuple):
 
 
 def select_window(start: int, method: Method, cur: list[Tensor] | None, old: list[Tensor], adv: list[Tensor],
-                  mask: list[Tensor], keep: list[Tensor | None], loss_kwargs: dict[str, Any],
-                  generator: torch.Generator | None, agg: str, width: int | None = None) -> Window:
-    """``global_minibatch_selection`` and ``global_loss_scales`` (at ``width``) of one optimizer window."""
-    sel = global_minibatch_selection(method, cur, old, adv, mask, keep, loss_kwargs, generator)
-    return Window(start, sel, global_loss_scales([s.counted for s in sel], agg, width))
+                  mask: list[Tensor], keep: list[Tensor | None], settings: LossSettings,
+                  generator: torch.Generator | None, width: int | None = None) -> Window:
+    """``global_minibatch_selection`` and ``global_loss_scales`` (at ``width``, with the settings' aggregation) of
+    one optimizer window."""
+    sel = global_minibatch_selection(method, cur, old, adv, mask, keep, settings, generator)
+    return Window(start, sel, global_loss_scales([s.counted for s in sel], settings.agg, width))
 
 
 def kept_fractions(counts: Tensor) -> dict[str, float | None]:

@@ -65,11 +65,6 @@ class Rule:
     def minibatch_masks(self) -> bool:
         return self.method.stage == "minibatch"
 
-    @property
-    def loss_kwargs(self) -> dict[str, Any]:
-        """The settings as ``policy_loss`` keywords."""
-        return self.settings.kwargs()
-
 
 @dataclass(frozen=True)
 class Update:

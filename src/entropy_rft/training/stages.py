@@ -7,14 +7,17 @@ records before it, and returns a new frozen record (``records``); none writes in
     sample_prompts -> rollout -> score (Scored) -> old_policy (OldPolicy) -> select (Selection)
     -> update (Update) -> probe (Probed); jvp_probe and vanilla_counterfactual every k steps; evaluate
 
-The maths lives in ``core`` (advantages, ``policy_loss``, the value loss, the dynamics) and ``control`` (the
-methods, the one minibatch selection rule); this module only wires it.
+The maths lives in ``core`` (advantages, ``compute_policy_loss``, the value loss, the dynamics) and ``control``
+(the methods, the one minibatch selection rule); this module only wires it. The loss's settings are the run's
+(``Run.loss``, built once from the config) with the method's own on top, once per update (``loss_rule``); the
+metrics of a step's updates stay on the device until ``update`` reads them all in one transfer.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -23,7 +26,7 @@ import torch
 from entropy_rft import control
 from entropy_rft.core import advantages as adv_lib
 from entropy_rft.core.loss import agg_weights, compute_policy_loss, value_loss
-from entropy_rft.core.loss_types import LossInputs, LossOutputs, LossSettings, Masks
+from entropy_rft.core.loss_types import LossInputs, LossOutputs, Masks, read_metrics
 from entropy_rft.core.metrics import approx_kl, masked_mean
 from entropy_rft.core.tensor_checks import broadcast_advantages
 from entropy_rft.policy import evaluation
@@ -39,14 +42,11 @@ from entropy_rft.training.state import Run, check_prompts, checkpoint_state, loa
 
 
 def loss_rule(run: Run, method: control.Method | None = None) -> Rule:
-    """``method`` (default: the run's) and the loss's settings as they stand now (knobs such as coef / eps_high,
-    which the autopilot moves, enter the settings), validated here, once per update."""
+    """``method`` (default: the run's) and the loss's settings as they stand now: the run's (``Run.loss``) with the
+    method's own at its current knob (coef / eps_high, which the autopilot moves: ``Method.loss_overrides``),
+    validated here, once per update."""
     method = method or run.method
-    a = run.cfg.algo
-    kw: dict[str, Any] = dict(eps_low=a.eps_low, eps_high=a.eps_high, dual_clip=a.dual_clip, agg=a.agg,
-                              ref_kl_coef=a.ref_kl_coef, ref_kl_estimator=a.ref_kl_estimator)
-    kw.update(method.loss_kwargs())
-    return Rule(method, LossSettings(**kw))
+    return Rule(method, method.loss_overrides().apply(run.loss))
 
 
 def autocast(run: Run):
@@ -178,7 +178,7 @@ def select(run: Run, s: Scored, old: OldPolicy) -> Selection:
         control_m = run.autopilot.update(run.step, masked_mean(old.stats.entropy, s.rollout.response_mask),
                                          run.autopilot.edge(acts))
     else:
-        control_m = run.method.observe(old.stats, s.mask, run.cfg.algo.agg)
+        control_m = run.method.observe(old.stats, s.mask, run.loss.agg)
     own = run.method.rollout_advantages(s.rewards, old.adv, s.mask)  # a method that is its own estimator
     masks = run.method.rollout_masks(old.stats, old.adv if own is None else own, s.mask)
     shift = masks.adv_shift
@@ -196,33 +196,70 @@ def minibatches(run: Run, n: int) -> list[torch.Tensor]:
     return [c for c in perm.chunk(run.cfg.algo.minibatches) if c.numel()]
 
 
+@dataclass(frozen=True)
+class PendingUpdate:
+    """One optimizer update's numbers before they leave the device: its micro-batches' loss outputs (no graph),
+    the gradient norm (None without clipping), the learning rate, and the critic loss of each micro-batch with its
+    rows and the minibatch's (None without a critic)."""
+
+    outs: list[LossOutputs]
+    grad_norm: torch.Tensor | None
+    lr: float
+    value_losses: list[tuple[torch.Tensor, int, int]] | None
+
+    def tensors(self) -> list[torch.Tensor]:
+        """Its one-element tensors beside the loss outputs, in the order ``row`` takes their numbers."""
+        norm = [] if self.grad_norm is None else [self.grad_norm]
+        return norm + [v for v, _, _ in self.value_losses or []]
+
+    def row(self, loss_rows: list[dict[str, Any]], numbers: Any) -> dict[str, Any]:
+        """The update's metrics row: the mean of each loss metric over its micro-batches (``loss_rows``), then
+        ``optim/grad_norm``, ``optim/lr`` and ``loss/value``, the numbers of ``tensors()`` taken from ``numbers``."""
+        row = mean_rows(loss_rows)
+        row["optim/grad_norm"] = None if self.grad_norm is None else next(numbers)
+        row["optim/lr"] = self.lr
+        if self.value_losses is not None:
+            row["loss/value"] = weighted_sum([(next(numbers), n, of) for _, n, of in self.value_losses])
+        return row
+
+
+def read_updates(updates: list[PendingUpdate]) -> list[dict[str, Any]]:
+    """The metrics rows of a step's optimizer updates, every number read in one device-to-host transfer
+    (``core.loss_types.read_metrics``: one host sync for all of the updates' micro-batches)."""
+    pending = [o.pending() for u in updates for o in u.outs]
+    rows, numbers = read_metrics(pending, [t for u in updates for t in u.tensors()])
+    loss_rows, left = iter(rows), iter(numbers)
+    return [u.row([next(loss_rows) for _ in u.outs], left) for u in updates]
+
+
 def update(run: Run, s: Scored, old: OldPolicy, sel: Selection | None = None, rule: Rule | None = None,
            live: PolicyOut | None = None) -> Update:
     """Stages 7-8: PPO epochs × minibatches of optimizer updates with ``rule`` (default: the run's method
-    as it stands). Returns the averaged loss metrics and the tokens a minibatch-level method zeroed.
-    ``live``: the old-policy forward with its graph (``live_forward``), used by the first update."""
+    as it stands). Returns the averaged loss metrics (read once, after the last update: ``read_updates``) and
+    the tokens a minibatch-level method zeroed. ``live``: the old-policy forward with its graph
+    (``live_forward``), used by the first update."""
     rule = rule or loss_rule(run)
     sel = sel or Selection(None, {})
     zeroed = torch.zeros_like(s.mask)  # tokens zeroed by a minibatch-level method (first epoch)
-    rows = []
+    updates = []
     for epoch in range(run.cfg.algo.ppo_epochs):
         for idx in minibatches(run, s.mask.shape[0]):
-            rows.append(update_minibatch(run, s, old, sel, rule, idx, zeroed if epoch == 0 else None, live))
+            updates.append(update_minibatch(run, s, old, sel, rule, idx, zeroed if epoch == 0 else None, live))
             live = None  # used once
-    return Update(mean_rows(rows), zeroed)
+    return Update(mean_rows(read_updates(updates)), zeroed)
 
 
 def update_minibatch(run: Run, s: Scored, old: OldPolicy, sel: Selection, rule: Rule, idx: torch.Tensor,
-                     zeroed: torch.Tensor | None, live: PolicyOut | None) -> dict[str, Any]:
+                     zeroed: torch.Tensor | None, live: PolicyOut | None) -> PendingUpdate:
     """One optimizer update on the rows ``idx`` (``algo.grad_accum`` micro-batches): select, then for each
     micro-batch forward, loss and backward, then clip and step. Marks the tokens the method zeroed in
-    ``zeroed``; returns the metrics row of the update."""
+    ``zeroed``; returns the update's numbers, still on the device (``PendingUpdate``): nothing is read here."""
     micro = [c for c in torch.arange(len(idx)).chunk(run.cfg.algo.grad_accum) if c.numel()]  # rows of idx
     first, mb = minibatch_selection(run, s, old, sel, rule, idx, live, single=len(micro) == 1)
     if zeroed is not None and mb.masks.zeroed is not None:
         zeroed[idx] |= mb.masks.zeroed & s.mask[idx]
     # with accumulation, the minibatch's aggregation weights, for control.microbatch_loss_scale
-    weights = agg_weights(mb.counted, run.cfg.algo.agg) if len(micro) > 1 else None
+    weights = agg_weights(mb.counted, rule.settings.agg) if len(micro) > 1 else None
 
     run.optim.zero_grad(set_to_none=True)
     outs, value_losses = [], []
@@ -233,23 +270,19 @@ def update_minibatch(run: Run, s: Scored, old: OldPolicy, sel: Selection, rule: 
         loss, lo, vloss = micro_loss(run, s, old, sel, rule, mb, weights, mi, local, out)
         loss.backward()
         rule.method.observe_update(out.logp.detach(), s.mask[mi])
-        outs.append(lo)
-        value_losses.append((vloss, len(mi), len(idx)))
+        outs.append(replace(lo, loss=lo.loss.detach()))  # the metrics' tensors, without the spent graph
+        if vloss is not None:
+            value_losses.append((vloss.detach(), len(mi), len(idx)))
     grad_norm = None
     if run.cfg.optim.max_grad_norm is not None:
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(run.model.parameters(), run.cfg.optim.max_grad_norm))
+        grad_norm = torch.nn.utils.clip_grad_norm_(run.model.parameters(), run.cfg.optim.max_grad_norm)
     run.optim.step()
     run.sched.step()
     if run.value_optim is not None:
         run.value_optim.step()
         run.value_optim.zero_grad(set_to_none=True)
-
-    row = mean_rows([o.metrics() for o in outs])
-    row["optim/grad_norm"] = grad_norm
-    row["optim/lr"] = run.sched.get_last_lr()[0]
-    if run.value_head is not None:
-        row["loss/value"] = weighted_sum(value_losses)
-    return row
+    critic = value_losses if run.value_head is not None else None
+    return PendingUpdate(outs, grad_norm, run.sched.get_last_lr()[0], critic)
 
 
 def minibatch_selection(run: Run, s: Scored, old: OldPolicy, sel: Selection, rule: Rule, idx: torch.Tensor,
@@ -289,7 +322,7 @@ def micro_loss(run: Run, s: Scored, old: OldPolicy, sel: Selection, rule: Rule, 
                                         _rows(old.ref_logp, mi), out.entropy), rule.settings)
     loss = lo.loss
     if weights is not None:  # re-weight so the accumulated gradient equals the whole minibatch's loss
-        loss = loss * control.microbatch_loss_scale(weights[local], mb.counted[local], a.agg)
+        loss = loss * control.microbatch_loss_scale(weights[local], mb.counted[local], rule.settings.agg)
     vloss = None
     if run.value_head is not None:
         assert old.returns is not None  # PPO's value targets come with the value head
@@ -307,12 +340,12 @@ def mean_rows(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def weighted_sum(parts: list[tuple[torch.Tensor | None, int, int]]) -> float:
-    """Σ value·rows/total as a number: the critic loss of the micro-batches, each weighted by its share of the
-    minibatch's rows."""
+def weighted_sum(parts: list[tuple[float, int, int]]) -> float:
+    """Σ value·rows/total: the critic loss of the micro-batches, each weighted by its share of the minibatch's
+    rows."""
     total = 0.0
     for value, rows, of in parts:
-        total += float(value.detach()) * rows / of  # type: ignore[union-attr]
+        total += value * rows / of
     return total
 
 
@@ -325,7 +358,7 @@ def probe(run: Run, s: Scored, old: OldPolicy, trained: torch.Tensor) -> Probed:
     tokens that ``trained``."""
     after = forward(run, s.rollout)
     mask = s.mask
-    w = agg_weights(trained, run.cfg.algo.agg)
+    w = agg_weights(trained, run.loss.agg)
     pred = tabular_prediction(old.stats.s_centered, old.adv, w)
     actual = after.stats.entropy - old.stats.entropy
     m = probe_metrics(pred, actual, mask) if run.cfg.probe.enabled else {}

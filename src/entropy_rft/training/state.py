@@ -1,10 +1,10 @@
 """The state of a native run (``Run``): what it carries from step to step, how it is built from a config, and
 its checkpoint.
 
-``Run`` holds state only: the model, tokenizer and reference policy, the task and its split, the method and
-the autopilot, the optimizer and scheduler, the PPO value head, the RNGs and the step. The stages of a step
-(``stages``) read and advance it; the loop is ``trainer.train``; the run directory's files around the loop
-(resume, status, signals) are ``launch.run``'s.
+``Run`` holds state only: the model, tokenizer and reference policy, the task and its split, the method and the
+autopilot, the optimizer and scheduler, the PPO value head, the loss's settings, the RNGs and the step. The
+stages of a step (``stages``) read and advance it; the loop is ``trainer.train``; the run directory's files
+around the loop (resume, status, signals) are ``launch.run``'s.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from entropy_rft import control
 from entropy_rft.common.threads import apply_threads
 from entropy_rft.config.schema import Config, autopilot_gains, config_to_dict
 from entropy_rft.control.autopilot import Autopilot, parse_target
+from entropy_rft.core.loss_types import Agg, KLEstimator, LossSettings
 from entropy_rft.rundir import checkpoints
 from entropy_rft.tasks import build_task
 from entropy_rft.tasks.base import Example, Task
@@ -93,6 +94,15 @@ def run_method(cfg: Config) -> control.Method:
     return control.build_method(cfg.method.name, **cfg.method_params())
 
 
+def engine_loss_settings(cfg: Config) -> LossSettings:
+    """The native engine's loss settings from ``cfg.algo`` (the ratio clip, the dual clip, the aggregation, the
+    reference KL), built once when the run is set up: the one place the engine reads them from the config. A
+    method's own go on top at each update (``stages.loss_rule``)."""
+    a = cfg.algo  # its option names are validated with the config (common.options); LossSettings checks them again
+    return LossSettings(eps_low=a.eps_low, eps_high=a.eps_high, dual_clip=a.dual_clip, agg=cast(Agg, a.agg),
+                        ref_kl_coef=a.ref_kl_coef, ref_kl_estimator=cast(KLEstimator, a.ref_kl_estimator))
+
+
 # ----------------------------------------------------------------------------- the state
 
 
@@ -117,6 +127,7 @@ class Run:
     value_head: ValueHead | None  # PPO's critic
     value_optim: torch.optim.Optimizer | None
     gens: dict[str, torch.Generator]  # "data" (prompts, minibatches), "method" (its random picks), "sample"
+    loss: LossSettings  # the engine's loss settings (engine_loss_settings); agg is read from here
     step: int = 0  # the step being taken (the last one taken, between steps)
     fitting_prompts: set[tuple] = field(default_factory=set)  # prompts checked against the context, once each
 
@@ -177,7 +188,7 @@ def build_run(cfg: Config, out: Path, start_step: int = 0, method: control.Metho
         "sample": torch.Generator(device=device).manual_seed(s + 3),
     }
     return Run(cfg, out, device, model, tok, ref, task, train_set, val_set, method, vanilla, autopilot, optim,
-               sched, value_head, value_optim, gens, start_step, fitting)
+               sched, value_head, value_optim, gens, engine_loss_settings(cfg), start_step, fitting)
 
 
 def check_prompts(prompts: list[str], tok: Any, model: Any, max_new_tokens: int, fitting: set[tuple]) -> None:

@@ -10,6 +10,7 @@ import contextlib
 import sys
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -17,6 +18,7 @@ import torch
 from entropy_rft import control
 from entropy_rft.config.schema import Config
 from entropy_rft.core.loss import ppo_clipped_mask
+from entropy_rft.core.loss_types import LossInputs, LossSettings, Masks
 from entropy_rft.core.metrics import stats_metrics
 from entropy_rft.policy.rollout import RolloutBatch
 from entropy_rft.rundir.logger import Logger
@@ -94,9 +96,8 @@ def lens_metrics(s: Scored, old: OldPolicy, probed: Probed, trained: torch.Tenso
     """Quadrant attribution of the tokens the method kept (``lens/``) and of those PPO's ratio clip left in
     the gradient after the update (``lens_ppo/``); with ``sel``, ``upd`` and the ``vanilla`` rule, the first-order
     ΔH of the method's change in token weights (``lensw/``, ``weight_lens_metrics``)."""
-    agg = rule.loss_kwargs["agg"]
-    clipped = ppo_clipped_mask(probed.logp, old.logp, old.adv, s.mask, rule.loss_kwargs.get("eps_low"),
-                               rule.loss_kwargs.get("eps_high"))
+    agg = rule.settings.agg
+    clipped = ppo_clipped_mask(probed.logp, old.logp, old.adv, s.mask, rule.settings.eps_low, rule.settings.eps_high)
     out = control.lens_attribution(trained, old.adv, old.stats.s_centered, s.mask, agg=agg)
     out.update({k.replace("lens/", "lens_ppo/"): v for k, v in control.lens_attribution(
         ~clipped, old.adv, old.stats.s_centered, s.mask, agg=agg).items()})
@@ -105,8 +106,10 @@ def lens_metrics(s: Scored, old: OldPolicy, probed: Probed, trained: torch.Tenso
     return out
 
 
-# policy_loss settings whose gradient does not flow through the sampled token's log-prob: not token weights
-_NOT_WEIGHTS = ("entropy_coef", "ref_kl_coef", "ref_kl_estimator", "kl_cov_coef")
+def token_weight_settings(settings: LossSettings) -> LossSettings:
+    """``settings`` without the terms whose gradient does not flow through the sampled token's log-prob (not token
+    weights): the entropy bonus, the reference KL and KL-Cov's pull, at their defaults."""
+    return replace(settings, entropy_coef=0.0, ref_kl_coef=0.0, ref_kl_estimator="k3", kl_cov_coef=0.0)
 
 
 def weight_lens_metrics(s: Scored, old: OldPolicy, probed: Probed, rule: Rule, sel: Selection, upd: Update,
@@ -116,12 +119,11 @@ def weight_lens_metrics(s: Scored, old: OldPolicy, probed: Probed, rule: Rule, s
     point (the ratios ``probed.ratio``, as ``lens_ppo/``: where a clip binds), over the tokens that train.
     Not token weights and so not in it: the entropy bonus (gradient through H), the reference KL (the same in
     both) and KL-Cov's |log-ratio| pull (selected per minibatch)."""
-    def settings(r: Rule) -> dict[str, Any]:
-        return {k: v for k, v in r.loss_kwargs.items() if k not in _NOT_WEIGHTS}
-
-    g_m = control.gradient_coefficients(probed.logp, old.logp, old.adv, s.mask, keep=sel.keep, zeroed=upd.zeroed,
-                                        adv_shift=sel.adv_shift, weight_select=sel.weight_select, **settings(rule))
-    g_v = control.gradient_coefficients(probed.logp, old.logp, old.adv, s.mask, **settings(vanilla))
+    masks = Masks(keep=sel.keep, zeroed=upd.zeroed, adv_shift=sel.adv_shift, weight_select=sel.weight_select)
+    g_m = control.loss_gradient(LossInputs(probed.logp, old.logp, old.adv, s.mask, masks),
+                                token_weight_settings(rule.settings))
+    g_v = control.loss_gradient(LossInputs(probed.logp, old.logp, old.adv, s.mask),
+                                token_weight_settings(vanilla.settings))
     return control.weight_lens(g_m, g_v, old.adv, old.stats.s_centered, s.mask)
 
 
