@@ -126,6 +126,13 @@ def test_synthetic_report_summary_is_computed_from_the_numbers(tmp_path):
     page = (tmp_path / "rep" / "report.html").read_text()
     imgs = _decoded_images(page)
     assert len(imgs) == 8 and all(im.format == "PNG" and im.size[0] > 300 for im in imgs)
+    # each figure also as its own file, the very image the page embeds
+    import base64
+    import re
+
+    embedded = [base64.b64decode(b) for b in re.findall(r'src="data:image/png;base64,([^"]+)"', page)]
+    files = [(tmp_path / "rep" / f"{key}.png").read_bytes() for key in nums["figures"]]
+    assert files == embedded
     assert "http://" not in page and "https://" not in page and "<script" not in page  # offline, static
     assert json.loads((tmp_path / "rep" / "report.json").read_text())["summary"] == text
 

@@ -318,6 +318,36 @@ def test_clip_cov_is_trls_own_loss_with_zero_advantages(policy_dir, tmp_path, cf
     assert not torch.equal(ours[1], stock[1])  # the zeroes changed the step
 
 
+@pytest.mark.parametrize("method, params", [("clip_cov", {"ratio": 0.2, "lb": -5.0, "ub": 5.0}),
+                                            ("kl_cov", {"ratio": 0.2})])
+def test_a_loss_leaves_trls_micro_batch_as_it_found_it(policy_dir, tmp_path, method, params, monkeypatch):
+    """During and after a loss (TRL's own with Clip-Cov's zeroes, or erft's with KL-Cov's selection), every key of
+    the buffered micro-batch holds the same tensor with the same values (TRL reuses it for its next iterations);
+    Clip-Cov's zeroes reach TRL's loss in a copy; the plug-in only adds its own keys (``trl_support.INPUT_KEYS``)."""
+    from trl import GRPOTrainer
+
+    from entropy_rft.integrations.trl_support import INPUT_KEYS
+
+    trainer = make_trainer(policy_dir, method, params, tmp_path)
+    trainer.model.train()
+    inputs = delegated_inputs(trainer, seed=5)
+    before = dict(inputs)
+    values = {k: v.clone() for k, v in inputs.items()}
+    trl_loss, seen = GRPOTrainer._compute_loss, []
+
+    def watched(self, model, x):
+        loss = trl_loss(self, model, x)
+        seen.append((x is not inputs, inputs["advantages"] is before["advantages"], x["advantages"].dim()))
+        return loss
+
+    monkeypatch.setattr(GRPOTrainer, "_compute_loss", watched)
+    trainer._compute_loss(trainer.model, inputs).backward()
+    assert seen == ([(True, True, 2)] if trainer.delegates else []), seen  # TRL read per-token zeroes from a copy
+    assert set(inputs) - set(before) <= set(INPUT_KEYS), set(inputs) - set(before)
+    for k, v in before.items():
+        assert inputs[k] is v and torch.equal(v, values[k]), k
+
+
 @pytest.mark.parametrize("cfg", LOSS_TYPES[4:], ids=lambda c: "-".join(map(str, c.values())))
 def test_entropy_bonus_is_trls_entropy_term_on_every_loss_type(policy_dir, tmp_path, cfg):
     """The entropy bonus composes as TRL's own entropy term: the loss is TRL's minus coef times the token mean of

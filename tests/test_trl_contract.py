@@ -11,6 +11,7 @@ How a break shows: ``contract_breaks`` reads each name with ``getattr`` and the 
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import inspect
 import re
@@ -56,6 +57,54 @@ KNOB_ATTRIBUTES = {"epsilon_low": "epsilon", "epsilon_high": "epsilon_high", "en
 # keys of the per-micro-batch inputs that erft writes and TRL's _compute_loss must read: a drop in the loss mask
 # and its normaliser, Clip-Cov's zeroes in the advantages
 LOSS_INPUTS = ("tool_mask", "num_items_in_batch", "advantages", "completion_mask", "old_per_token_logps")
+
+# Every other attribute of the trainer that erft's TRL modules read or write and do not define (the subclass on
+# ``self``, ``trl_train`` and ``trl_logging`` on the trainer they hold) -> where TRL (GRPOTrainer) or transformers
+# (Trainer) sets it and what erft relies on, as (class, function, pattern in its source). ``touched`` derives the
+# list from erft's code, so a new read of a TRL name fails until it is pinned here.
+TRL_ATTRIBUTES: dict[str, list[tuple[str, str, str]]] = {
+    # TRL's count of the micro-batches trained: 0 at the start, +1 after each; the micro-batch it hands out is
+    # _buffered_inputs[_step % steps_per_generation], so erft's optimizer window is the ga micro-batches of the
+    # buffer from _step - _step % ga (trl._window_inputs)
+    "_step": [("GRPOTrainer", "__init__", r"self\._step = 0\b"),
+              ("GRPOTrainer", "training_step", r"self\._step \+= 1"),
+              ("GRPOTrainer", "training_step", r"self\._step % self\.current_gradient_accumulation_steps == 0"),
+              ("GRPOTrainer", "_prepare_inputs",
+               r"self\._buffered_inputs\[self\._step % self\.args\.steps_per_generation\]")],
+    # the generation batch as steps_per_generation micro-batch dicts (None before the first generation and after
+    # a resume); erft reads the window's micro-batches from it and keeps its INPUT_KEYS in them
+    "_buffered_inputs": [("GRPOTrainer", "__init__", r"self\._buffered_inputs = None"),
+                         ("GRPOTrainer", "_prepare_inputs",
+                          r"self\._buffered_inputs = \[unsplit_pixel_values_by_grid\(batch\) for batch in "
+                          r"generation_batches\]")],
+    # TRL's log buffer, a list per key and mode: erft appends its metrics (trl._record) and reads TRL's reward of
+    # the generation batch; TRL's log averages and clears it
+    "_metrics": [("GRPOTrainer", "__init__", r'self\._metrics = \{"train": defaultdict\(list\), "eval": '
+                                             r"defaultdict\(list\)\}"),
+                 ("GRPOTrainer", "_generate_and_score_completions", r'self\._metrics\[mode\]\["reward"\]\.append\('),
+                 ("GRPOTrainer", "log", r"for key, val in self\._metrics\[mode\]\.items\(\)"),
+                 ("GRPOTrainer", "log", r"self\._metrics\[mode\]\.clear\(\)")],
+    # the micro-batches of the current optimizer step, set by transformers' loop (erft reads it with the config's
+    # gradient_accumulation_steps as the fallback before training)
+    "current_gradient_accumulation_steps": [
+        ("Trainer", "_run_epoch", r"self\.current_gradient_accumulation_steps = len\(batch_samples\)")],
+    # TRL's settings, from its config in __init__
+    "beta": [("GRPOTrainer", "__init__", r"self\.beta = args\.beta\b")],
+    "loss_type": [("GRPOTrainer", "__init__", r"self\.loss_type = args\.loss_type\b")],
+    "num_iterations": [("GRPOTrainer", "__init__", r"self\.num_iterations = args\.num_iterations\b")],
+    "temperature": [("GRPOTrainer", "__init__", r"self\.temperature = args\.temperature\b")],
+    "max_completion_length": [("GRPOTrainer", "__init__",
+                               r"self\.max_completion_length = args\.max_completion_length\b")],
+    "eos_token_ids": [("GRPOTrainer", "__init__", r"self\.eos_token_ids = eos_token_ids\b")],
+    # transformers' Trainer
+    "args": [("Trainer", "__init__", r"self\.args = args\b")],
+    "model": [("Trainer", "__init__", r"self\.model = model\b")],
+    "accelerator": [("Trainer", "create_accelerator_and_postprocess", r"self\.accelerator = Accelerator\(")],
+    "state": [("Trainer", "__init__", r"self\.state = TrainerState\(")],
+    "add_callback": [("Trainer", "add_callback", r"def add_callback\(self, callback\b")],
+    "train": [("Trainer", "train", r"resume_from_checkpoint")],
+    "save_model": [("Trainer", "save_model", r"def save_model\(self, output_dir")],
+}
 
 
 def contract_breaks(cls: type, hooks: dict[str, tuple[str, tuple[str, ...]]]) -> list[str]:
@@ -172,3 +221,79 @@ def test_the_argument_binding_takes_args_by_name_or_position(monkeypatch):
     assert replace_argument(sig, ("m",), {}, "args", ours) == (("m",), {"args": ours})
     with pytest.raises(TypeError, match="GRPOTrainer's parameters: model, reward_funcs, args"):
         bound_arguments(sig, (), {"args": cfg, "modle": "m"})
+
+
+def _names_on(source: str, is_obj) -> set[str]:
+    """Every attribute read or written on the objects ``is_obj`` accepts (an AST node), and every literal name
+    given to ``getattr``/``setattr``/``hasattr`` on them, in ``source``."""
+    out = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Attribute) and is_obj(node.value):
+            out.add(node.attr)
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+              and node.func.id in ("getattr", "setattr", "hasattr") and len(node.args) > 1 and is_obj(node.args[0])
+              and isinstance(node.args[1], ast.Constant)):
+            out.add(node.args[1].value)
+    return out
+
+
+def touched() -> set[str]:
+    """The names of the trainer erft's TRL modules touch and do not define: the subclass's ``self.X`` (its own
+    methods and the attributes it sets for itself left out), ``trl_train``'s ``trainer.X`` and ``trl_logging``'s
+    ``self.trainer.X`` / ``trainer.X``."""
+    from entropy_rft.integrations import trl_logging, trl_train
+
+    def is_self(n):
+        return isinstance(n, ast.Name) and n.id == "self"
+
+    def is_trainer(n):
+        return (isinstance(n, ast.Name) and n.id == "trainer") or (
+            isinstance(n, ast.Attribute) and n.attr == "trainer" and is_self(n.value))
+
+    src = inspect.getsource(EntropyControlGRPOTrainer)
+    names = _names_on(src, is_self)
+    names |= _names_on(inspect.getsource(trl_train), is_trainer) | _names_on(inspect.getsource(trl_logging), is_trainer)
+    own = set(re.findall(r"self\.(\w+)(?:\s*:[^=\n]+)?\s*=[^=]", src)) - set(KNOB_ATTRIBUTES)
+    return names - set(vars(EntropyControlGRPOTrainer)) - own
+
+
+def test_erft_touches_only_the_trl_names_a_test_pins():
+    """Every name of TRL's trainer that erft reads or writes is pinned: a hook (``HOOKS``), a knob attribute
+    (``KNOB_ATTRIBUTES``) or an attribute of ``TRL_ATTRIBUTES``, and the lists name nothing erft no longer
+    touches."""
+    names = touched()
+    assert {"_step", "_buffered_inputs", "_metrics", "current_gradient_accumulation_steps"} <= names, names
+    assert names - set(HOOKS) - set(KNOB_ATTRIBUTES) == set(TRL_ATTRIBUTES)
+    assert {n for n in HOOKS if n not in OVERRIDDEN} <= names  # the hooks erft only calls (self._get_output_dir)
+
+
+def test_each_trl_attribute_is_set_and_used_as_erft_relies_on():
+    """Where TRL or transformers sets each attribute of ``TRL_ATTRIBUTES`` and the use erft relies on, in their
+    source (a TRL release that renames one, or changes how its micro-batch counter picks from the buffer, fails
+    here naming it)."""
+    import transformers
+
+    owners = {"GRPOTrainer": GRPOTrainer, "Trainer": transformers.Trainer}
+    for name, pins in TRL_ATTRIBUTES.items():
+        for owner, fn, pattern in pins:
+            src = inspect.getsource(getattr(owners[owner], fn))
+            assert re.search(pattern, src), f"{owner}.{fn}: no {pattern!r} (erft relies on it for {name})"
+
+
+def test_the_trl_names_erft_imports_exist():
+    """Every ``from trl... import name`` of erft's TRL modules, the lazy ones inside functions included."""
+    import importlib.util
+
+    from entropy_rft.integrations import trl as erft_trl
+    from entropy_rft.integrations import trl_logging, trl_script, trl_support, trl_task, trl_train
+
+    seen = 0
+    for mod in (erft_trl, trl_support, trl_task, trl_train, trl_script, trl_logging):
+        for node in ast.walk(ast.parse(inspect.getsource(mod))):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "trl":
+                target = importlib.import_module(node.module)
+                for a in node.names:
+                    found = hasattr(target, a.name) or importlib.util.find_spec(f"{node.module}.{a.name}")
+                    assert found, f"{mod.__name__}: from {node.module} import {a.name}"
+                    seen += 1
+    assert seen >= 4

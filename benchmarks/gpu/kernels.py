@@ -41,13 +41,9 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
-import resource
 import signal
-import subprocess
 import sys
-import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -61,17 +57,21 @@ if __name__ == "__main__":  # run as a script (not imported for render_markdown 
 
 import torch  # noqa: E402
 
-V_FULL = 151936
-QWEN15_SHAPE = {"hidden_size": 1536, "intermediate_size": 8960, "num_hidden_layers": 28, "num_attention_heads": 12,
-                "num_key_value_heads": 2, "vocab_size": V_FULL, "max_position_embeddings": 4096,
-                "tie_word_embeddings": True, "rope_theta": 1e6, "rms_norm_eps": 1e-6}
-
-
 # ------------------------------------------------------------------------------------------------ timing
 
 
 if str(Path(__file__).resolve().parent) not in sys.path:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
+from kernels_report import (  # noqa: E402  (render_markdown, trl_rows: kept importable from here)
+    mib,
+    ms,
+    render_markdown,  # noqa: F401
+    table_rows,
+    trl_rows,  # noqa: F401
+    write_json_atomic,
+    write_report,
+)
+from kernels_trl import TRL_ORDER, V_FULL, child_trl, pool_trl_runs, run_trl  # noqa: E402
 from timing import extra_peak, median, sync, time_interleaved  # noqa: E402
 
 
@@ -328,270 +328,7 @@ def bench_verl(a) -> dict:
 # ------------------------------------------------------------------------------------------------ 4. trl
 
 
-def child_trl(a) -> None:
-    """One TRL run in this fresh process: prints a JSON line with s/step and peak memory."""
-    from datasets import Dataset
-    from transformers import TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
-
-    model, tok, extra = build_model(a.model, a.device)
-    # every step the same shapes: prompts of one length, and (below) no end-of-sequence token, so completions
-    # run to max_completion_length; in the 2026-11-27 lease the third step took twice the others in every run
-    prompts = [f"{i % 10}{(3 * i) % 10}{(7 * i) % 10}>{i % 50:02d}:" for i in range(256)]
-    data = Dataset.from_dict({"prompt": prompts})
-
-    def reward(completions, **_):
-        return [float(len(c) % 3 == 0) for c in completions]
-
-    stamps: list[float] = []
-
-    class Stamp(TrainerCallback):
-        def on_step_end(self, *args, **kw):
-            stamps.append(time.perf_counter())
-
-    cfg = GRPOConfig(output_dir=a.out, max_steps=a.trl_steps, per_device_train_batch_size=a.trl_batch,
-                     num_generations=a.trl_group, max_completion_length=a.trl_tokens, learning_rate=1e-6,
-                     logging_steps=1, save_strategy="no", report_to="none", seed=0,
-                     use_cpu=not a.device.startswith("cuda"), **extra)
-    kw = dict(model=model, reward_funcs=reward, args=cfg, train_dataset=data, processing_class=tok,
-              callbacks=[Stamp()])
-    if a.child == "stock":
-        trainer = GRPOTrainer(**kw)
-    else:
-        from entropy_rft.integrations.trl import EntropyControlGRPOTrainer
-
-        trainer = EntropyControlGRPOTrainer(method=a.child, **kw)
-    if a.device.startswith("cuda"):
-        torch.cuda.reset_peak_memory_stats()
-    stamps.append(time.perf_counter())
-    trainer.train()
-    steps = [b - x for x, b in zip(stamps, stamps[1:])]
-    print(json.dumps({"s_step": median(steps[1:] or steps), "steps": steps,
-                      "peak": torch.cuda.max_memory_allocated() if a.device.startswith("cuda") else None,
-                      "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
-
-
-def build_model(name: str, device: str):
-    """(model, tokenizer, extra GRPOConfig fields) for a benchmark model name."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    if name == "qwen1.5b-random":  # Qwen2.5-1.5B's shape, random weights, erft's character tokenizer
-        from transformers import Qwen2Config, Qwen2ForCausalLM
-
-        from entropy_rft.models.loading import build_char_tokenizer
-
-        tok = build_char_tokenizer()
-        torch.manual_seed(0)
-        # initialised where it trains: 1.5B random weights take ~15 s on the host, a fraction of a second on a GPU
-        # (the same weights for every trainer process: the same seed on the same device)
-        with torch.device(device if device.startswith("cuda") else "cpu"):
-            model = Qwen2ForCausalLM(Qwen2Config(**QWEN15_SHAPE, pad_token_id=tok.pad_token_id,
-                                                 bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id))
-        # the tokenizer covers the first ids only: never sample the others (same for every trainer)
-        # and no end of sequence: every completion is max_completion_length tokens, every step the same shapes
-        extra = {"generation_kwargs": {"suppress_tokens": [tok.eos_token_id, *range(len(tok),
-                                                                                   QWEN15_SHAPE["vocab_size"])]}}
-        return model, tok, extra
-    if name.startswith("micro"):  # the smoke run's policy (tests/micro.py)
-        sys.path.insert(0, str(ROOT / "tests"))
-        from micro import make_micro_policy
-
-        folder = make_micro_policy(Path(os.environ.get("ERFT_BENCH_TMP", "/tmp")) / "bench-micro")
-        return AutoModelForCausalLM.from_pretrained(folder), AutoTokenizer.from_pretrained(folder), {}
-    from entropy_rft.training.policies import load_policy
-
-    model, tok = load_policy(name, device="cpu")
-    return model, tok, {}
-
-
-TRL_ORDER = ("stock", "none", "clip_v", "clip_v", "none", "stock")  # A-B-C-C-B-A: a drift lands on all alike
-
-
-def run_trl(a, model: str, trainer: str, out: Path) -> dict:
-    """One trainer's run in a fresh subprocess: its JSON line (``steps`` includes the warm-up step) or
-    ``{"error": the output's last lines}``."""
-    cmd = [sys.executable, __file__, "--child", trainer, "--model", model, "--out", str(out), "--device", a.device,
-           *sum(([f"--{k.replace('_', '-')}", str(getattr(a, k))] for k in
-                 ("trl_steps", "trl_batch", "trl_group", "trl_tokens")), [])]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
-    try:
-        r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=a.child_timeout)
-    except subprocess.TimeoutExpired:
-        return {"error": f"timed out after {a.child_timeout} s (--child-timeout)"}
-    tail = "\n".join((r.stdout + r.stderr).strip().splitlines()[-12:])
-    if r.returncode:
-        return {"error": f"{tail}\nexit code {r.returncode}"}
-    try:
-        return json.loads(r.stdout.strip().splitlines()[-1])
-    except (IndexError, json.JSONDecodeError):
-        return {"error": f"{tail}\nno JSON line in the child's output"}
-
-
-def pool_trl_runs(runs: list[tuple[str, dict]]) -> dict:
-    """trainer -> pooled figures of its runs, from ``(trainer, child result)`` pairs in run order.
-
-    A child's ``steps`` are all its steps, the first being warm-up (compilation, allocator): the timed steps
-    are the rest (all of them for a one-step run). Per trainer: ``s_step`` the median of the pooled timed
-    steps, ``min``/``max``, ``n`` their count, ``peak`` the largest of its runs' peaks (None on the CPU),
-    ``steps`` the pooled timed steps and ``runs`` the raw child results; ``error`` (the failed runs' errors)
-    when any of its runs failed, with the figures of the others."""
-    out: dict = {}
-    for trainer in dict.fromkeys(name for name, _ in runs):
-        mine = [r for name, r in runs if name == trainer]
-        ok = [r for r in mine if "error" not in r]
-        steps = [x for r in ok for x in (r["steps"][1:] or r["steps"])]
-        peaks = [r["peak"] for r in ok if r.get("peak") is not None]
-        entry: dict = {"s_step": median(steps) if steps else None, "min": min(steps, default=None),
-                       "max": max(steps, default=None), "n": len(steps), "steps": steps,
-                       "peak": max(peaks, default=None), "runs": mine}
-        if len(ok) < len(mine):
-            entry["error"] = "\n---\n".join(r["error"] for r in mine if "error" in r)
-        out[trainer] = entry
-    return out
-
-
 # ------------------------------------------------------------------------------------------------ report
-
-
-def ms(x: float) -> str:
-    return f"{x * 1e3:.2f} ms"
-
-
-def mib(x: float | None) -> str:
-    return "n/a" if x is None else f"{x / 2**20:,.0f} MiB"
-
-
-def verdict(ok: bool | None) -> str:
-    return "n/a" if ok is None else "PASS" if ok else "MISS"
-
-
-def table_rows(res: dict) -> list[tuple[str, str, str, str]]:
-    rows = []
-    for r in res.get("stats", []):
-        label = f"token_stats {r['dtype']} {r['shape'][0]}x{r['shape'][1]} T={r['temperature']}"
-        rows.append((f"{label} / logsumexp", f"{r['ratio']:.2f}x ({ms(r['t']['token_stats'])} / "
-                     f"{ms(r['t']['logsumexp'])})", "<= 1.0x", verdict(r["ratio"] <= 1.0)))
-        rows.append(("  bandwidth / device copy", f"{r['copy_bw_fraction']:.0%}", ">= 60% (moonshot)",
-                     verdict(r["copy_bw_fraction"] >= 0.6)))
-        if "trl_logp_entropy" in r["t"]:
-            ratio = r["t"]["token_stats"] / r["t"]["trl_logp_entropy"]
-            rows.append(("  token_stats / TRL selective_log_softmax_and_entropy", f"{ratio:.2f}x "
-                         f"({ms(r['t']['token_stats'])} / {ms(r['t']['trl_logp_entropy'])})", "<= 1.1x",
-                         verdict(ratio <= 1.1)))
-        elif "trl_logp_entropy" in r.get("errors", {}):
-            rows.append(("  token_stats / TRL selective_log_softmax_and_entropy", r["errors"]["trl_logp_entropy"],
-                         "<= 1.1x", "n/a"))
-        if "token_stats_torch" in r["t"]:
-            rows.append(("  torch path / logsumexp", f"{r['t']['token_stats_torch'] / r['t']['logsumexp']:.1f}x",
-                         "", "info"))
-        if r["extra_peak"] is not None:
-            rows.append(("  extra peak / logits", f"{r['extra_peak'] / r['bytes']:.3%} ({mib(r['extra_peak'])})",
-                         "<= 1%", verdict(r["extra_peak"] <= 0.01 * r["bytes"])))
-            rows.append(("  host syncs | kernel launches per call (logsumexp's launches)",
-                         f"{r['syncs']} | {r['launches']} ({r['launches_logsumexp']})", "<= 1 sync",
-                         verdict(r["syncs"] <= 1)))
-        worst = max(r["error_over_bound"].values())
-        rows.append(("  worst error / bound vs float64 (H, S*, E_p[S])", f"{worst:.3f}", "<= 1", verdict(worst <= 1)))
-    sweep = res.get("stats_sweep")
-    if sweep:
-        n, v = sweep["shape"]
-        for cfg, sec in sweep["t"].items():
-            if cfg == "trl":
-                continue
-            vs = f" = {sec / sweep['t']['trl']:.2f}x TRL's kernel" if "trl" in sweep["t"] else ""
-            rows.append((f"  token_stats bf16 {n}x{v} T=0.7, block x warps {cfg}", f"{ms(sec)}{vs}, "
-                         f"{sweep['bytes'] / sec / 1e12:.2f} TB/s", "", "info"))
-    for r in res.get("head", []):
-        n, d, v = r["shape"]
-        t, p = r["t"], r["peak"]
-        for other, target in (("trl", 1.1), ("liger", 1.1), ("liger_entropy", 1.1), ("baseline", None)):
-            if other not in t:
-                rows.append((f"head N{n} D{d} V{v}: ours / {other}", r["errors"].get(other, "not installed"), "",
-                             "n/a"))
-                continue
-            ratio = t["ours"] / t[other]
-            rows.append((f"head N{n} D{d} V{v}: ours / {other} (fwd+bwd)",
-                         f"{ratio:.2f}x ({ms(t['ours'])} / {ms(t[other])})",
-                         f"<= {target}x" if target else "", verdict(ratio <= target) if target else "info"))
-            if p.get("ours") is not None and p.get(other):
-                pr = p["ours"] / p[other]
-                rows.append((f"  peak ours / {other}", f"{pr:.2f}x ({mib(p['ours'])} / {mib(p[other])})",
-                             "<= 1.05x" if target else "", verdict(pr <= 1.05) if target else "info"))
-        rows.append(("  max |log p - materialised|", f"{r['max_abs_logp_err']:.1e}", "", "info"))
-    if "verl" in res:
-        r = res["verl"]
-        rows.append((f"verl micro-batch {r['shape'][0]}x{r['shape'][1]} bf16, T 0.7 per token: ours / verl-style",
-                     f"{r['ratio']:.2f}x ({ms(r['t']['ours'])} / {ms(r['t']['verl_entropy'])})", "<= 1.1x",
-                     verdict(r["ratio"] <= 1.1)))
-    for model, runs in res.get("trl", {}).items():
-        rows += trl_rows(model, runs)
-    return rows
-
-
-def trl_rows(model: str, runs: dict) -> list[tuple[str, str, str, str]]:
-    """The TRL part's rows for one model: each trainer's pooled s/step, then none and clip_v against stock."""
-    rows = []
-    for trainer in ("stock", "none", "clip_v"):
-        r = runs.get(trainer)
-        if r and r.get("s_step") is not None:
-            k = sum("error" not in x for x in r["runs"])
-            rows.append((f"TRL {model}: {trainer} s/step (median of {r['n']} steps, {k} runs pooled)",
-                         f"{r['s_step']:.3f} s ({r['min']:.3f} to {r['max']:.3f}), peak {mib(r['peak'])}", "",
-                         "info"))
-    stock = runs.get("stock")
-    own = [median(x["steps"][1:] or x["steps"]) for x in (stock or {}).get("runs", []) if "error" not in x]
-    if len(own) >= 2:  # the first and last run of the A-B-C-C-B-A order: the noise floor of the ratios below
-        spread = (max(own) - min(own)) / (sum(own) / len(own))
-        rows.append((f"TRL {model}: stock against itself (runs 1 and {len(TRL_ORDER)})", f"{spread:.1%} "
-                     f"({' / '.join(f'{x:.3f}' for x in own)} s)", "< 5%", verdict(spread < 0.05)))
-    for method, target in (("none", 1.05), ("clip_v", 1.15)):
-        r = runs.get(method)
-        if r is None or stock is None:  # a part killed before these runs
-            rows.append((f"TRL {model}: {method} / stock", "not run", f"<= {target}x", "n/a"))
-            continue
-        if "error" in r or "error" in stock:
-            rows.append((f"TRL {model}: {method} / stock", "FAILED", f"<= {target}x", "MISS"))
-            continue
-        ratio = r["s_step"] / stock["s_step"]
-        rows.append((f"TRL {model}: {method} / stock s/step", f"{ratio:.2f}x ({r['s_step']:.3f} / "
-                     f"{stock['s_step']:.3f} s)", f"<= {target}x", verdict(ratio <= target)))
-        if r.get("peak") and stock.get("peak"):
-            pr = r["peak"] / stock["peak"]
-            rows.append((f"  peak {method} / stock", f"{pr:.2f}x ({mib(r['peak'])})", "<= 1.05x",
-                         verdict(pr <= 1.05)))
-    return rows
-
-
-def md_cell(x: object) -> str:
-    """A table cell: one line, its pipes escaped."""
-    return str(x).replace("\r", " ").replace("\n", " ").replace("|", "\\|")
-
-
-def render_markdown(res: dict) -> str:
-    """The results' markdown: a title line, the table of ``table_rows`` and the wall time (where recorded).
-    Works on one run's dict, a partial one (a killed part) or several parts' entries merged into one dict."""
-    title = f"# {res.get('device', '?')}, {res.get('date', '?')} (torch {res.get('torch', '?')}, " \
-            f"triton {res.get('triton', '?')})"
-    md = [title, "", "| measure | measured | target | result |", "|---|---|---|---|"]
-    md += ["| " + " | ".join(md_cell(c) for c in row) + " |" for row in table_rows(res)]
-    if res.get("wall_s") is not None:
-        md += ["", f"Wall time {res['wall_s']:.0f} s."]
-    return "\n".join(md) + "\n"
-
-
-def write_json_atomic(path: Path, res: dict) -> None:
-    """Write ``res`` to ``path`` through a temporary file in the same folder and ``os.replace``: a reader (or a
-    process killed mid-write) never sees a half-written file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(res, f, indent=1, default=str)
-        os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide it from the kit's other readers
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def empty_cache(dev: str) -> None:
@@ -682,17 +419,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         if getattr(a, k) is None:
             setattr(a, k, quick if a.quick else full)
     return a
-
-
-def write_report(res: dict, out: Path) -> Path:
-    """Without --json: ``<device>-<date>[-quick].json`` and ``.md`` in ``out``; returns the path without suffix."""
-    out.mkdir(parents=True, exist_ok=True)
-    stem = "".join(c if c.isalnum() else "-" for c in res["device"].lower()).strip("-") + f"-{res['date']}"
-    if res["quick"]:
-        stem += "-quick"
-    (out / f"{stem}.json").write_text(json.dumps(res, indent=1, default=str))
-    (out / f"{stem}.md").write_text(render_markdown(res))
-    return out / stem
 
 
 def main() -> int:

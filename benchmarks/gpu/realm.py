@@ -45,18 +45,12 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from run_files import SHIPPED, finished  # noqa: E402  (the files a run ships; a finished run: one definition)
+
 METHODS = "none,clip_b,clip_v,clip_cov,kl_cov"
-SHIPPED = ("metrics.jsonl", "config.yaml", "run.json", "samples.jsonl")  # per run; everything else stays
 SUMMARY = ("summary.md", "summary.json")
 INCOMPLETE = 3
-
-
-def _finished(run_dir: Path) -> bool:
-    try:
-        info = json.loads((run_dir / "run.json").read_text())
-        return info.get("status") == "finished" and int(info.get("step", 0)) >= int(info.get("max_steps", 1 << 30))
-    except (OSError, ValueError, TypeError, AttributeError):  # a damaged run.json is data: the run is not finished
-        return False
 
 
 def restore(results: Path, runs: Path) -> list[str]:
@@ -64,9 +58,9 @@ def restore(results: Path, runs: Path) -> list[str]:
     restored = []
     if not results.is_dir():
         return restored
-    for src in sorted(p for p in results.iterdir() if p.is_dir() and _finished(p)):
+    for src in sorted(p for p in results.iterdir() if p.is_dir() and finished(p)):
         dst = runs / src.name
-        if _finished(dst):
+        if finished(dst):
             continue
         if dst.exists():
             shutil.rmtree(dst)
@@ -81,7 +75,7 @@ def restore(results: Path, runs: Path) -> list[str]:
 def export(runs: Path, results: Path) -> list[str]:
     """Copy the shipped files of each finished run of ``runs`` into ``results``; returns the runs exported."""
     done = []
-    for src in sorted(p for p in runs.iterdir() if p.is_dir() and _finished(p)) if runs.is_dir() else []:
+    for src in sorted(p for p in runs.iterdir() if p.is_dir() and finished(p)) if runs.is_dir() else []:
         dst = results / src.name
         dst.mkdir(parents=True, exist_ok=True)
         for name in SHIPPED:
@@ -164,7 +158,7 @@ def run_compare(args: argparse.Namespace) -> int:
 def missing_runs(runs: Path, methods: str, seeds: int) -> list[tuple[str, int]]:
     """The (method, seed) of every run of seeds ``0..seeds-1`` not finished in ``runs``, seeds first: an early
     stop leaves whole seeds, and each lease's runs complete the table seed by seed."""
-    return [(m, s) for s in range(seeds) for m in methods.split(",") if not _finished(runs / f"{m}-s{s}")]
+    return [(m, s) for s in range(seeds) for m in methods.split(",") if not finished(runs / f"{m}-s{s}")]
 
 
 def check_settings(args: argparse.Namespace) -> str | None:
@@ -189,7 +183,6 @@ def check_settings(args: argparse.Namespace) -> str | None:
 def run_paced(args: argparse.Namespace) -> int:
     """Every run of seeds ``0..--seeds-1`` not finished in ``--runs``, seeds first, as one paced wave
     (realm_wave.py); its exit status (0: all finished, 3: runs left, 2: settings differ from the kept runs')."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     from realm_wave import train_wave
 
     missing = missing_runs(args.runs, args.methods, args.seeds)

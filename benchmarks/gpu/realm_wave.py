@@ -401,9 +401,9 @@ def finish(wave: Wave, runners: list[Runner], settings: dict, share: int) -> int
                 tail = log.read_text(errors="replace").splitlines()[-8:] if log.is_file() else []
                 wave.say(f"wave: {r.name} failed (exit {rc}); the end of its log:\n" + "\n".join(tail))
         r.look(time.monotonic())
-    from realm import _finished
+    from run_files import finished as run_finished
 
-    finished = [r.name for r in runners if r.ended == "finished" and _finished(r.folder)]
+    finished = [r.name for r in runners if r.ended == "finished" and run_finished(r.folder)]
     wave.data["started"] = [r.name for r in runners]
     for name in wave.data["runs"]:
         if name not in wave.data["started"]:

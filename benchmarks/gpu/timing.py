@@ -10,19 +10,13 @@ import time
 from collections.abc import Callable
 
 import torch
+from timing_math import median  # noqa: F401  (kept here: timing's users import it from timing)
 
 
 def sync(dev: str) -> None:
     """Wait for the device's queued work (a no-op on the CPU)."""
     if dev.startswith("cuda"):
         torch.cuda.synchronize()
-
-
-def median(xs: list[float]) -> float:
-    """The median of ``xs`` (the mean of the middle two for an even count)."""
-    s = sorted(xs)
-    n = len(s)
-    return s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
 
 
 def time_interleaved(fns: dict[str, Callable[[], object]], dev: str, reps: int, warmup: int = 2,

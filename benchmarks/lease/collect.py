@@ -31,7 +31,7 @@ from checks import (
 from plans import KERNEL_PARTS, KERNEL_RESULTS, REALM_RESULTS, ROOT, Plan, realm_run_names
 
 sys.path.insert(0, str(ROOT / "benchmarks" / "gpu"))
-from realm import SHIPPED  # noqa: E402  (the files a run ships: one list)
+from run_files import SHIPPED, finished  # noqa: E402  (the files a run ships; a finished run)
 
 # The task check of the first lease that trains (issue 34): the base model's figures at the step-0 evaluation
 TASK_PASS1 = (0.05, 0.3)
@@ -97,7 +97,7 @@ def read_kernels(folders: list[Path]) -> list[tuple[str, dict]]:
 
 def collect_kernels(parts: list[tuple[str, dict]], root: Path) -> list[Path]:
     """Merge the parts' JSON into ``<device>-<date>.json`` and render its ``.md`` (benchmarks/gpu/kernels.py)."""
-    from kernels import render_markdown
+    from kernels_report import render_markdown
 
     merged: dict = {}
     for part, res in parts:
@@ -186,8 +186,6 @@ def stage_realm(folders: list[Path], tmp: Path, root: Path) -> Staged | None:
     """Check call 2's ``runs.tar.gz`` member by member, unpack only the shipped files into ``tmp``, check each
     run's files, and check that every finished run has the committed runs' settings (or, with none committed, the
     first finished run's). None when no tar came back."""
-    from realm import _finished
-
     tars = [f / "runs.tar.gz" for f in folders if (f / "runs.tar.gz").is_file()]
     if not tars:
         return None
@@ -202,7 +200,7 @@ def stage_realm(folders: list[Path], tmp: Path, root: Path) -> Staged | None:
             staged.rows[n] = check_metrics(tmp / n / "metrics.jsonl")
         if (tmp / n / "run.json").is_file():
             check_run_json(tmp / n / "run.json")
-            if _finished(tmp / n):
+            if finished(tmp / n):
                 if not (tmp / n / "config.yaml").is_file():
                     raise LeaseDataError(tars[-1], f"{n} is finished but ships no config.yaml")
                 staged.finished.append(n)

@@ -37,7 +37,7 @@ from plans import (
 )
 
 sys.path.insert(0, str(ROOT / "benchmarks" / "gpu"))
-from realm import SHIPPED  # noqa: E402  (the files a run ships: one list)
+from run_files import SHIPPED  # noqa: E402  (the files a run ships: one list)
 
 # configs/smollm2-gpu.yaml at tiny sizes on the CPU (tests/test_gpu_config.py's sizes)
 REHEARSAL_SETS = ("model.device=cpu", "rollout.prompts_per_step=1", "rollout.group_size=2",

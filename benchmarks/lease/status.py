@@ -10,13 +10,13 @@ from checks import LeaseDataError, check_lease_file, visible
 from plans import KERNEL_RESULTS, PLANS, REALM_CONFIG, REALM_RESULTS, ROOT, Plan, realm_run_names
 
 sys.path.insert(0, str(ROOT / "benchmarks" / "gpu"))
-from realm import _finished  # noqa: E402  (one definition of a finished run)
+from run_files import finished  # noqa: E402  (one definition of a finished run)
 
 
 def missing_runs(root: Path = ROOT) -> list[str]:
     """The comparison's runs not committed finished in results/smollm2-gpu/, in the order a wave trains them
     (seeds first)."""
-    return [n for n in realm_run_names() if not _finished(root / REALM_RESULTS / n)]
+    return [n for n in realm_run_names() if not finished(root / REALM_RESULTS / n)]
 
 
 KERNEL_TRIES = 2  # after two leases with a failed section, the kernels plan gives way to the realm plans

@@ -49,6 +49,7 @@ from entropy_rft.control.registry import (
     build_method,
     get_method_class,
     method_info,
+    on_register,
     param,
     register_method,
 )
@@ -72,6 +73,7 @@ __all__ = [
     "Method",
     "param",
     "register_method",
+    "on_register",
     "build_method",
     "available_methods",
     "method_info",

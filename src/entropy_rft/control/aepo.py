@@ -90,6 +90,7 @@ class AEPOMethod(Method):
     summary: ClassVar[str] = ("REINFORCE (A = 1) on correct rollouts sampled at T 1.2 below the target entropy, "
                               "0.8 above it, swapped into the batch")
     stage: ClassVar[str] = "rollout"
+    exchange: ClassVar[str | None] = "local"
     quadrants: ClassVar[dict[str, str]] = {"pos_spos": "adds rollouts sampled at T_high/T_low with A = 1",
                                            "pos_sneg": "adds rollouts sampled at T_high/T_low with A = 1"}
     engines: ClassVar[tuple[str, ...]] = ("native",)

@@ -77,6 +77,7 @@ class HighEntropy(Method):
     paper: ClassVar[str] = EIGHTY_TWENTY
     summary: ClassVar[str] = "train only the top_q fraction of tokens by entropy"
     stage: ClassVar[str] = "rollout"
+    exchange: ClassVar[str | None] = "tokens"
     quadrants: ClassVar[dict[str, str]] = {"all": "drops (low-entropy positions)"}
     knob: ClassVar[str | None] = "top_q"
     knob_raises_entropy: ClassVar[int] = -1
@@ -98,6 +99,7 @@ class GradMask(Method):
     paper: ClassVar[str] = PAPER_A
     summary: ClassVar[str] = "train only tokens with chosen sign(A) and sign(S) (4-condition ablation)"
     stage: ClassVar[str] = "rollout"
+    exchange: ClassVar[str | None] = "local"
     quadrants: ClassVar[dict[str, str]] = {"all": "drops (by sign(A), sign(S))"}
 
     sample_sign: str = param("positive", "samples whose tokens are masked by S: A>0 or A<0",

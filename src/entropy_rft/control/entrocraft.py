@@ -86,6 +86,7 @@ class Entrocraft(Method):
     paper: ClassVar[str] = ENTROCRAFT
     summary: ClassVar[str] = "hold H in a moving band: above it train on correct rollouts only, below on wrong only"
     stage: ClassVar[str] = "rollout"
+    exchange: ClassVar[str | None] = "local"
     quadrants: ClassVar[dict[str, str]] = {"neg_sneg": "zeroes A<0 when H is above the band; raw −1 below it",
                                            "neg_spos": "zeroes A<0 when H is above the band; raw −1 below it",
                                            "pos_spos": "zeroes A>0 when H is below the band; raw +1 above it",

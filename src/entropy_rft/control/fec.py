@@ -102,6 +102,7 @@ class FlexibleEntropyControl(Method):
     paper: ClassVar[str] = FEC
     summary: ClassVar[str] = "clip bounds linear in the token's probability, scheduled over training (ID/DID/OD)"
     stage: ClassVar[str] = "minibatch"
+    exchange: ClassVar[str | None] = "tokens"
     quadrants: ClassVar[dict[str, str]] = {
         "pos_spos": "changes the clip: upper bound H(p) while raising entropy",
         "pos_sneg": "changes the clip: upper bound H(p) while raising entropy",

@@ -64,6 +64,7 @@ class EntropyAdvantage(Method):
     paper: ClassVar[str] = CHENG
     summary: ClassVar[str] = "add ψ = min(alpha·H_detached, |A|/kappa) to each token's advantage"
     stage: ClassVar[str] = "rollout"
+    exchange: ClassVar[str | None] = "local"
     knob: ClassVar[str | None] = "alpha"
     knob_raises_entropy: ClassVar[int] = 1
     quadrants: ClassVar[dict[str, str]] = {
@@ -317,6 +318,7 @@ class EntropicControl(Method):
     summary: ClassVar[str] = ("PI control of entropy by the loss weight of high-probability tokens of positive "
                               "vs negative samples")
     stage: ClassVar[str] = "rollout"
+    exchange: ClassVar[str | None] = "local"
     knob: ClassVar[str | None] = "pos_weight"
     knob_raises_entropy: ClassVar[int] = -1
     quadrants: ClassVar[dict[str, str]] = {"pos_spos": "reweights (+alpha on p > high_prob)",

@@ -38,6 +38,10 @@ class _TwoSidedMu:
             raise ValueError(f"knob 'mu' is ambiguous with mu_low={self.mu_low!r}, mu_high={self.mu_high!r}")
         return float(sides.pop())
 
+    def thresholds(self) -> tuple[float | None, float | None]:
+        """(mu_low, mu_high) of the rule (the exchanges of ``integrations.dist_select`` read them too)."""
+        return self.mu_low, self.mu_high
+
     def _apply_knob(self, value: float) -> None:
         if self.mu_low is not None:
             self.mu_low = value
@@ -69,6 +73,7 @@ class ClipB(Method):
     paper: ClassVar[str] = PAPER_A
     summary: ClassVar[str] = "drop A<0 tokens with S − mean(S) < −mu·std(S) (released one-sided ClipB)"
     stage: ClassVar[str] = "rollout"
+    exchange: ClassVar[str | None] = "s_star_mean_std"
     quadrants: ClassVar[dict[str, str]] = {"neg_spos": "drops (S far below its mean)",
                                            "neg_sneg": "drops (S far below its mean)"}
     knob: ClassVar[str | None] = "mu"
@@ -78,8 +83,13 @@ class ClipB(Method):
     advantage_sign: str = param("negative", "which tokens may be dropped (negative = A<0 strictly)",
                                 choices=ADVANTAGE_SIGNS)
 
+    def thresholds(self) -> tuple[float | None, float | None]:
+        """(mu_low, mu_high) of the rule: one-sided, below the mean (the exchanges of ``integrations.dist_select``
+        read them too)."""
+        return self.mu, None
+
     def rollout_masks(self, stats: TokenStats, advantages: Tensor, mask: Tensor) -> Masks:
-        return Masks(keep=clip_b_mask(stats.s_star, advantages, mask, self.mu, None, self.advantage_sign))
+        return Masks(keep=clip_b_mask(stats.s_star, advantages, mask, *self.thresholds(), self.advantage_sign))
 
 
 @register_method
@@ -95,6 +105,7 @@ class ClipBPaper(_TwoSidedMu, Method):
     paper: ClassVar[str] = PAPER_A
     summary: ClassVar[str] = "keep tokens with S − mean(S) in [−mu_low·std, mu_high·std] (two-sided ClipB)"
     stage: ClassVar[str] = "rollout"
+    exchange: ClassVar[str | None] = "s_star_mean_std"
     quadrants: ClassVar[dict[str, str]] = {"all": "drops (S in a tail)"}
     knob: ClassVar[str | None] = "mu"
     knob_raises_entropy: ClassVar[int] = -1
@@ -104,8 +115,7 @@ class ClipBPaper(_TwoSidedMu, Method):
     advantage_sign: str = param("any", "which tokens may be dropped", choices=ADVANTAGE_SIGNS)
 
     def rollout_masks(self, stats: TokenStats, advantages: Tensor, mask: Tensor) -> Masks:
-        return Masks(keep=clip_b_mask(stats.s_star, advantages, mask, self.mu_low, self.mu_high,
-                                      self.advantage_sign))
+        return Masks(keep=clip_b_mask(stats.s_star, advantages, mask, *self.thresholds(), self.advantage_sign))
 
 
 def tiny_cap_message(name: str, max_frac: float | None, n_tokens: int) -> str | None:
@@ -150,6 +160,7 @@ class ClipV(Method):
     paper: ClassVar[str] = PAPER_A
     summary: ClassVar[str] = "drop A<=0 tokens with S_c < −mu·std(S_c), A<0 ones capped (released ClipV)"
     stage: ClassVar[str] = "rollout"
+    exchange: ClassVar[str | None] = "s_centered_std_top_k"
     quadrants: ClassVar[dict[str, str]] = {"neg_sneg": "drops (S_c < −mu·std)"}
     knob: ClassVar[str | None] = "mu"
     knob_raises_entropy: ClassVar[int] = -1
@@ -159,9 +170,14 @@ class ClipV(Method):
     advantage_sign: str = param("released", "which tokens may be dropped: released = A<=0 (A==0 outside the "
                                 "cap, the authors' code); negative = A<0 strictly", choices=CLIP_V_SIGNS)
 
+    def thresholds(self) -> tuple[float | None, float | None]:
+        """(mu_low, mu_high) of the rule: one-sided, below 0 (the exchanges of ``integrations.dist_select`` read
+        them too)."""
+        return self.mu, None
+
     def rollout_masks(self, stats: TokenStats, advantages: Tensor, mask: Tensor) -> Masks:
         warn_tiny_cap(self, int(mask.sum()))
-        return Masks(keep=clip_v_mask(stats.s_centered, advantages, mask, self.mu, None, self.advantage_sign,
+        return Masks(keep=clip_v_mask(stats.s_centered, advantages, mask, *self.thresholds(), self.advantage_sign,
                                       self.max_frac))
 
 
@@ -178,6 +194,7 @@ class ClipVPaper(_TwoSidedMu, Method):
     paper: ClassVar[str] = PAPER_A
     summary: ClassVar[str] = "keep tokens with S_c in [−mu_low·std(S_c), mu_high·std(S_c)] (two-sided ClipV)"
     stage: ClassVar[str] = "rollout"
+    exchange: ClassVar[str | None] = "s_centered_std_top_k"
     quadrants: ClassVar[dict[str, str]] = {"all": "drops (S_c in a tail)"}
     knob: ClassVar[str | None] = "mu"
     knob_raises_entropy: ClassVar[int] = -1
@@ -189,8 +206,8 @@ class ClipVPaper(_TwoSidedMu, Method):
 
     def rollout_masks(self, stats: TokenStats, advantages: Tensor, mask: Tensor) -> Masks:
         warn_tiny_cap(self, int(mask.sum()))
-        return Masks(keep=clip_v_mask(stats.s_centered, advantages, mask, self.mu_low, self.mu_high,
-                                      self.advantage_sign, self.max_frac))
+        return Masks(keep=clip_v_mask(stats.s_centered, advantages, mask, *self.thresholds(), self.advantage_sign,
+                                      self.max_frac))
 
 
 @register_method
@@ -207,6 +224,7 @@ class ClipCov(Method):
     paper: ClassVar[str] = PAPER_B
     summary: ClassVar[str] = "zero the loss of ratio·N random tokens with lb < Cov(logp, A) < ub"
     stage: ClassVar[str] = "minibatch"
+    exchange: ClassVar[str | None] = "covariance_random_pick"
     quadrants: ClassVar[dict[str, str]] = {"pos_spos": "zeroes (high Cov: likely tokens, A>0)",
                                            "neg_sneg": "zeroes (high Cov: unlikely tokens, A<0)"}
     knob: ClassVar[str | None] = "ratio"
@@ -243,6 +261,7 @@ class KLCov(Method):
     paper: ClassVar[str] = PAPER_B
     summary: ClassVar[str] = "no ratio clip; coef·|logp − old_logp| on the top ratio·N tokens by Cov(logp, A)"
     stage: ClassVar[str] = "minibatch"
+    exchange: ClassVar[str | None] = "covariance_top_k"
     quadrants: ClassVar[dict[str, str]] = {"pos_spos": "adds a KL pull (top Cov)",
                                            "neg_sneg": "adds a KL pull (top Cov)", "all": "changes the clip (none)"}
     knob: ClassVar[str | None] = "ratio"

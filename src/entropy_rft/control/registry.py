@@ -13,12 +13,14 @@ not called (one controller per knob). ``engines`` names the engines whose loss p
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 from torch import Tensor
 
 from entropy_rft.common.constraints import rule_words, type_hints, typed_problem
+from entropy_rft.control.exchange import exchange_problem
 from entropy_rft.core.loss_types import LossOverrides, Masks
 
 if TYPE_CHECKING:
@@ -33,6 +35,7 @@ __all__ = [
     "Resample",
     "param",
     "register_method",
+    "on_register",
     "build_method",
     "available_methods",
     "method_info",
@@ -90,6 +93,10 @@ class Method:
     algorithms: ClassVar[tuple[str, ...]] = ("grpo", "dr_grpo", "ppo")  # algo.algorithm values the rule fits
     # False: the rule reads all-correct and all-wrong groups, so algo.drop_uniform_groups would change it
     allows_group_filter: ClassVar[bool] = True
+    # What the selection (stage rollout or minibatch) exchanges across ranks, one of control.exchange.EXCHANGES:
+    # "local" (a per-token rule), "tokens" (gather them), or a statistic integrations.dist_select computes.
+    # Inherited; build_method refuses a selecting method on TRL or verl that declares none (exchange_problem).
+    exchange: ClassVar[str | None] = None
 
     def __post_init__(self) -> None:
         self.check_params()
@@ -213,6 +220,7 @@ class Method:
 
 
 _REGISTRY: dict[str, type[Method]] = {}
+_ON_REGISTER: list[Callable[[type[Method]], None]] = []
 
 
 def register_method(cls: type[Method]) -> type[Method]:
@@ -230,8 +238,20 @@ def register_method(cls: type[Method]) -> type[Method]:
     quadrant_effects(cls.quadrants)  # unknown quadrant names fail at registration
     if not set(cls.engines) <= {"native", "trl", "verl"} or "native" not in cls.engines:
         raise ValueError(f"{cls.name}: engines must include 'native' and name only native, trl, verl")
+    new = cls.name not in _REGISTRY
     _REGISTRY[cls.name] = cls
+    for fn in _ON_REGISTER if new else ():
+        fn(cls)
     return cls
+
+
+def on_register(fn: Callable[[type[Method]], None]) -> None:
+    """Call ``fn`` with every registered method class, in name order, and with each one registered later: an
+    engine that keeps its own table of the methods (verl's policy losses) holds every method, whatever the
+    order in which the modules that register them are imported."""
+    _ON_REGISTER.append(fn)
+    for name in available_methods():
+        fn(_REGISTRY[name])
 
 
 def available_methods() -> list[str]:
@@ -255,8 +275,11 @@ def _fields(cls: type[Method]) -> tuple[dataclasses.Field[Any], ...]:
 
 
 def build_method(name: str, **params: Any) -> Method:
-    """Build a configured method. Unknown names and parameters, and bad values, raise ValueError."""
+    """Build a configured method. Unknown names and parameters, bad values, and a selection that declares no
+    ``exchange`` across ranks (``control.exchange.exchange_problem``) raise ValueError."""
     cls = get_method_class(name)
+    if (problem := exchange_problem(cls)) is not None:
+        raise ValueError(problem)
     accepted = [f.name for f in _fields(cls)]
     for p in params:
         if p not in accepted:
@@ -296,5 +319,6 @@ def method_info(name: str) -> dict[str, Any]:
         "engines": list(cls.engines),
         "algorithms": list(cls.algorithms),
         "allows_group_filter": cls.allows_group_filter,
+        "exchange": cls.exchange,
         "doc": (cls.__doc__ or "").strip(),
     }

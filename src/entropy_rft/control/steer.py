@@ -82,6 +82,7 @@ class Steer(Method):
     summary: ClassVar[str] = ("weight each token's loss by λ in [λ_min, 1] (exp) or [λ_min, λ_max] (linear), "
                               "down where its estimated entropy change |Ω| is large")
     stage: ClassVar[str] = "rollout"
+    exchange: ClassVar[str | None] = "tokens"
     knob: ClassVar[str | None] = "token_weight_min"
     knob_raises_entropy: ClassVar[int] = -1
     quadrants: ClassVar[dict[str, str]] = {q: "reweights by λ(|Ω|), down where |Ω| is large"

@@ -27,9 +27,16 @@ process numbers are unchanged bit for bit.
 
 Bytes each rank sends per call, besides a few numbers (sums, counts): top-k 16·min(k, max_r n_r), random
 pick 0 (docs/trl.md tabulates them per step).
+
+Which of these a method's selection uses is the method's own declaration, ``Method.exchange`` (a class
+variable, inherited; ``control.exchange.EXCHANGES``), read by ``dist_rollout_masks`` and
+``dist_minibatch_masks``: ``local`` (each rank's rows as they are), ``tokens`` (the caller gathers), or one of
+the statistics of ``ROLLOUT_EXCHANGES`` / ``MINIBATCH_EXCHANGES``. No method class is named here.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 import torch.distributed as torch_dist
@@ -46,6 +53,7 @@ from entropy_rft.control._common import (
     count_for_ratio,
     droppable,
 )
+from entropy_rft.control.exchange import exchange_problem
 from entropy_rft.control.masks import (
     CLIP_V_SIGNS,
     RELEASED_MIN_STD,
@@ -56,12 +64,16 @@ from entropy_rft.control.masks import (
     clip_v_mask,
     kl_cov_select,
 )
+from entropy_rft.control.paper_methods import warn_tiny_cap
 from entropy_rft.control.registry import Masks, Method
 from entropy_rft.core import theory
 from entropy_rft.core.dynamics import TokenStats
 from entropy_rft.integrations.dist import rank_and_world
 
 __all__ = [
+    "MINIBATCH_EXCHANGES",
+    "ROLLOUT_EXCHANGES",
+    "declared_exchange",
     "dist_clip_b_mask",
     "dist_clip_cov_mask",
     "dist_clip_v_mask",
@@ -277,43 +289,73 @@ def dist_kl_cov_select(logp: Tensor, advantages: Tensor, mask: Tensor, ratio: fl
 # ----------------------------------------------------------------------------- methods and batch metrics
 
 
-def dist_rollout_masks(method: Method, stats: TokenStats, advantages: Tensor, mask: Tensor) -> Masks | None:
-    """``method.rollout_masks`` of this rank's rows on the batch of all ranks, without gathering the tokens:
-    ClipB, ClipV and their paper variants from sums and top-k candidates; grad_mask, entropy_adv and entropic,
-    whose rules read each token alone, on this rank's rows as they are. None for any other method (80/20:
-    the caller gathers)."""
-    from entropy_rft.control import builtins as b
+def declared_exchange(method: Method) -> str:
+    """What ``method``'s selection exchanges across ranks (``Method.exchange``, inherited by subclasses); a method
+    that declares none, or one that does not fit its rule, is refused in one line (``control.exchange``)."""
+    if (problem := exchange_problem(type(method), on_ranks=True)) is not None:
+        raise ValueError(problem)
+    return str(method.exchange)
 
-    if type(method) in (b.GradMask, b.EntropyAdvantage, b.EntropicControl):  # per-token rules: no batch statistic
+
+def _clip_b_rule(method: Any, stats: TokenStats, advantages: Tensor, mask: Tensor) -> Masks:
+    """``s_star_mean_std``: ``clip_b_mask`` with the method's ``thresholds()`` and ``advantage_sign``."""
+    low, high = method.thresholds()
+    return Masks(keep=dist_clip_b_mask(stats.s_star, advantages, mask, low, high, method.advantage_sign))
+
+
+def _clip_v_rule(method: Any, stats: TokenStats, advantages: Tensor, mask: Tensor) -> Masks:
+    """``s_centered_std_top_k``: ``clip_v_mask`` with the method's ``thresholds()``, ``advantage_sign`` and
+    ``max_frac``; the tiny-cap warning counts the global batch's tokens."""
+    if method.max_frac is not None:
+        warn_tiny_cap(method, int(global_sum(as_mask(mask).sum().reshape(1))[0]))
+    low, high = method.thresholds()
+    return Masks(keep=dist_clip_v_mask(stats.s_centered, advantages, mask, low, high, method.advantage_sign,
+                                       method.max_frac))
+
+
+def _clip_cov_rule(method: Any, logp: Tensor, advantages: Tensor, mask: Tensor, clipped: Tensor | None,
+                   generator: torch.Generator | None) -> Masks:
+    """``covariance_random_pick``: ``clip_cov_mask`` with the method's ``ratio``, ``lb``, ``ub`` and
+    ``exclude_clipped``."""
+    keep = dist_clip_cov_mask(logp.detach(), advantages, mask, method.ratio, method.lb, method.ub,
+                              generator=generator, exclude=clipped if method.exclude_clipped else None)
+    return Masks(zeroed=mask & ~keep)
+
+
+def _kl_cov_rule(method: Any, logp: Tensor, advantages: Tensor, mask: Tensor, clipped: Tensor | None,
+                 generator: torch.Generator | None) -> Masks:
+    """``covariance_top_k``: ``kl_cov_select`` with the method's ``ratio``."""
+    return Masks(kl_cov_select=dist_kl_cov_select(logp.detach(), advantages, mask, method.ratio))
+
+
+# The statistics of control.exchange.EXCHANGES, by stage (tests/test_dist_select.py keeps the two lists equal).
+ROLLOUT_EXCHANGES = {"s_star_mean_std": _clip_b_rule, "s_centered_std_top_k": _clip_v_rule}
+MINIBATCH_EXCHANGES = {"covariance_random_pick": _clip_cov_rule, "covariance_top_k": _kl_cov_rule}
+
+
+def dist_rollout_masks(method: Method, stats: TokenStats, advantages: Tensor, mask: Tensor) -> Masks | None:
+    """``method.rollout_masks`` of this rank's rows on the batch of all ranks, as the method's ``exchange``
+    declares: ``local``, its own rule on this rank's rows as they are (grad_mask, ...); a statistic
+    (``ROLLOUT_EXCHANGES``: ClipB, ClipV and their subclasses) from sums and top-k candidates; None for
+    ``tokens`` (80/20: the caller gathers)."""
+    how = declared_exchange(method)
+    if how == "local":  # per-token rules: no batch statistic
         return method.rollout_masks(stats, advantages, mask)
-    if type(method) is b.ClipB:
-        return Masks(keep=dist_clip_b_mask(stats.s_star, advantages, mask, method.mu, None, method.advantage_sign))
-    if type(method) is b.ClipBPaper:
-        return Masks(keep=dist_clip_b_mask(stats.s_star, advantages, mask, method.mu_low, method.mu_high,
-                                           method.advantage_sign))
-    if type(method) is b.ClipV or type(method) is b.ClipVPaper:
-        if method.max_frac is not None:  # the warning counts the global batch's tokens
-            b.warn_tiny_cap(method, int(global_sum(as_mask(mask).sum().reshape(1))[0]))
-        # exactly one of the two here (neither subclasses the other), so isinstance is the type test above
-        low, high = (method.mu, None) if isinstance(method, b.ClipV) else (method.mu_low, method.mu_high)
-        return Masks(keep=dist_clip_v_mask(stats.s_centered, advantages, mask, low, high, method.advantage_sign,
-                                           method.max_frac))
-    return None
+    return None if how == "tokens" else ROLLOUT_EXCHANGES[how](method, stats, advantages, mask)
 
 
 def dist_minibatch_masks(method: Method, logp: Tensor, advantages: Tensor, mask: Tensor, clipped: Tensor | None,
-                         generator: torch.Generator | None) -> Masks | None:
-    """``method.minibatch_masks`` of this rank's rows on the minibatch of all ranks, without gathering the
-    tokens, for Clip-Cov and KL-Cov; None for any other method (the caller gathers)."""
-    from entropy_rft.control import builtins as b
-
-    if type(method) is b.ClipCov:
-        keep = dist_clip_cov_mask(logp.detach(), advantages, mask, method.ratio, method.lb, method.ub,
-                                  generator=generator, exclude=clipped if method.exclude_clipped else None)
-        return Masks(zeroed=mask & ~keep)
-    if type(method) is b.KLCov:
-        return Masks(kl_cov_select=dist_kl_cov_select(logp.detach(), advantages, mask, method.ratio))
-    return None
+                         generator: torch.Generator | None, old_logp: Tensor | None = None) -> Masks | None:
+    """``method.minibatch_masks`` of this rank's rows on the minibatch of all ranks, as the method's ``exchange``
+    declares: a statistic (``MINIBATCH_EXCHANGES``: Clip-Cov, KL-Cov and their subclasses) from sums, counts and
+    top-k candidates; ``local``, its own rule on this rank's rows (``old_logp`` needed); None for ``tokens``
+    (the caller gathers)."""
+    how = declared_exchange(method)
+    if how == "local":
+        if old_logp is None:
+            raise ValueError(f"method {method.name!r} selects on each rank's rows: pass old_logp")
+        return method.minibatch_masks(logp, old_logp, advantages, mask, clipped=clipped, generator=generator)
+    return None if how == "tokens" else MINIBATCH_EXCHANGES[how](method, logp, advantages, mask, clipped, generator)
 
 
 def dist_stats_metrics(st: TokenStats, adv: Tensor, mask: Tensor) -> dict[str, float | None]:

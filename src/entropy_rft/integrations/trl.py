@@ -16,7 +16,8 @@ write into TRL's attributes is ``_apply_knob_to_trl``, for a knob that moves aft
 between the hooks lives in two places, each with a visible start and end:
 
 - per micro-batch, in TRL's own ``inputs`` dict (the generation batch TRL splits and buffers), under the keys of
-  ``trl_support.INPUT_KEYS``;
+  ``trl_support.INPUT_KEYS``; TRL's own keys are set once, in ``_generate_and_score_completions`` (a drop as the
+  loss mask), and never during a loss (Clip-Cov's zero advantages go into a copy that TRL's loss reads);
 - per call of a hook that TRL's forward hook serves, in a ``trl_support.HookCall`` made when the hook starts and
   dropped when it returns (``_serving``).
 """
@@ -55,6 +56,7 @@ from entropy_rft.integrations.trl_support import (
     config_for_trl,
     delegates_loss,
     has_active_dropout,
+    method_refusal,
     model_config_of,
     quiet_pass,
     refusals,
@@ -132,9 +134,8 @@ class EntropyControlGRPOTrainer(GRPOTrainer):
         if isinstance(method, Method) and method_params:
             raise ValueError("pass method_params only with a method name, not with a built Method")
         self.method = method if isinstance(method, Method) else control.build_method(method, **(method_params or {}))
-        if "trl" not in self.method.engines:
-            raise ValueError(f"method {self.method.name!r} runs on engine {', '.join(self.method.engines)} only (its "
-                             "terms are not in this trainer's loss path); use another method or erft's native engine")
+        if (refused := method_refusal(self.method)) is not None:  # a built Method skips build_method's own checks
+            raise ValueError(refused)
         if not dynamics_metrics and self.method.stage != "static":
             raise ValueError(f"dynamics_metrics=False: method {self.method.name!r} selects tokens from the "
                              f"statistics ({self.method.stage} stage); keep dynamics_metrics=True, or use a "
@@ -410,27 +411,25 @@ class EntropyControlGRPOTrainer(GRPOTrainer):
         """TRL's own ``_compute_loss`` with the method composed into its inputs, and the method's current clip and
         entropy coefficient (``_apply_knob_to_trl``). A minibatch-stage selection (Clip-Cov) is made from TRL's
         own training forward (``_get_per_token_logps_and_entropies`` calls ``_zero_selected`` before TRL reads
-        the advantages); the micro-batch's advantages are put back afterwards, since TRL reuses the buffered
-        micro-batch for its next iterations."""
+        the advantages) and goes into a copy of the micro-batch that TRL's loss reads: TRL's buffered micro-batch,
+        which it reuses for its next iterations, stays as TRL made it."""
         self._apply_knob_to_trl()
         training = self.model.training and "erft_keep" in inputs
-        select = inputs if training and self.method.stage == "minibatch" else None
-        call, advantages = HookCall(Capture.TRAINING_LOGPS, select=select), inputs["advantages"]
+        view = dict(inputs)  # TRL's loss reads this one; the selected tokens' zero advantages are written here
+        call = HookCall(Capture.TRAINING_LOGPS, select=view if training and self.method.stage == "minibatch" else None)
         defer = training and bool(inputs.get("erft_stats_from_training", False))
         core = self._core(model) if defer else None
-        try:
-            with self._serving(call), _hidden_states(core, defer) as hidden:
-                loss = super()._compute_loss(model, inputs)
-            if defer:
-                self._deferred_part(core, inputs, torch.cat(hidden))
-        finally:
-            inputs["advantages"] = advantages
+        with self._serving(call), _hidden_states(core, defer) as hidden:
+            loss = super()._compute_loss(model, view)
+        if defer:
+            self._deferred_part(core, inputs, torch.cat(hidden))
         if call.logp is not None and self.loss_type in AGG_FOR_LOSS_TYPE:
             self._record_delegated(call.logp, inputs)
         return loss
 
     def _zero_selected(self, model, inputs: dict[str, Any], logp: Tensor) -> None:
-        """Clip-Cov in TRL's loss: the selected tokens get advantage 0 (per-token advantages, (B, T))."""
+        """Clip-Cov in TRL's loss: the selected tokens get advantage 0 (per-token advantages, (B, T)), written into
+        ``inputs``, the copy of the micro-batch that TRL's loss reads (``_compute_trl_loss``)."""
         masks, _ = self._selection(model, inputs, logp)
         if masks.zeroed is None:
             return

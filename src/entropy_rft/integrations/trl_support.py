@@ -28,6 +28,7 @@ from typing import Any, cast
 import torch
 
 from entropy_rft.control import Method
+from entropy_rft.control.exchange import exchange_problem
 from entropy_rft.core.dynamics import TokenStats
 from entropy_rft.core.loss import clip_regions
 from entropy_rft.core.loss_types import UNSET, Agg, LossSettings
@@ -104,6 +105,15 @@ def composes_with_trl(method: Method) -> bool:
     if method.needs_entropy_grad() or kw:
         return False
     return method.stage in ("rollout", "minibatch")
+
+
+def method_refusal(method: Method) -> str | None:
+    """Why the trainer cannot run ``method``, in one line: its loss terms are not in TRL's loss path (``engines``),
+    or its selection declares nothing to exchange across processes (``control.exchange``); None when it can."""
+    if "trl" not in method.engines:
+        return (f"method {method.name!r} runs on engine {', '.join(method.engines)} only (its terms are not in this "
+                "trainer's loss path); use another method or erft's native engine")
+    return exchange_problem(type(method))
 
 
 def grpo_settings(method: Method, args: Any) -> dict[str, float]:
@@ -196,7 +206,8 @@ class HookCall:
     read when it returns, then dropped (``EntropyControlGRPOTrainer._serving``)."""
 
     capture: Capture = Capture.NOTHING
-    # TRAINING_LOGPS: the micro-batch whose minibatch selection (Clip-Cov) zeroes advantages; None: no selection
+    # TRAINING_LOGPS: the micro-batch whose minibatch selection (Clip-Cov) zeroes advantages, a copy of TRL's that
+    # its loss reads (TRL's own stays untouched); None: no selection
     select: dict[str, Any] | None = None
     # the captured pass's log-probs (TRL's old-policy pass, or the training forward's, detached); None until it ran
     logp: torch.Tensor | None = None

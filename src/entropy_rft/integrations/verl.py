@@ -7,8 +7,9 @@ the minibatch rule all engines share), the loss from ``loss.compute_policy_loss`
 class or function of verl is modified. Three layers, each usable without the next:
 
 1. **Policy losses** (``verl.trainer.ppo.core_algos.register_policy_loss``). Importing this module registers
-   every entropy-rft method as ``erft_<name>`` (``erft_clip_v``, ``erft_clip_cov``, ...) and, where verl has no
-   loss of that name, also under the plain name (``clip_b``, ``clip_v``, ``clip_b_paper``, ``clip_v_paper``,
+   every entropy-rft method as ``erft_<name>`` (``erft_clip_v``, ``erft_clip_cov``, ...; a method registered
+   after the import too, ``control.on_register``) and, where verl has no loss of that name, also under the plain
+   name (``clip_b``, ``clip_v``, ``clip_b_paper``, ``clip_v_paper``,
    ``high_entropy``, ``grad_mask``, ``clip_higher``, ``entropy_bonus``). verl's own ``clip_cov``/``kl_cov``/
    ``vanilla`` keep their names. Select one with ``actor_rollout_ref.actor.policy_loss.loss_mode``. Import it
    in every verl process with ``actor_rollout_ref.model.external_lib=entropy_rft.integrations.verl`` (verl's
@@ -203,8 +204,9 @@ def _minibatch_selection(method: Method, logp: Tensor, old: Tensor, adv: Tensor,
                          info: dict[str, Any]) -> MinibatchSelection:
     """``control.select_minibatch`` on this micro-batch of every data-parallel rank (per rank when the process
     group is larger than the data-parallel group), this rank's rows, with the loss's ratio clip (``settings``'s,
-    ``ratio_clip``). Only a minibatch-stage method needs the other ranks: Clip-Cov and KL-Cov exchange sums, counts
-    and top-k candidates (``integrations.dist_select``), any other is all-gathered."""
+    ``ratio_clip``). Only a minibatch-stage method needs the other ranks, as its ``exchange`` declares
+    (``integrations.dist_select``): Clip-Cov and KL-Cov exchange sums, counts and top-k candidates, a per-token
+    rule selects on this rank's rows, any other is all-gathered."""
     _, world = rank_and_world()
     gather = method.stage == "minibatch" and world > 1 and int(info.get("dp_size") or 1) == world
     cur, old, adv = logp.detach().float(), old.detach().float(), adv.detach().float()
@@ -212,8 +214,8 @@ def _minibatch_selection(method: Method, logp: Tensor, old: Tensor, adv: Tensor,
     if not gather:
         return select_minibatch(cur, old, adv, mask, keep, method, eps_low, eps_high, generator)
     clipped = ppo_clipped_mask(cur, old, adv, mask, eps_low, eps_high)
-    selected = dist_minibatch_masks(method, cur, adv, mask, clipped, generator)
-    if selected is not None:  # Clip-Cov, KL-Cov: sums, counts and top-k candidates only (dist_select)
+    selected = dist_minibatch_masks(method, cur, adv, mask, clipped, generator, old)
+    if selected is not None:  # Clip-Cov, KL-Cov: sums, counts and top-k candidates; or local (Method.exchange)
         return combine_selection(selected, mask, keep)
     g_cur, rows = all_gather_rows(cur, 0.0)
     g_old, _ = all_gather_rows(old, 0.0)
@@ -285,19 +287,21 @@ def loss_names() -> dict[str, str]:
 _REGISTERED: dict[str, str] = {}
 
 
-def _register_all() -> None:
-    for name in control.available_methods():
-        fn = make_policy_loss(name)
-        names = [PREFIX + name]
-        plain = POLICY_LOSS_REGISTRY.get(name)
-        if name != "none" and (plain is None or _REGISTERED.get(name) == name):
-            names.append(name)  # verl has no loss of that name: the plain name is ours too
-        for n in names:
-            register_policy_loss(n)(fn)
-            _REGISTERED[n] = name
+def _register(cls: type[Method]) -> None:
+    """``make_policy_loss`` of one method, under ``erft_<name>`` and, where verl has no loss of that name, the
+    plain name."""
+    name = cls.name
+    fn = make_policy_loss(name)
+    names = [PREFIX + name]
+    plain = POLICY_LOSS_REGISTRY.get(name)
+    if name != "none" and (plain is None or _REGISTERED.get(name) == name):
+        names.append(name)  # verl has no loss of that name: the plain name is ours too
+    for n in names:
+        register_policy_loss(n)(fn)
+        _REGISTERED[n] = name
 
 
-_register_all()
+control.on_register(_register)  # every method registered now (name order) and each one registered later
 
 
 # ----------------------------------------------------------------------------- layer 2: erft_ppo_loss

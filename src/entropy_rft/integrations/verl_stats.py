@@ -51,8 +51,9 @@ def stats_model_output(output: Any, output_args: dict[str, Any], micro_batch: An
 
 
 def rollout_keep(method: Method, stats: dict[str, Tensor], advantages: Tensor, mask: Tensor) -> Tensor:
-    """Rollout-stage keep mask of this rank's rows, chosen on the batch of *all* ranks. ClipB and ClipV
-    exchange only sums and their cap's top-k candidates (``integrations.dist_select``); for any other method
+    """Rollout-stage keep mask of this rank's rows, chosen on the batch of *all* ranks, as the method's
+    ``exchange`` declares (``integrations.dist_select``): ClipB and ClipV exchange only sums and their cap's
+    top-k candidates, a per-token rule selects on this rank's rows; for a method that exchanges its tokens
     the per-token statistics ([B, T] response layout, keys ``entropy``/``s_star``/``s_expected``/
     ``s_centered``), the advantages and the response mask are all-gathered (``integrations.dist``) and
     ``method.rollout_masks`` runs on the concatenation. Methods without a rollout stage keep every valid
@@ -60,7 +61,7 @@ def rollout_keep(method: Method, stats: dict[str, Tensor], advantages: Tensor, m
     mask = mask.bool()
     if method.stage != "rollout":
         return mask
-    if rank_and_world()[1] > 1:  # ClipB, ClipV: sums and the cap's top-k candidates only (dist_select)
+    if rank_and_world()[1] > 1:  # ClipB, ClipV: sums and top-k candidates; local rules: own rows (Method.exchange)
         st = dynamics.TokenStats(entropy=stats["entropy"].float(), logp=torch.zeros_like(stats["entropy"].float()),
                                  **{f: stats[f].float() for f in ("s_star", "s_expected", "s_centered")})
         local = dist_rollout_masks(method, st, advantages.float(), mask)

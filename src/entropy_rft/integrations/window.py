@@ -1,9 +1,10 @@
 """Global selections for an engine that splits its batches over ranks and micro-batches.
 
 - A generation batch: ``global_rollout_batch`` builds the rollout-stage masks (ClipB, ClipV, 80/20,
-  grad-mask) of this rank's rows, as chosen on the batch of all ranks: ClipB and ClipV from exchanged sums and
-  top-k candidates (``integrations.dist_select``), the others by all-gathering the old-policy TokenStats,
-  advantages and mask. ``global_batch_metrics`` gives the batch metrics from sums over ranks.
+  grad-mask) of this rank's rows, as chosen on the batch of all ranks, by what the method's ``exchange``
+  declares (``integrations.dist_select``): ClipB and ClipV from exchanged sums and top-k candidates, per-token
+  rules on each rank's rows, the others (``tokens``) by all-gathering the old-policy TokenStats, advantages and
+  mask. ``global_batch_metrics`` gives the batch metrics from sums over ranks.
 - An optimizer window (one optimizer step's micro-batches, gradient accumulation): ``select_window`` runs
   ``control.select_minibatch`` (the one rule of all engines) once on the window's micro-batches of all ranks
   (``global_minibatch_selection``), splits the result back per local micro-batch, and gives the factors
@@ -14,8 +15,9 @@
 
 Engine-neutral (no TRL, no verl): the gathers are ``integrations.dist`` (the identity without a process
 group), so every rank runs the unchanged ``control`` functions on the same inputs and gets the same result;
-Clip-Cov, KL-Cov, ClipB and ClipV instead exchange O(k + world) numbers per rank (``integrations.dist_select``)
-and give the same selection. Without a process group every number is the single-process one, bit for bit.
+Clip-Cov, KL-Cov, ClipB and ClipV (their ``Method.exchange``) instead exchange O(k + world) numbers per rank
+(``integrations.dist_select``) and give the same selection. Without a process group every number is the
+single-process one, bit for bit.
 """
 
 from __future__ import annotations
@@ -115,8 +117,9 @@ def global_rollout_batch(method: Method, stats: TokenStats, adv: Tensor, mask: T
     """The rollout-stage masks (ClipB, ClipV, 80/20, grad-mask, ...) of this rank's rows, chosen on the
     generation batch of all ranks (identical to the single-process masks of the concatenated batch).
 
-    ClipB and ClipV exchange only sums and their cap's top-k candidates (``dist_select.dist_rollout_masks``);
-    any other rollout-stage method all-gathers the old-policy TokenStats, advantages and mask and runs
+    As the method's ``exchange`` declares (``dist_select.dist_rollout_masks``): ClipB and ClipV exchange only
+    sums and their cap's top-k candidates, a per-token rule (``local``) runs on this rank's rows, and a method
+    that exchanges its ``tokens`` all-gathers the old-policy TokenStats, advantages and mask and runs
     ``method.rollout_masks`` on the concatenation. ``mask`` must be bool; ``adv`` per sequence ([B])."""
     stats = map_stats(lambda x: x.float(), stats)
     adv = adv.float()
@@ -174,9 +177,10 @@ def global_minibatch_selection(method: Method, cur: list[Tensor] | None, old: li
 
     Each argument lists this rank's micro-batches ([b_j, T_j]; ``adv`` [b_j]; ``keep`` the rollout keep,
     or None). A minibatch-stage method (Clip-Cov, KL-Cov) needs ``cur``: the rule runs once on the
-    concatenation of all ranks' micro-batches; Clip-Cov and KL-Cov exchange only sums, counts and top-k
-    candidates (``dist_select.dist_minibatch_masks``), another minibatch-stage method all-gathers the
-    micro-batches (``integrations.dist``); any other method selects nothing
+    concatenation of all ranks' micro-batches, as the method's ``exchange`` declares
+    (``dist_select.dist_minibatch_masks``): Clip-Cov and KL-Cov exchange only sums, counts and top-k
+    candidates, a per-token rule runs on this rank's rows, a method that exchanges its ``tokens`` all-gathers
+    the micro-batches (``integrations.dist``); any other method selects nothing
     per minibatch, so the rule runs on each local micro-batch as it is. Returns one selection per local
     micro-batch. ``settings``: the loss's (their ratio clip, ``ratio_clip``).
     """
@@ -192,9 +196,9 @@ def global_minibatch_selection(method: Method, cur: list[Tensor] | None, old: li
     if any(k is not None for k in keep):
         l_keep = _cat_rows([m if k is None else k for m, k in zip(mask, keep)], False)
     selected = None
-    if rank_and_world()[1] > 1:  # Clip-Cov and KL-Cov: sums, counts and top-k candidates only
+    if rank_and_world()[1] > 1:  # Clip-Cov and KL-Cov: sums, counts and top-k candidates only (Method.exchange)
         clipped = ppo_clipped_mask(l_cur, l_old, l_adv, l_mask, *eps)
-        selected = dist_minibatch_masks(method, l_cur, l_adv, l_mask, clipped, generator)
+        selected = dist_minibatch_masks(method, l_cur, l_adv, l_mask, clipped, generator, l_old)
     if selected is not None:
         sel, rows = combine_selection(selected, l_mask, l_keep), slice(0, l_mask.shape[0])
     else:

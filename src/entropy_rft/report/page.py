@@ -1,8 +1,9 @@
 """The self-contained HTML report: figures as PNG data URIs, a summary table, and a computed paragraph.
 
 ``build_report(paths, out)`` accepts run directories and folders of run directories (``erft compare``
-output), and writes ``out/report.html`` (readable offline: no script, no external file) and
-``out/report.json`` (the numbers behind the paragraph), both atomically.
+output), and writes ``out/report.html`` (readable offline: no script, no external file),
+``out/report.json`` (the numbers behind the paragraph) and each figure it draws as ``out/<figure>.png`` (the
+page's own images, for a docs page or a paper), all atomically.
 
 Runs are grouped into series by a label (``assign_labels``): the method with its variant (``clip_v:mu=3``,
 ``clip_v@0.8x``), then the engine (native / trl) and the model, each only where the runs given differ in
@@ -43,7 +44,7 @@ from entropy_rft.common.text import table_cell
 from entropy_rft.report import plots, probe_plots
 from entropy_rft.report.equal_entropy_page import equal_entropy_section
 from entropy_rft.report.html_parts import CSS, figure_html, not_shown_html, table_html
-from entropy_rft.rundir.files import atomic_write_json, atomic_write_text
+from entropy_rft.rundir.files import atomic_write_bytes, atomic_write_json, atomic_write_text
 
 # ----------------------------------------------------------------------------- HTML
 
@@ -178,21 +179,22 @@ def build_report(paths: Sequence[str | Path], out: str | Path, *, source: str | 
         raise UserError(f"--out {out}: exists and is not a folder; choose a folder for report.html")
 
     sections = []
-    figures_present: list[str] = []
+    pngs: dict[str, bytes] = {}  # each figure drawn, also written as out/<key>.png (for a page or a paper)
     omitted: list[dict[str, str]] = []
     for key, title, fn, caption in FIGURES:
         png = fn(runs)
         if png is None:  # nothing to plot: no empty panel, a line in "Figures left out"
             omitted.append({"figure": key, "title": title, "reason": _missing_reason(key, runs)})
         else:
-            figures_present.append(key)
+            pngs[key] = png
             sections.append(f"<h2>{html.escape(title)}</h2>{figure_html(png, title, html.escape(caption))}")
     law_html, law_png = _law_html(fits, runs)
     if law_png is None:
         omitted.append({"figure": "law", "title": "Entropy-performance law", "reason": _missing_reason("law", runs)})
     else:
-        figures_present.append("law")
+        pngs["law"] = law_png
         sections.append(law_html)
+    figures_present = list(pngs)
 
     title = "entropy-rft report"
     now = _dt.datetime.now().strftime("%Y-%m-%d %H:%M")
@@ -224,6 +226,8 @@ def build_report(paths: Sequence[str | Path], out: str | Path, *, source: str | 
                "law": fits, "comparison": comparison, "quadrants": quadrants,
                "read": [r.cfg["byo"]["note"] for r in runs if "byo" in r.cfg]}
     atomic_write_json(out / "report.json", numbers)
-    for name in ("report.html", "report.json"):
+    for key, png in pngs.items():
+        atomic_write_bytes(out / f"{key}.png", png)
+    for name in ("report.html", "report.json", *(f"{key}.png" for key in pngs)):
         os.chmod(out / name, 0o644)  # the atomic temp file is private; a report is for sharing
     return numbers
