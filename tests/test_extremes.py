@@ -153,8 +153,8 @@ def test_many_seeds_validate_each_variants_config_once_not_each_runs(tmp_path, m
 
 
 def _in_main_thread() -> None:
-    if threading.current_thread() is not threading.main_thread():
-        pytest.skip("signal handlers are installed from the main thread only")
+    """Signal handlers are installed from the main thread only: pytest runs tests there (xdist's workers too)."""
+    assert threading.current_thread() is threading.main_thread()
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
