@@ -154,12 +154,19 @@ def write_json_atomic(path: Path, res: dict) -> None:
         raise
 
 
+def result_stem(res: dict) -> str:
+    """``<device>-<date>[-quick]``: the name of a results' JSON and markdown (the device lower-cased, every other
+    character than a letter or digit a ``-``; the date today's when the results have none)."""
+    import time
+
+    device = "".join(c if c.isalnum() else "-" for c in str(res.get("device", "device")).lower()).strip("-")
+    return f"{device}-{res.get('date') or time.strftime('%Y-%m-%d')}" + ("-quick" if res.get("quick") else "")
+
+
 def write_report(res: dict, out: Path) -> Path:
     """Without --json: ``<device>-<date>[-quick].json`` and ``.md`` in ``out``; returns the path without suffix."""
     out.mkdir(parents=True, exist_ok=True)
-    stem = "".join(c if c.isalnum() else "-" for c in res["device"].lower()).strip("-") + f"-{res['date']}"
-    if res["quick"]:
-        stem += "-quick"
+    stem = result_stem(res)
     (out / f"{stem}.json").write_text(json.dumps(res, indent=1, default=str))
     (out / f"{stem}.md").write_text(render_markdown(res))
     return out / stem

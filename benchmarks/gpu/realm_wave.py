@@ -47,6 +47,7 @@ from pace import (
 )
 
 POLL_S = 0.5
+UNLIMITED = 1 << 30  # the runs a device whose free memory could not be read is taken to hold
 CUDA_CONTEXT_MIB = 512  # a process's CUDA context, not in the allocator's peak a run logs
 
 
@@ -233,7 +234,7 @@ class Memory:
         if self.played is not None:  # the CPU rehearsal's small device: the memory holds that many runs
             self.cap = max(1, int(self.played))
         elif self.free is None:
-            self.cap = 1 << 30  # unreadable: the pace alone decides (the record says so)
+            self.cap = UNLIMITED  # unreadable: the pace alone decides (the record says so)
         else:
             self.cap = memory_cap(self.free, self.peak)
         return self.cap
@@ -241,7 +242,7 @@ class Memory:
     def to_dict(self) -> dict:
         return {"free_mib": None if self.free is None else round(self.free), "peak_mib": None if self.peak is None
                 else round(self.peak), "peak_from": self.source, "margin": MEM_MARGIN,
-                "runs_it_holds": self.cap if self.cap is None or self.cap < 1 << 30 else None,
+                "runs_it_holds": None if self.cap == UNLIMITED else self.cap,
                 **({"played_runs": self.played} if self.played is not None else {})}
 
 

@@ -41,10 +41,6 @@ LOG_TAIL_BYTES = 1 << 20  # the end of a call's log.txt kept in the record (at m
 SAME_BUT = ("method.name", "train.seed")  # what may differ between the runs of the comparison
 
 
-def _slug(name: str) -> str:
-    return "".join(c if c.isalnum() else "-" for c in name.lower()).strip("-")
-
-
 def read_calls(plan: Plan, folders: list[Path]) -> list[dict]:
     """Each folder's ``lease.json`` (checked), its ``env.json`` and the end of its ``log.txt``, by call number."""
     calls = []
@@ -97,7 +93,7 @@ def read_kernels(folders: list[Path]) -> list[tuple[str, dict]]:
 
 def collect_kernels(parts: list[tuple[str, dict]], root: Path) -> list[Path]:
     """Merge the parts' JSON into ``<device>-<date>.json`` and render its ``.md`` (benchmarks/gpu/kernels.py)."""
-    from kernels_report import render_markdown
+    from kernels_report import render_markdown, result_stem
 
     merged: dict = {}
     for part, res in parts:
@@ -108,9 +104,7 @@ def collect_kernels(parts: list[tuple[str, dict]], root: Path) -> list[Path]:
     if not merged:
         return []
     merged["wall_s"] = sum(r.get("wall_s", 0) for _, r in parts if isinstance(r.get("wall_s", 0), (int, float)))
-    stem = f"{_slug(merged.get('device', 'device'))}-{merged.get('date') or time.strftime('%Y-%m-%d')}"
-    if merged.get("quick"):
-        stem += "-quick"
+    stem = result_stem(merged)
     js, md = root / KERNEL_RESULTS / f"{stem}.json", root / KERNEL_RESULTS / f"{stem}.md"
     js.write_text(json.dumps(merged, indent=1, default=str) + "\n")
     md.write_text(render_markdown(merged))
@@ -131,10 +125,9 @@ def base_figures(run_dirs: list[Path]) -> dict:
         return {}
     k8 = next((k for k in rows[0] if k.startswith("eval/pass@") and k != "eval/pass@1"), None)
 
-    def mean(k: str) -> float:
+    def mean(k: str) -> float:  # a run without the figure (null, or not logged) makes it unknown
         vals = [r.get(k) for r in rows]
-        return sum(v for v in vals if isinstance(v, (int, float))) / len(rows) if all(
-            isinstance(v, (int, float)) for v in vals) else float("nan")
+        return sum(vals) / len(rows) if all(isinstance(v, (int, float)) for v in vals) else float("nan")
     return {"runs": len(rows), "pass@1": mean("eval/pass@1"), "pass@k": mean(k8) if k8 else None, "k": k8,
             "response_tokens": mean("eval/response_tokens")}
 
@@ -265,9 +258,6 @@ def collect(plan: Plan, folders: list[Path], root: Path = ROOT, force: bool = Fa
     calls = read_calls(plan, folders)
     if not plan.realm:
         parts = read_kernels(folders)
-        for f in folders:
-            if (f / "sampler.json").is_file():
-                read_json(f / "sampler.json")
         return [lease_record(plan, calls, root), *collect_kernels(parts, root)]
     for f in folders:
         if (f / "sampler.json").is_file() and not isinstance(read_json(f / "sampler.json"), dict):
