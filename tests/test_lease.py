@@ -128,8 +128,11 @@ def test_each_call_fits_the_carry_limit_with_the_working_tree(tmp_path):
 
 
 def _finished_run(folder: Path) -> None:
+    """A finished run as the kit sees it: run.json says so and the rows prove it (every step, no evaluations)."""
     folder.mkdir(parents=True)
     (folder / "run.json").write_text(json.dumps({"status": "finished", "step": 60, "max_steps": 60}))
+    (folder / "config.yaml").write_text("eval:\n  every: 0\n")
+    (folder / "metrics.jsonl").write_text("".join(json.dumps({"step": s}) + "\n" for s in range(1, 61)))
 
 
 def test_the_next_plan_is_the_first_that_has_not_run(tmp_path):

@@ -12,6 +12,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks" / "lease"))
@@ -30,8 +31,10 @@ RUN = ROOT / "results" / "smollm2-cpu" / "none-s0"  # a real run's shipped files
 
 def run_files(lr: str = "2.0e-05", steps: int = 20) -> dict[str, bytes]:
     config = (RUN / "config.yaml").read_text().replace("  lr: 2.0e-05", f"  lr: {lr}")
-    rows = [json.dumps({"step": 0, "eval/pass@1": 0.125, "eval/pass@8": 0.5, "eval/response_tokens": 60.0}),
-            *(json.dumps({"step": s, "loss/total": 0.1}) for s in range(1, steps + 1))]
+    every = yaml.safe_load(config)["eval"]["every"]  # an evaluation wherever the run evaluates: a finished run's rows
+    evals = {"eval/pass@1": 0.125, "eval/pass@8": 0.5, "eval/response_tokens": 60.0}
+    rows = [json.dumps({"step": s, **({"loss/total": 0.1} if s else {}),
+                        **(evals if s % every == 0 or s == steps else {})}) for s in range(steps + 1)]
     return {"config.yaml": config.encode(), "metrics.jsonl": ("\n".join(rows) + "\n").encode(),
             "run.json": json.dumps({"status": "finished", "step": steps, "max_steps": steps}).encode(),
             "samples.jsonl": b'{"step": 1}\n'}
@@ -162,6 +165,8 @@ def test_a_lease_json_of_the_wrong_shape_is_one_line_before_anything_is_written(
     ("metrics.jsonl", '{"step": 0, "eval/pass@1": "high"}\n', ("metrics.jsonl line 1", "eval/pass@1 is not a number")),
     ("metrics.jsonl", '{"step": 0}\n{"step": "1"\n', ("metrics.jsonl line 2", "is not JSON")),
     ("config.yaml", "optim: [\n", ("config.yaml",)),
+    ("metrics.jsonl", '{"step": 0, "eval/pass@1": 0.1}\n{"step": 1}\n',  # cut short beside a finished run.json
+     ("none-s0's run.json says finished, but metrics.jsonl: step(s) 2-20 of 0-20 missing",)),
 ])
 def test_run_fields_of_the_wrong_type_are_one_line(tmp_path, file, text, words):
     files = run_files()

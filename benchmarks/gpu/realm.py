@@ -6,16 +6,27 @@ resumable across sittings).
                                  [--runs runs/smollm2-gpu] [--jobs 5] [--seeds 3] [--deadline-s 540]
                                  [--set KEY=VALUE ...] [--max-steps N]
 
-1. Every run whose results are committed under ``--results`` (``run.json`` finished) is copied into ``--runs``,
-   so ``erft compare`` keeps it instead of training it again (a new lease starts from a bare machine).
+0. One writer (issue 73): the driver holds ``--results`` and ``--runs`` (erft's lock, ``.erft.lock``) for its whole
+   life; a second driver is refused in one line naming the first's process. The committed runs are checked
+   before anything trains (``results_export.check_results``): a link under ``--results`` is refused; a run whose
+   ``run.json`` says finished but whose rows do not prove it (``run_files.missing``: a copy cut short, rows
+   missing) is restored from a finished copy in ``--runs``, or refused in one line naming the file. Runs an
+   earlier driver's sweep is still stopping are waited for (up to ``--stop-wait-s``).
+1. Every finished run committed under ``--results`` (proven from its rows) is copied into ``--runs``, so
+   ``erft compare`` keeps it instead of training it again (a new lease starts from a bare machine).
 2. ``erft compare --methods none,clip_b,clip_v,clip_cov,kl_cov --seeds 3 --jobs N`` into ``--runs`` (a scratch
-   folder: checkpoints and token records stay there), in its own process group. At ``--deadline-s`` the group
-   gets SIGTERM: each run saves a checkpoint and stops (a later call on the same machine resumes it).
+   folder: checkpoints and token records stay there), in a session of its own that ends with the driver however
+   the driver ends (``sessions.start_session``: the kernel sends it SIGTERM; its workers die with it the same
+   way). At ``--deadline-s``, or on SIGINT/SIGTERM/SIGHUP, it gets SIGTERM: each run saves a checkpoint and stops
+   (a later call resumes it); after ``--stop-wait-s`` SIGKILL reaches every process of the session.
 3. The shipped files of each finished run go to ``--results/<run>/`` (every ``--export-every-s`` while the runs
-   train, and at the end) (metrics.jsonl, config.yaml, run.json,
-   samples.jsonl; no checkpoints, token records, final weights or TensorBoard files), and once all runs are
-   finished, the summary (md + json) and ``erft report``'s report.html. ``environment.json`` gets one entry per
-   call: device, torch and transformers versions, wall time, runs finished.
+   train, and at the end) (metrics.jsonl, config.yaml, run.json, samples.jsonl; no checkpoints, token records,
+   final weights or TensorBoard files): each through a temp file and a rename, ``run.json`` last, unchanged files
+   not rewritten, nothing through a link. A failed export (a full disk) is one line; training goes on, the export
+   is tried again, and the call ends with exit 2 and that line if the last export failed. Once all runs are
+   finished, the summary (md + json) and ``erft report``'s report.html. ``environment.json`` (written atomically;
+   a damaged one set aside as ``environment.json.damaged``, said in one line) gets one entry per call: device,
+   torch and transformers versions, wall time, runs finished.
 
 The lease kit (benchmarks/lease, docs/lease.md) runs it as one paced wave a lease, with ``--no-report`` and
 ``--set train.checkpoints=false`` (no run is resumed across leases, so no checkpoint is written).
@@ -28,16 +39,16 @@ record, with the smaller setting that fits when not one run can. It refuses, in 
 settings differ from the wave's. No summary is copied in this mode (each run is its own ``erft compare``): the
 summary of all waves is made afterwards, on a CPU (docs/results-smollm2-gpu.md).
 
-Exit status: 0 when every run is finished and reported, 3 when runs are left (call again), else compare's.
+Exit status: 0 when every run is finished and reported, 3 when runs are left (call again), 2 when refused or the
+export failed (one line says why), else compare's.
 The CPU smoke test (tests/test_gpu_config.py) runs this with tiny --set overrides on SmolLM2.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import contextlib
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -46,43 +57,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from run_files import SHIPPED, finished  # noqa: E402  (the files a run ships; a finished run: one definition)
+sys.path.append(str(ROOT / "src"))  # a checkout without the package installed (an installed one comes first)
+from results_export import Refused, _say, check_results, log_call, restore, try_export  # noqa: E402
+from run_files import SHIPPED, finished  # noqa: E402, F401  (SHIPPED: the files a run ships; finished: proven)
+from sessions import wait_for_runs  # noqa: E402
 
 METHODS = "none,clip_b,clip_v,clip_cov,kl_cov"
 SUMMARY = ("summary.md", "summary.json")
 INCOMPLETE = 3
-
-
-def restore(results: Path, runs: Path) -> list[str]:
-    """Copy each finished run of ``results`` into ``runs`` unless ``runs`` holds it finished already."""
-    restored = []
-    if not results.is_dir():
-        return restored
-    for src in sorted(p for p in results.iterdir() if p.is_dir() and finished(p)):
-        dst = runs / src.name
-        if finished(dst):
-            continue
-        if dst.exists():
-            shutil.rmtree(dst)
-        dst.mkdir(parents=True)
-        for name in SHIPPED:
-            if (src / name).is_file():
-                shutil.copy2(src / name, dst / name)
-        restored.append(src.name)
-    return restored
-
-
-def export(runs: Path, results: Path) -> list[str]:
-    """Copy the shipped files of each finished run of ``runs`` into ``results``; returns the runs exported."""
-    done = []
-    for src in sorted(p for p in runs.iterdir() if p.is_dir() and finished(p)) if runs.is_dir() else []:
-        dst = results / src.name
-        dst.mkdir(parents=True, exist_ok=True)
-        for name in SHIPPED:
-            if (src / name).is_file():
-                shutil.copy2(src / name, dst / name)
-        done.append(src.name)
-    return done
 
 
 def environment() -> dict:
@@ -112,20 +94,14 @@ def _interrupted(signum, frame):  # noqa: ARG001 - signal handler signature
     raise Interrupted(signal.Signals(signum).name)
 
 
-def _stop_group(proc: subprocess.Popen, wait_s: float) -> None:
-    """SIGTERM to erft compare's process group (each run saves a checkpoint), SIGKILL after ``wait_s``."""
-    os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=wait_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+def run_compare(args: argparse.Namespace) -> tuple[int, str | None]:
+    """erft compare in a session of its own that ends with this driver (sessions.start_session); SIGTERM at the
+    deadline, or when this driver is interrupted (SIGINT, SIGTERM, SIGHUP: the runs stop with a checkpoint, a
+    later call resumes them), and SIGKILL to every process of the session after ``--stop-wait-s``. Every
+    ``--export-every-s`` the finished runs are exported; a failed export is said in one line and tried again,
+    and training goes on. Returns compare's exit status (3: runs are left) and the last export's failure."""
+    from sessions import start_session, stop_session
 
-
-def run_compare(args: argparse.Namespace) -> int:
-    """erft compare in its own process group; SIGTERM to the group at the deadline, or when this driver is
-    interrupted (SIGINT, SIGTERM, SIGHUP: the runs stop with a checkpoint, a later call resumes them). Returns
-    compare's exit status (3: runs are left)."""
     cmd = [sys.executable, "-m", "entropy_rft.cli", "compare", "--config", args.config, "--methods", args.methods,
            "--seeds", str(args.seeds), "--jobs", str(args.jobs), "--out", str(args.runs)]
     if args.max_steps is not None:
@@ -133,23 +109,28 @@ def run_compare(args: argparse.Namespace) -> int:
     for s in args.set:
         cmd += ["--set", s]
     handlers = {sig: signal.signal(sig, _interrupted) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-    proc = subprocess.Popen(cmd, env=_env(), start_new_session=True)
+    proc = start_session(cmd, env=_env())
     deadline = time.monotonic() + args.deadline_s
+    failure: str | None = None
     try:
         while True:  # each run lands in --results as soon as it finishes: a sweep stopped later loses none of them
             try:
-                return proc.wait(timeout=max(0.0, min(args.export_every_s, deadline - time.monotonic())))
+                return proc.wait(timeout=max(0.0, min(args.export_every_s, deadline - time.monotonic()))), failure
             except subprocess.TimeoutExpired:
-                export(args.runs, args.results)
+                _, error = try_export(args.runs, args.results)
+                if error and error != failure:
+                    print(f"run_gpu: {error}; training goes on, the export is tried again every "
+                          f"{args.export_every_s:g} s", flush=True)
+                failure = error
                 if time.monotonic() >= deadline:
                     print(f"run_gpu: deadline {args.deadline_s} s: stopping the runs (each saves a checkpoint)",
                           flush=True)
-                    _stop_group(proc, args.stop_wait_s)
-                    return INCOMPLETE
+                    stop_session(proc, args.stop_wait_s)
+                    return INCOMPLETE, failure
     except Interrupted as e:
         print(f"run_gpu: {e}: stopping the runs (each saves a checkpoint; call again to resume)", flush=True)
-        _stop_group(proc, args.stop_wait_s)
-        return INCOMPLETE
+        stop_session(proc, args.stop_wait_s)
+        return INCOMPLETE, failure
     finally:
         for sig, old in handlers.items():
             signal.signal(sig, old)
@@ -233,29 +214,79 @@ def main(argv: list[str] | None = None) -> int:
                    "not eight): a slow device on demand.")
     args = p.parse_args(argv)
     t0 = time.monotonic()
-    restored = restore(args.results, args.runs)
+    try:
+        with contextlib.ExitStack() as held:
+            for folder, what in ((args.results, "results folder"), (args.runs, "runs folder")):
+                held.callback(_driver_lock(folder, what).release)
+            return sitting(args, sys.argv[1:] if argv is None else argv, t0)
+    except Refused as e:
+        print(f"run_gpu: {e}", flush=True)
+        return 2
+
+
+def _driver_lock(folder: Path, what: str):
+    """This driver's hold on ``folder`` (``.erft.lock``, erft's one-writer lock) for its whole life: a second
+    driver on the same results or runs is refused in one line naming the process, before anything is written."""
+    from entropy_rft.common.errors import UserError
+    from entropy_rft.rundir.lock import RunLock
+
+    lock = RunLock(folder, what=what, advice="another sweep driver is writing it: wait for it to finish or stop "
+                   "it (kill PID: its runs save a checkpoint); nothing was started")
+    try:
+        return lock.acquire()
+    except UserError as e:
+        raise Refused(_say(str(e))) from None
+    except OSError as e:
+        raise Refused(f"{what} {_say(str(folder))} cannot be written ({e.strerror}); choose another") from None
+
+
+def sitting(args: argparse.Namespace, argv: list[str], t0: float) -> int:
+    """One call of the driver, its folders held: check the committed runs, wait for an earlier sweep's runs to be
+    released, keep the finished ones, train the rest, export, summarise, log the call."""
+    say = lambda text: print(text, flush=True)  # noqa: E731 - the one way this driver speaks
+    for line in check_results(args.results, args.runs):
+        say(f"run_gpu: {line}")
+    still = wait_for_runs(args.runs, args.stop_wait_s, say)
+    if still:
+        raise Refused(f"{len(still)} run(s) in {_say(str(args.runs))} are still held by an earlier sweep "
+                      f"({', '.join(f'{n}: {w}' for n, w in still[:3])}): wait for it to end or stop it")
+    try:
+        restored = restore(args.results, args.runs)
+    except OSError as e:
+        raise Refused(f"keeping the committed runs in {_say(str(args.runs))} failed ({e.strerror}: "
+                      f"{_say(str(e.filename))}); free the space and run it again") from None
     if restored:
-        print(f"run_gpu: kept {len(restored)} run(s) already in {args.results}: {', '.join(restored)}", flush=True)
-    rc = run_paced(args) if args.paced else run_compare(args)
-    exported = export(args.runs, args.results)
-    complete = rc == 0
+        say(f"run_gpu: kept {len(restored)} run(s) already in {_say(str(args.results))}: {', '.join(restored)}")
+    rc, failure = (run_paced(args), None) if args.paced else run_compare(args)
+    exported, failure = try_export(args.runs, args.results)
+    complete = rc == 0 and failure is None
     if complete and args.paced:
-        print("run_gpu: every run finished; the summary: `erft compare` over the results, on a CPU", flush=True)
+        say("run_gpu: every run finished; the summary: `erft compare` over the results, on a CPU")
     elif complete:
-        for name in SUMMARY:
-            shutil.copy2(args.runs / name, args.results / name)
+        from entropy_rft.rundir.files import atomic_write_bytes
+
+        try:
+            for name in SUMMARY:
+                atomic_write_bytes(args.results / name, (args.runs / name).read_bytes())
+        except OSError as e:
+            failure = f"the summary's export failed ({e.strerror}: {_say(str(e.filename))})"
         report = args.results / "report"
         cmd = [sys.executable, "-m", "entropy_rft.cli", "report", str(args.results), "--out", str(report)]
-        rc = 0 if args.no_report else subprocess.call(cmd, env=_env())
-        complete = rc == 0
-    log = args.results / "environment.json"
-    entries = json.loads(log.read_text()) if log.is_file() else []
-    entries.append({**environment(), "wall_s": round(time.monotonic() - t0, 1), "runs_finished": len(exported),
-                    "complete": complete, "argv": sys.argv[1:] if argv is None else argv})
-    args.results.mkdir(parents=True, exist_ok=True)
-    log.write_text(json.dumps(entries, indent=1) + "\n")
-    print(f"run_gpu: {len(exported)} run(s) finished in {args.results}; "
-          + ("complete" if complete else "incomplete: run it again"), flush=True)
+        rc = 0 if args.no_report or failure else subprocess.call(cmd, env=_env())
+        complete = rc == 0 and failure is None
+    try:
+        aside = log_call(args.results, {**environment(), "wall_s": round(time.monotonic() - t0, 1),
+                                        "runs_finished": len(exported), "complete": complete, "argv": argv})
+        if aside:
+            say(f"run_gpu: {aside}")
+    except OSError as e:
+        failure = failure or f"writing {_say(str(args.results / 'environment.json'))} failed ({e.strerror})"
+    if failure:
+        say(f"run_gpu: {failure}: the finished runs are kept in {_say(str(args.runs))}; free the space (or mend "
+            "the folder) and run it again to export them")
+        return 2
+    say(f"run_gpu: {len(exported)} run(s) finished in {_say(str(args.results))}; "
+        + ("complete" if complete else "incomplete: run it again"))
     return 0 if complete else (rc if rc not in (0, None) else INCOMPLETE)
 
 

@@ -45,6 +45,9 @@ from pace import (
     runs_to_keep,
     still_fits,
 )
+from sessions import kill_session, start_session
+
+from entropy_rft.common.processes import signal_session
 
 POLL_S = 0.5
 UNLIMITED = 1 << 30  # the runs a device whose free memory could not be read is taken to hold
@@ -106,16 +109,14 @@ def launch(method: str, seed: int, args, share: int, env: dict) -> Runner:
     logs = args.runs / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     with (logs / f"{name}.log").open("a") as log:
-        proc = subprocess.Popen(cmd, env={**env, "OMP_NUM_THREADS": str(max(1, cores // share))}, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        proc = start_session(cmd, env={**env, "OMP_NUM_THREADS": str(max(1, cores // share))}, stdout=log,
+                             stderr=subprocess.STDOUT)
     return Runner(name, method, proc, time.monotonic(), args.runs / name)
 
 
 def kill(r: Runner, why: str, say) -> None:
-    """Stop ``r`` at once (SIGKILL to its group: nothing of it is resumed) and say why."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(r.proc.pid, signal.SIGKILL)
-    r.proc.wait()
+    """Stop ``r`` at once (SIGKILL to its session: nothing of it is resumed) and say why."""
+    kill_session(r.proc)
     r.ended = f"stopped: {why}"
     say(f"wave: stopped {r.name} ({why})")
 
@@ -124,16 +125,12 @@ def stop_all(runners: list[Runner], wait_s: float, why: str, say) -> None:
     """SIGTERM to every running run, SIGKILL to those still running after ``wait_s``."""
     live = [r for r in runners if r.running()]
     for r in live:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(r.proc.pid, signal.SIGTERM)
+        signal_session(r.proc.pid, signal.SIGTERM)
     end = time.monotonic() + wait_s
     for r in live:
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             r.proc.wait(timeout=max(0.1, end - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(r.proc.pid, signal.SIGKILL)
-            r.proc.wait()
+        kill_session(r.proc)  # the last resort, to every process of its session
         r.ended = f"stopped: {why}"
     if live:
         say(f"wave: {why}: stopped {', '.join(r.name for r in live)}")

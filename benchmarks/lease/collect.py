@@ -31,7 +31,7 @@ from checks import (
 from plans import KERNEL_PARTS, KERNEL_RESULTS, REALM_RESULTS, ROOT, Plan, realm_run_names
 
 sys.path.insert(0, str(ROOT / "benchmarks" / "gpu"))
-from run_files import SHIPPED, finished  # noqa: E402  (the files a run ships; a finished run)
+from run_files import SHIPPED, claims_finished, missing  # noqa: E402  (the files a run ships; proven finished)
 
 # The task check of the first lease that trains (issue 34): the base model's figures at the step-0 evaluation
 TASK_PASS1 = (0.05, 0.3)
@@ -193,9 +193,12 @@ def stage_realm(folders: list[Path], tmp: Path, root: Path) -> Staged | None:
             staged.rows[n] = check_metrics(tmp / n / "metrics.jsonl")
         if (tmp / n / "run.json").is_file():
             check_run_json(tmp / n / "run.json")
-            if finished(tmp / n):
+            if claims_finished(tmp / n):
                 if not (tmp / n / "config.yaml").is_file():
                     raise LeaseDataError(tars[-1], f"{n} is finished but ships no config.yaml")
+                why = missing(tmp / n)  # finished is proven from the rows, never taken from run.json alone
+                if why is not None:
+                    raise LeaseDataError(tars[-1], f"{n}'s run.json says finished, but {why}")
                 staged.finished.append(n)
     committed = sorted(p for p in (root / REALM_RESULTS).glob("*/config.yaml")) if (root / REALM_RESULTS).is_dir() \
         else []

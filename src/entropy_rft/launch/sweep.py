@@ -81,13 +81,20 @@ _pending_stop: list[int] = []  # in a worker: the stop signal that came while it
 def _worker_start() -> None:
     """A worker's first act: its own process group, so that a Ctrl-C in the terminal reaches the parent alone
     (which stops each worker once, :class:`Stop`); a SIGTERM or SIGHUP while it waits for a run is kept (the
-    worker must not die under the pool: that would break it and kill the other runs mid-checkpoint)."""
+    worker must not die under the pool: that would break it and kill the other runs mid-checkpoint). When the
+    parent ends without stopping it (a SIGKILL, the out-of-memory killer), the kernel sends it SIGTERM
+    (``common.processes.die_with_parent``): its run saves a checkpoint and stops, instead of training on unwatched."""
+    import multiprocessing
     import os
     import signal
+
+    from entropy_rft.common.processes import die_with_parent
 
     os.setpgrp()
     for name in ("SIGTERM", "SIGHUP"):
         signal.signal(getattr(signal, name), lambda signum, _frame: _pending_stop.append(signum))
+    parent = multiprocessing.parent_process()
+    die_with_parent(signal.SIGTERM, parent.pid if parent is not None else None)
 
 
 def _exit_on_signal(signum: int, _frame: Any) -> None:

@@ -12,6 +12,8 @@ from entropy_rft.common.errors import UserError
 from entropy_rft.rundir.guard import refuse_link_out
 
 LOCK = ".erft.lock"
+# what a refused writer is told to do
+ADVICE = "wait for it to finish or stop it (a killed process releases the run at once)"
 
 
 class RunLock:
@@ -21,12 +23,15 @@ class RunLock:
     stays (removing a lock file races with the next locker). The holder's pid is written into it so that a
     second writer can say who holds the run."""
 
-    def __init__(self, out: str | Path):
+    def __init__(self, out: str | Path, what: str = "run directory",
+                 advice: str = ADVICE):
         self.out = Path(out)
+        self.what, self.advice = what, advice  # the refusal's words: "<what> <out> is in use by ...; <advice>"
         self._fd: int | None = None
 
     @staticmethod
-    def _take(fd: int, out: Path, exclusive: bool) -> None:
+    def _take(fd: int, out: Path, exclusive: bool, what: str = "run directory",
+              advice: str = ADVICE) -> None:
         import fcntl
 
         try:
@@ -35,8 +40,7 @@ class RunLock:
             holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
             os.close(fd)
             who = f"process {holder}" if holder.isdigit() else "another process"
-            raise UserError(f"run directory {out} is in use by {who}; wait for it to finish or stop it "
-                            "(a killed process releases the run at once)") from None
+            raise UserError(f"{what} {out} is in use by {who}; {advice}") from None
 
     @classmethod
     def refuse_if_held(cls, out: str | Path) -> None:
@@ -52,7 +56,7 @@ class RunLock:
         self.out.mkdir(parents=True, exist_ok=True)
         refuse_link_out(self.out / LOCK, self.out)  # the pid below would overwrite a file that is not the run's
         fd = os.open(self.out / LOCK, os.O_RDWR | os.O_CREAT, 0o666)
-        self._take(fd, self.out, exclusive=True)
+        self._take(fd, self.out, exclusive=True, what=self.what, advice=self.advice)
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self._fd = fd
