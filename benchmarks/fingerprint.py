@@ -9,6 +9,13 @@ volatile ``time/`` and ``perf/`` keys, ``token_records.jsonl`` and ``samples.jso
     python benchmarks/fingerprint.py --out /tmp/after.json --compare /tmp/before.json
 
 ``--compare`` exits 1 naming every configuration and file that differs, and the first differing metric.
+``--new-key KEY`` (repeatable) names a metric the new commit adds on purpose (issue 74's
+``eval/correct_per_question``): it is left out of both sides' ``metrics.jsonl`` rows before they are compared, so
+everything else must still be identical, and the comparison fails when no new row holds it.
+
+    python benchmarks/fingerprint.py --out /tmp/after.json --compare /tmp/before.json \
+        --new-key eval/correct_per_question --new-key eval/question_ids
+
 The runs go through ``erft``, so they compute under the CPU pin (issues 36 and 62: ATen on AVX2, MKL on COMPATIBLE)
 unless ``ERFT_CPU_PIN=0``: a fingerprint taken under an earlier pin (none, or issue 36's ``MKL_CBWR=AVX2``) differs
 from one taken after it, by design; compare two commits that have the same pin, or run the older one with this
@@ -68,10 +75,18 @@ def _policy(folder: Path) -> Path:
     return folder
 
 
+def _rows_digest(rows: list[dict]) -> str:
+    return hashlib.sha256(json.dumps(rows, sort_keys=True).encode()).hexdigest()
+
+
 def _digest_metrics(path: Path) -> tuple[str, list[dict]]:
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     rows = [{k: v for k, v in r.items() if not k.startswith(VOLATILE)} for r in rows]
-    return hashlib.sha256(json.dumps(rows, sort_keys=True).encode()).hexdigest(), rows
+    return _rows_digest(rows), rows
+
+
+def _without(rows: list[dict], keys: set[str]) -> list[dict]:
+    return [{k: v for k, v in r.items() if k not in keys} for r in rows]
 
 
 def _digest(path: Path) -> str:
@@ -114,6 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True, help="JSON file for the digests (and the rows)")
     ap.add_argument("--compare", type=Path, help="an earlier --out file: exit 1 when anything differs")
+    ap.add_argument("--new-key", action="append", default=[], metavar="KEY",
+                    help="a metric this commit adds on purpose: compared without it on both sides (repeatable)")
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="erft-fp-") as tmp:
         digests, rows = fingerprint(Path(tmp))
@@ -122,14 +139,21 @@ def main(argv: list[str] | None = None) -> int:
     if args.compare is None:
         return 0
     old = json.loads(args.compare.read_text())
-    bad = []
+    added = set(args.new_key)
+    bad = [f"--new-key {k}: no row of the new runs holds it" for k in sorted(added)
+           if not any(k in r for rs in rows.values() for r in rs)]
     for name, files in old["digests"].items():
         for file, digest in files.items():
             new = digests.get(name, {}).get(file)
+            if file == "metrics.jsonl" and added:
+                new = _rows_digest(_without(rows.get(name, []), added))
+                digest = _rows_digest(_without(old["rows"][name], added))
             if new != digest:
-                why = first_difference(old["rows"][name], rows.get(name, [])) if file == "metrics.jsonl" else ""
+                why = (first_difference(_without(old["rows"][name], added), _without(rows.get(name, []), added))
+                       if file == "metrics.jsonl" else "")
                 bad.append(f"{name}/{file} differs {why}".rstrip())
-    print("\n".join(bad) if bad else f"all {len(old['digests'])} configurations bit-identical")
+    but = f" (without {', '.join(sorted(added))})" if added else ""
+    print("\n".join(bad) if bad else f"all {len(old['digests'])} configurations bit-identical{but}")
     return 1 if bad else 0
 
 

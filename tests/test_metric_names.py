@@ -19,7 +19,9 @@ PROBES = {"probe.jvp_every": 2, "probe.counterfactual_every": 2, "eval.every": 2
           "train.tensorboard": "false", "train.samples_every": 0, "probe.records_every": 0}
 NATIVE = {
     "autopilot": {"method.name": "clip_v", "method.entropy_target": "0.8x"},
-    "ppo_clip_cov": {"method.name": "clip_cov", "algo.algorithm": "ppo", "algo.ref_kl_coef": 0.01},
+    # issue 74: the evaluation at a second temperature and greedy pass@1
+    "ppo_clip_cov": {"method.name": "clip_cov", "algo.algorithm": "ppo", "algo.ref_kl_coef": 0.01,
+                     "eval.extra_temperature": 0.7, "eval.greedy": "true"},
     # issue 28: a method's own controller and EntroPIC's terms; advantage shaping; CE-GPPO (two minibatches)
     "entropic": {"method.name": "entropic", "method.params": "{high_prob: 0.2}", "probe.jvp_every": 0,
                  "eval.every": 0},
@@ -74,7 +76,7 @@ def test_every_native_key_is_in_the_table(native_rows):
     assert not sorted(k for k in written if not metric_names.is_known(k))
     # probes, eval, the autopilot and PPO's value loss were all due at least once
     for k in ("probe/jvp_corr", "probe/dH_method_effect", "eval/pass@4", "control/knob", "loss/value",
-              "lens_ppo/drop_rate/zero", "loss/counted_frac"):
+              "lens_ppo/drop_rate/zero", "loss/counted_frac", "eval_t0.7/pass@4", "eval/greedy_pass@1"):
         assert k in written, k
 
 
@@ -108,8 +110,12 @@ def test_table_entries_are_well_formed():
     assert metric_names.QUADRANTS == QUADRANTS
     for name, m in metric_names.METRICS.items():
         assert m.meaning and m.unit, name
-        assert metric_names.lookup(name.replace("{k}", "8").replace("{q}", "zero")) == name
+        assert metric_names.lookup(name.replace("{k}", "8").replace("{q}", "zero").replace("{t}", "0.7")) == name
     assert metric_names.lookup("eval/pass@16") == "eval/pass@{k}"
+    for t in (0.7, 1.0, 1.25, 1e-5):  # the prefix the trainer writes is the pattern's
+        assert metric_names.lookup(metric_names.eval_prefix(t) + "pass@8") == "eval_t{t}/pass@{k}", t
+    assert metric_names.eval_prefix(1.0) == "eval_t1/" and metric_names.eval_prefix(0.7) == "eval_t0.7/"
+    assert not metric_names.is_known("eval_t/pass@8") and not metric_names.is_known("eval_tx/pass@8")
     assert not metric_names.is_known("lens/drop_frac/sideways") and not metric_names.is_known("eval/pass@")
     assert math.isfinite(len(metric_names.glossary_markdown()))
 

@@ -2,7 +2,8 @@
 
 Native trainer and TRL engine use the same name for the same figure and never two names for one figure; a
 name means one thing everywhere. Patterned families are one entry: ``{k}`` is a sample count (eval's K),
-``{q}`` one of the lens quadrants (``control.lens.QUADRANTS``). docs/metrics.md's glossary is
+``{q}`` one of the lens quadrants (``control.lens.QUADRANTS``), ``{t}`` the temperature of the second
+evaluation (``eval.extra_temperature``, :func:`eval_prefix`). docs/metrics.md's glossary is
 ``glossary_markdown()`` (checked by ``tests/test_metric_names.py``). Torch-free (layer 0).
 """
 
@@ -11,7 +12,7 @@ from __future__ import annotations
 import re
 from typing import NamedTuple
 
-__all__ = ["METRICS", "QUADRANTS", "Metric", "glossary_markdown", "is_known", "lookup"]
+__all__ = ["METRICS", "QUADRANTS", "Metric", "eval_prefix", "glossary_markdown", "is_known", "lookup"]
 
 # The lens quadrants: sign of the advantage (pos/neg/zero) × sign of S_c (spos, sneg: S_c <= 0).
 QUADRANTS = ("pos_spos", "pos_sneg", "neg_spos", "neg_sneg", "zero")
@@ -127,6 +128,23 @@ METRICS: dict[str, Metric] = {
     "eval/pass_rate_hist": Metric("prompts with c = 0..K correct samples (a list)", "count"),
     "eval/entropy": Metric("mean token entropy of the evaluation samples", "nats"),
     "eval/response_tokens": Metric("mean evaluation response length", "tokens"),
+    "eval/correct_per_question": Metric("per validation prompt, in the run's fixed order, its correct samples out "
+                                        "of K (a list; eval/pass_rate_hist is its tally)", "count"),
+    "eval/question_ids": Metric("step 0 only: per validation prompt, in that order, a stable id (12 hex digits of "
+                                "the prompt's SHA-256; a list), to pair per-question counts across runs", "id"),
+    "eval/greedy_pass@1": Metric("share of the validation prompts whose greedy (argmax) response is correct "
+                                 "(eval.greedy)", "fraction"),
+    "eval/greedy_correct_per_question": Metric("per validation prompt, in order, 1 when its greedy response is "
+                                               "correct (a list; eval.greedy)", "count"),
+    # the same evaluation at eval.extra_temperature = {t} (eval_prefix): its own prefix, the same figures
+    "eval_t{t}/avg@{k}": Metric("as eval/avg@{k}, sampled at T = {t}", "fraction"),
+    "eval_t{t}/pass@{k}": Metric("as eval/pass@{k}, sampled at T = {t}", "fraction"),
+    "eval_t{t}/maj@{k}": Metric("as eval/maj@{k}, sampled at T = {t}", "fraction"),
+    "eval_t{t}/distinct_correct": Metric("as eval/distinct_correct, sampled at T = {t}", "count"),
+    "eval_t{t}/pass_rate_hist": Metric("as eval/pass_rate_hist, sampled at T = {t} (a list)", "count"),
+    "eval_t{t}/entropy": Metric("as eval/entropy, sampled at T = {t}", "nats"),
+    "eval_t{t}/response_tokens": Metric("as eval/response_tokens, sampled at T = {t}", "tokens"),
+    "eval_t{t}/correct_per_question": Metric("as eval/correct_per_question, sampled at T = {t} (a list)", "count"),
     # lens (Wang et al. 2026): D = the tokens the method dropped or zeroed; lens_ppo: those PPO's clip dropped
     "lens/drop_frac": Metric(f"|D| / N over the N {_VALID}", "fraction"),
     "lens/drop_frac/{q}": Metric("|D ∩ quadrant| / N (they sum to lens/drop_frac)", "fraction"),
@@ -167,7 +185,13 @@ METRICS: dict[str, Metric] = {
                                   "(the CUDA context not in it), the peak resident set on a CPU", "GiB"),
 }
 
-_FILL = {"k": r"[0-9]+", "q": "(?:" + "|".join(QUADRANTS) + ")"}
+_FILL = {"k": r"[0-9]+", "q": "(?:" + "|".join(QUADRANTS) + ")", "t": r"[0-9]+(?:\.[0-9]+)?(?:e[-+][0-9]+)?"}
+
+
+def eval_prefix(temperature: float) -> str:
+    """The prefix of the evaluation at ``eval.extra_temperature``: ``eval_t`` and the temperature in Python's
+    shortest ``g`` form, then ``/`` (``eval_t0.7/``, ``eval_t1/``); ``{t}`` of the table's patterns."""
+    return f"eval_t{temperature:g}/"
 
 
 def _pattern(name: str) -> re.Pattern[str]:

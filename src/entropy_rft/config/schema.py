@@ -169,6 +169,18 @@ class EvalConfig:
     batch_size: int = _f(512, "Sequences sampled together in an evaluation; the progress bar moves after each "
                          "batch (smaller: more often, less memory). At least eval.samples: a batch holds whole "
                          "prompts, eval.samples sequences each.", ge=1)
+    extra_temperature: float = _f(0.0, "A second evaluation temperature (0: off). Each evaluation with step <= "
+                                  "eval.extra_until_step also samples the same prompts eval.samples times at this "
+                                  "temperature, after the main one, from a generator of its own (the eval/ figures "
+                                  "and training do not move): the same figures under the prefix eval_t<T>/ "
+                                  "(eval_t0.7/pass@8). Must differ from eval.temperature. Costs as much sampling as "
+                                  "the main evaluation.", ge=0)
+    extra_until_step: int | None = _f(None, "The last step whose evaluation also samples at eval.extra_temperature "
+                                      "(null: every evaluation; 0: the step-0 evaluation only). Ignored while "
+                                      "eval.extra_temperature is 0.", ge=0)
+    greedy: bool = _f(False, "At each evaluation also decode one greedy (argmax) response per prompt: "
+                      "eval/greedy_pass@1 and eval/greedy_correct_per_question. Draws no random number; costs "
+                      "1/eval.samples of the main evaluation's sampling.")
 
 
 @dataclass

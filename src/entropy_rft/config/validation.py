@@ -41,6 +41,9 @@ def validate(cfg: Config, *, check_method: bool = True) -> None:
            f"({a.grad_accum}) must not exceed a minibatch's {per_minibatch} sequences (the rollout batch's {n_seq} / "
            f"algo.minibatches {a.minibatches}): a micro-batch holds at least one sequence")
     _check(e.batch_size >= e.samples, "eval.batch_size", f"must be >= eval.samples ({e.samples}), got {e.batch_size}")
+    _check(e.extra_temperature != e.temperature, "eval.extra_temperature",
+           f"({e.extra_temperature:g}) must differ from eval.temperature ({e.temperature:g}): the main evaluation "
+           "samples at that temperature already; give another temperature, or 0 (off)")
     if ap.knob_min is not None and ap.knob_max is not None:
         _check(ap.knob_min < ap.knob_max, "autopilot.knob_min", f"({ap.knob_min}) must be < autopilot.knob_max "
                f"({ap.knob_max})")

@@ -1,4 +1,5 @@
-"""Evaluation metrics: Avg@K, Pass@K (unbiased), Maj@K, distinct correct answers, pass-rate histograms.
+"""Evaluation metrics: Avg@K, Pass@K (unbiased), Maj@K, distinct correct answers, pass-rate histograms, the
+per-question correct counts (for paired tests over questions) and greedy pass@1.
 
 Pass@K uses the unbiased estimator of Chen et al. (2021), as Paper A does:
 ``pass@k = 1 - C(n - c, k) / C(n, k)`` for n >= k samples of which c are correct.
@@ -6,6 +7,7 @@ Pass@K uses the unbiased estimator of Chen et al. (2021), as Paper A does:
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -82,12 +84,27 @@ def distinct_correct(answers: Sequence[Sequence[str | None]], correct: Scores) -
     return float(np.mean(per)) if per else 0.0
 
 
+def correct_counts(correct: Scores) -> list[int]:
+    """Per problem, in the rows' order, the number of correct samples: the row's sum of scores rounded to an
+    integer (as the pass-rate histogram and Pass@K count them), so that the histogram is their tally."""
+    arr = np.asarray(correct, dtype=np.float64)
+    return np.rint(arr.sum(axis=1)).astype(int).tolist()
+
+
 def pass_rate_histogram(correct: Scores) -> list[int]:
     """Counts of problems with c = 0, 1, ..., n correct samples (Paper A's pass-rate histogram)."""
     arr = np.asarray(correct, dtype=np.float64)
     n = arr.shape[1]
     c = np.rint(arr.sum(axis=1)).astype(int)
     return np.bincount(c, minlength=n + 1).tolist()
+
+
+def question_ids(examples: Sequence) -> list[str]:
+    """A stable id per example, in order: the first 12 hex digits of the SHA-256 of its prompt's text. The same
+    question has the same id in every run, whatever its position, so per-question counts of runs whose
+    held-out questions differ (a task whose split depends on the seed) can still be paired."""
+    return [hashlib.sha256(str(ex.prompt).encode("utf-8", "backslashreplace")).hexdigest()[:12]
+            for ex in examples]
 
 
 def summarize(correct: Scores, answers: Sequence[Sequence[str | None]],
@@ -102,6 +119,7 @@ def summarize(correct: Scores, answers: Sequence[Sequence[str | None]],
         f"{prefix}maj@{k}": maj_at_k(answers, arr),
         f"{prefix}distinct_correct": distinct_correct(answers, arr),
         f"{prefix}pass_rate_hist": pass_rate_histogram(arr),
+        f"{prefix}correct_per_question": correct_counts(arr),
     }
 
 
@@ -155,3 +173,24 @@ def evaluate_policy(model, tokenizer, task, examples: Sequence, *, n_samples: in
     out[f"{prefix}seconds"] = time.perf_counter() - t0
     out[f"{prefix}samples"] = shown
     return out
+
+
+@torch.no_grad()
+def greedy_correct(model, tokenizer, task, examples: Sequence, *, max_new_tokens: int, batch_size: int = 512,
+                   cuda_graphs: bool = False, check_every: int = 8) -> list[int]:
+    """Per example, in order, 1 when its greedy (argmax) response is correct, else 0 (its score rounded, as
+    :func:`correct_counts` does): one response per prompt, ``batch_size`` prompts at a time. Greedy decoding
+    draws no random number: the sampler gets a generator of its own, never read, so no other stream moves."""
+    from entropy_rft.policy.rollout import sample
+
+    if not examples:
+        raise ValueError("examples: need at least one example to evaluate")
+    device = next(model.parameters()).device
+    unused = torch.Generator(device=device).manual_seed(0)
+    scores: list[float] = []
+    for i in range(0, len(examples), batch_size):
+        part = list(examples[i : i + batch_size])
+        rb = sample(model, tokenizer, [ex.prompt for ex in part], max_new_tokens=max_new_tokens, temperature=0.0,
+                    generator=unused, cuda_graphs=cuda_graphs, check_every=check_every)
+        scores += task.rewards(rb.responses, part)
+    return correct_counts([[s] for s in scores])

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import hashlib
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -24,6 +25,7 @@ import numpy as np
 import torch
 
 from entropy_rft import control
+from entropy_rft.common.metric_names import eval_prefix
 from entropy_rft.core import advantages as adv_lib
 from entropy_rft.core.loss import agg_weights, compute_policy_loss, value_loss
 from entropy_rft.core.loss_types import LossInputs, LossOutputs, Masks, read_metrics
@@ -400,23 +402,61 @@ def vanilla_counterfactual(run: Run, s: Scored, old: OldPolicy) -> float | None:
 # ----------------------------------------------------------------------------- evaluation
 
 
+def extra_due(cfg_eval: Any, step: int) -> bool:
+    """Whether the evaluation at ``step`` also samples at ``eval.extra_temperature``: set (> 0) and ``step`` <=
+    ``eval.extra_until_step`` (null: every evaluation)."""
+    until = cfg_eval.extra_until_step
+    return cfg_eval.extra_temperature > 0 and (until is None or step <= until)
+
+
+def extra_seed(seed: int, step: int) -> int:
+    """The extra temperature's generator seed at ``step``: 63 bits of a hash of (seed, step), apart from the main
+    evaluation's ``seed * 1_000_003 + step`` (a CPU generator keeps the low 32 bits of either)."""
+    digest = hashlib.sha256(f"erft eval extra temperature {seed} {step}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
+
+
 @torch.no_grad()
 def evaluate(run: Run, note=None) -> dict[str, Any]:
-    """Avg@K, Pass@K, Maj@K, distinct correct answers, pass-rate histogram and entropy on validation;
-    ``note(text)`` shows its progress (the progress bar's).
+    """Avg@K, Pass@K, Maj@K, distinct correct answers, pass-rate histogram, per-question correct counts and
+    entropy on validation (at step 0 also the questions' ids); at ``eval.extra_temperature`` where due
+    (``extra_due``) the same under ``eval_t<T>/``; with ``eval.greedy`` greedy pass@1. ``note(text)`` shows its
+    progress (the progress bar's).
 
-    Sampling uses its own generator seeded from (seed, step), so evaluation never moves the training RNG.
+    Sampling uses its own generator seeded from (seed, step), so evaluation never moves the training RNG; the
+    extra temperature's has its own seed (``extra_seed``) and runs after the main evaluation, and greedy decoding
+    draws nothing, so neither moves the main evaluation's figures.
     """
     e = run.cfg.eval
-    gen = torch.Generator(device=run.device).manual_seed(run.cfg.train.seed * 1_000_003 + run.step)
+    examples = run.val_set[: e.prompts]
     note = note or (lambda text: None)
-    with autocast(run):
-        out = evaluation.evaluate_policy(
-            run.model, run.tok, run.task, run.val_set[: e.prompts], n_samples=e.samples,
-            temperature=e.temperature, max_new_tokens=run.cfg.rollout.max_new_tokens, generator=gen,
-            batch_size=e.batch_size, cuda_graphs=run.cfg.rollout.cuda_graphs,
-            check_every=run.cfg.rollout.check_every,
-            on_progress=lambda done, total: note(f"step {run.step} evaluation: {done}/{total} prompts"))
-    for k in ("eval/samples", "eval/seconds"):
-        out.pop(k)
+
+    def sampled(temperature: float, seed: int, prefix: str, what: str) -> dict[str, Any]:
+        gen = torch.Generator(device=run.device).manual_seed(seed)
+        with autocast(run):
+            out = evaluation.evaluate_policy(
+                run.model, run.tok, run.task, examples, n_samples=e.samples,
+                temperature=temperature, max_new_tokens=run.cfg.rollout.max_new_tokens, generator=gen,
+                batch_size=e.batch_size, prefix=prefix, cuda_graphs=run.cfg.rollout.cuda_graphs,
+                check_every=run.cfg.rollout.check_every,
+                on_progress=lambda done, total: note(f"step {run.step} {what}: {done}/{total} prompts"))
+        for k in ("samples", "seconds"):
+            out.pop(prefix + k)
+        return out
+
+    out = sampled(e.temperature, run.cfg.train.seed * 1_000_003 + run.step, "eval/", "evaluation")
+    if run.step == 0:
+        out["eval/question_ids"] = evaluation.question_ids(examples)
+    if extra_due(e, run.step):
+        out.update(sampled(e.extra_temperature, extra_seed(run.cfg.train.seed, run.step),
+                           eval_prefix(e.extra_temperature), f"evaluation at T={e.extra_temperature:g}"))
+    if e.greedy:
+        note(f"step {run.step} greedy evaluation")
+        with autocast(run):
+            greedy = evaluation.greedy_correct(
+                run.model, run.tok, run.task, examples, max_new_tokens=run.cfg.rollout.max_new_tokens,
+                batch_size=e.batch_size, cuda_graphs=run.cfg.rollout.cuda_graphs,
+                check_every=run.cfg.rollout.check_every)
+        out["eval/greedy_pass@1"] = sum(greedy) / len(greedy)
+        out["eval/greedy_correct_per_question"] = greedy
     return out
