@@ -5,7 +5,7 @@ PIP     := $(PY) -m pip --disable-pip-version-check
 STAMP   := .venv/.erft-installed
 JOBS    ?= auto
 
-.PHONY: run run-real run-real-cpu run-gpu equal-entropy regimes test test-verl lease-rehearsal lint typecheck bench setup clean browser
+.PHONY: run run-real run-real-cpu run-real-cpu-long run-gpu equal-entropy regimes test test-verl lease-rehearsal lint typecheck bench setup clean browser
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || python3 -m venv .venv
@@ -41,6 +41,14 @@ run-real: $(STAMP)
 run-real-cpu: $(STAMP)
 	$(PY) benchmarks/gpu/realm.py --config configs/smollm2-cpu.yaml --results results/smollm2-cpu \
 		--runs runs/smollm2-cpu --jobs 2 --deadline-s 86400 --stop-wait-s 600
+
+# Issue 74, the long horizon (not part of CI; about 8-9 h on 2 cores over several sittings): GRPO, ClipV, ClipB (mu 1)
+# and Clip-Cov for 100 steps, 3 seeds, seed-major (the pilot pair none-s0 beside clip_v-s0 first), two runs at a
+# time; starts or resumes as run-real-cpu does. Conditions fixed before the runs: docs/results-smollm2-cpu-long.md.
+LONG_METHODS ?= none,clip_v,clip_b,clip_cov
+run-real-cpu-long: $(STAMP)
+	$(PY) benchmarks/gpu/realm.py --config configs/smollm2-cpu-long.yaml --results results/smollm2-cpu-long \
+		--runs runs/smollm2-cpu-long --methods $(LONG_METHODS) --jobs 2 --deadline-s 86400 --stop-wait-s 600
 
 # The two regimes (not part of CI; about 2 h on 2 cores): the same nine variants (GRPO, ClipB, ClipV,
 # Clip-Cov, KL-Cov, Entrocraft and AEPO at their presets, the autopilot at 0.65x on Clip-Cov and ClipV), 3 seeds,

@@ -21,6 +21,7 @@ from test_gpu_config import _driver
 ROOT = Path(__file__).resolve().parents[1]
 CPU_CONFIG = ROOT / "configs" / "smollm2-cpu.yaml"
 GPU_CONFIG = ROOT / "configs" / "smollm2-gpu.yaml"
+LONG_CONFIG = ROOT / "configs" / "smollm2-cpu-long.yaml"
 TESTS = Path(__file__).resolve().parent
 
 
@@ -36,6 +37,23 @@ def test_the_cpu_config_is_the_gpu_comparison_at_cpu_sizes():
     assert len(evals) >= 8, sorted(evals)  # the law's fit needs 8 points
     assert cpu.eval.samples >= 8 and cpu.task.params["val_size"] >= cpu.eval.prompts
     assert cpu.train.checkpoints and cpu.train.checkpoint_every < cpu.train.max_steps  # a stop loses little
+
+
+def test_the_long_config_is_the_20_step_one_but_for_what_issue_74_names():
+    """Issue 74: every setting of configs/smollm2-cpu.yaml except 100 steps, an evaluation every 5 steps on all 32
+    held-out questions at T = 0.7 (T = 1 up to step 20, greedy too), and ClipB at mu 1.0."""
+    from entropy_rft.config.schema import changed_fields
+
+    short, long = load_config(str(CPU_CONFIG)), load_config(str(LONG_CONFIG))
+    changed = {k: (a, b) for k, a, b in changed_fields(short, long)}
+    assert changed == {"train.max_steps": (20, 100), "eval.every": (3, 5), "eval.prompts": (16, 32),
+                       "eval.temperature": (1.0, 0.7), "eval.extra_temperature": (0.0, 1.0),
+                       "eval.extra_until_step": (None, 20), "eval.greedy": (False, True),
+                       "eval.batch_size": (128, 256),
+                       "method.presets.clip_b.mu": (2.0, 1.0)}, changed
+    assert long.eval.prompts == long.task.params["val_size"] == 32
+    evals = [s for s in range(long.train.max_steps + 1) if s % long.eval.every == 0]
+    assert len([s for s in evals if 70 <= s <= 100]) == 7 and len(evals) >= 20  # W holds 7 evaluations
 
 
 def test_a_stopped_cpu_sweep_resumes_where_it_stopped(tmp_path, monkeypatch, capfd):
