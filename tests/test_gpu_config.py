@@ -36,12 +36,13 @@ def _driver():
 
 def test_the_gpu_config_is_the_issue_s_comparison():
     """GRPO and the four methods from SmolLM2 with float32 master weights and bf16 compute, the graph sampler,
-    >= 128 held-out prompts x 8 samples, >= 8 evaluations per run."""
+    >= 64 held-out prompts x 8 samples, >= 8 evaluations per run."""
     cfg = load_config(str(CONFIG))
     assert cfg.model.name == "smollm2-135m" and cfg.model.device == "cuda"
     assert cfg.model.dtype == "float32" and cfg.model.autocast_bf16
     assert cfg.rollout.cuda_graphs and cfg.rollout.backend == "static"
-    assert cfg.eval.prompts >= 128 and cfg.eval.samples >= 8 and cfg.task.params["val_size"] >= cfg.eval.prompts
+    # 64 of arith1's at most 200 distinct questions held out (issue 74), twice the CPU comparison's 32
+    assert cfg.eval.prompts >= 64 and cfg.eval.samples >= 8 and cfg.task.params["val_size"] >= cfg.eval.prompts
     evals = {0, cfg.train.max_steps} | set(range(0, cfg.train.max_steps + 1, cfg.eval.every))
     assert len(evals) >= 8
     assert _driver().METHODS == "none,clip_b,clip_v,clip_cov,kl_cov"
