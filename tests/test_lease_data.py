@@ -191,10 +191,10 @@ def test_runs_of_other_settings_than_the_committed_ones_are_refused(tmp_path):
     assert (root / "results" / "smollm2-gpu" / "clip_b-s0" / "run.json").is_file()
 
 
-def refused_after(root: Path, folders: list[Path]) -> str:
+def refused_after(root: Path, folders: list[Path], plan: plans.Plan = REALM) -> str:
     before = written(root)
     with pytest.raises(checks.LeaseDataError) as e:
-        collect.collect(REALM, folders, root=root, force=True)
+        collect.collect(plan, folders, root=root, force=True)
     assert written(root) == before
     return str(e.value)
 
@@ -301,3 +301,110 @@ def test_nothing_the_device_returns_lands_outside_the_shipped_files(tmp_path):
              if p.is_file()]
     assert sorted(map(str, files)) == sorted(["environment.json", *(f"{n}/{f}" for n in ("kl_cov-s2", "none-s0")
                                                                      for f in SHIPPED)])
+
+
+# ----------------------------------------------------------------------------- the kernels plan (issue 73, item 7)
+
+KERNELS = plans.PLANS["kernels"]
+
+
+def trainer(s_step: float | None, *steps: float, error: str | None = None) -> dict:
+    """One TRL trainer's pooled figures as kernels_trl.pool_trl_runs writes them, by hand: each run's ``steps``
+    start with an untimed warm-up step of 9 s."""
+    if error:
+        return {"s_step": None, "min": None, "max": None, "n": 0, "steps": [], "peak": None, "error": error,
+                "runs": [{"error": error}]}
+    return {"s_step": s_step, "min": min(steps), "max": max(steps), "n": len(steps), "steps": list(steps),
+            "peak": None, "runs": [{"steps": [9.0, s]} for s in steps]}
+
+
+def kernels_parts() -> dict[str, dict]:
+    """Each part of a kernels lease as kernels.py --json writes it (the run's fields, then the part's own), by
+    hand: token_stats 5 ms against logsumexp's 10 ms; our head 50 ms against 100 ms, TRL's not installed; verl 2 ms
+    against 20 ms; TRL's trainers 2.0 s (stock), 2.2 s (none) a step, clip_v failed."""
+    base = {"device": "NVIDIA H200", "date": "2026-12-01", "torch": "2.11.0+cu130", "triton": "3.6.0",
+            "cuda": "13.0", "quick": False, "wall_s": 10.0}
+    return {
+        "stats": {**base, "stats": [{
+            "dtype": "bfloat16", "shape": [4096, 151936], "temperature": 1.0, "bytes": 1000,
+            "t": {"copy": 0.004, "logsumexp": 0.010, "token_stats": 0.005}, "ratio": 0.5, "errors": {},
+            "extra_peak": 5, "syncs": 1, "launches": 2, "launches_logsumexp": 3, "error_over_bound": {"entropy": 0.25},
+            "copy_bw_fraction": 0.8}]},
+        "head": {**base, "head": [{"shape": [16384, 1536, 151936], "t": {"ours": 0.05, "baseline": 0.1},
+                                   "peak": {"ours": None, "baseline": None}, "errors": {"trl": "ImportError: no trl"},
+                                   "max_abs_logp_err": 2e-6}]},
+        "verl": {**base, "verl": {"shape": [8192, 151936], "t": {"ours": 0.002, "verl_entropy": 0.02}, "ratio": 0.1}},
+        "trl": {**base, "trl": {"micro": {"stock": trainer(2.0, 1.9, 2.1), "none": trainer(2.2, 2.2),
+                                          "clip_v": trainer(None, error="exit code 1")}}},
+    }
+
+
+def kernels_returned(tmp: Path, parts: dict[str, dict]) -> list[Path]:
+    """The kernels call's folder as the device tool returns it."""
+    out = tmp / "call1"
+    out.mkdir(parents=True)
+    (out / "lease.json").write_text(json.dumps({"call": 1, "sections": [{"name": "env", "status": "ok"}]}))
+    for part, res in parts.items():
+        (out / f"kernels-{part}.json").write_text(json.dumps(res))
+    return [out]
+
+
+def test_a_whole_kernels_lease_is_collected_into_its_table(tmp_path):
+    root = tmp_path / "repo"
+    root.mkdir()
+    got = collect.collect(KERNELS, kernels_returned(tmp_path, kernels_parts()), root=root)
+    assert [p.name for p in got[1:]] == ["nvidia-h200-2026-12-01.json", "nvidia-h200-2026-12-01.md"]
+    assert got[0].name.startswith("lease-kernels-")
+    md = got[2].read_text().splitlines()
+    assert md[0] == "# NVIDIA H200, 2026-12-01 (torch 2.11.0+cu130, triton 3.6.0)"
+    assert "| token_stats bfloat16 4096x151936 T=1.0 / logsumexp | 0.50x (5.00 ms / 10.00 ms) | <= 1.0x | PASS |" in md
+    assert "| head N16384 D1536 V151936: ours / trl | ImportError: no trl |  | n/a |" in md
+    assert ("| verl micro-batch 8192x151936 bf16, T 0.7 per token: ours / verl-style | 0.10x (2.00 ms / 20.00 ms) "
+            "| <= 1.1x | PASS |") in md
+    assert "| TRL micro: none / stock s/step | 1.10x (2.200 / 2.000 s) | <= 1.05x | MISS |" in md
+    assert "| TRL micro: clip_v / stock | FAILED | <= 1.15x | MISS |" in md
+    assert md[-1] == "Wall time 40 s."  # the four parts' 10 s each
+    # the next lease's part of a wrong type: refused, and what the first lease committed is as it was
+    parts = kernels_parts()
+    parts["head"]["head"][0]["max_abs_logp_err"] = "tiny"
+    line = refused_after(root, kernels_returned(tmp_path / "b", parts), plan=KERNELS)
+    assert line.endswith("kernels-head.json: head[0].max_abs_logp_err is 'tiny', not a number"), line
+
+
+def _drop(key: str):
+    return lambda d: d.pop(key)
+
+
+@pytest.mark.parametrize("part,change,words", [
+    ("stats", lambda r: r.update(device="N" * 300), "device is 300 bytes long, over the 100"),
+    ("stats", lambda r: r.update(device="H200\nx"), "device is 'H200\\nx', not one line of text"),
+    ("stats", lambda r: r.update(stats="x"), "stats is 'x', not a list of rows"),
+    ("stats", lambda r: _drop("logsumexp")(r["stats"][0]["t"]), "stats[0].t has no logsumexp"),
+    ("stats", lambda r: r["stats"][0].update(ratio="fast"), "stats[0].ratio is 'fast', not a number"),
+    ("stats", lambda r: _drop("extra_peak")(r["stats"][0]), "stats[0] has no extra_peak"),
+    ("stats", lambda r: r["stats"][0].update(error_over_bound={}), "stats[0].error_over_bound is empty"),
+    ("stats", lambda r: r["stats"][0].update(bytes=0), "stats[0].bytes is 0, not a positive number"),
+    ("stats", lambda r: r.update(torch="2.11\n# forged"), "torch is '2.11\\n# forged', not one line of text"),
+    ("stats", lambda r: r.update(quick="yes"), "quick is 'yes', not true or false"),
+    ("stats", lambda r: r.update(wall_s="long"), "wall_s is 'long', not a number"),
+    ("head", lambda r: r["head"][0]["t"].update(baseline=0), "head[0].t.baseline is 0, not a positive number"),
+    ("head", lambda r: r["head"][0].update(shape=[16384, 1536]), "head[0].shape is [16384, 1536], not a list of 3"),
+    ("head", lambda r: r["head"][0].update(errors=["trl"]), "head[0].errors is ['trl'], not an object"),
+    ("verl", lambda r: _drop("ours")(r["verl"]["t"]), "verl.t has no ours"),
+    ("trl", lambda r: r["trl"]["micro"]["stock"].update(s_step=None), "trl.micro.stock.s_step is None, not a positive"),
+    ("trl", lambda r: r["trl"]["micro"]["stock"]["runs"][0].update(steps=[]),
+     "trl.micro.stock.runs[0].steps is [], not a list of positive seconds"),
+    ("trl", lambda r: r["trl"].update(micro="fast"), "trl.micro is 'fast', not an object"),
+])
+def test_a_kernels_part_of_the_wrong_shape_is_one_line_before_anything_is_written(tmp_path, part, change, words):
+    """Each field the committed table is rendered from, or that names its files: before the lease record."""
+    parts = kernels_parts()
+    change(parts[part])
+    root = tmp_path / "repo"
+    root.mkdir()
+    with pytest.raises(checks.LeaseDataError) as e:
+        collect.collect(KERNELS, kernels_returned(tmp_path, parts), root=root)
+    line = str(e.value)
+    assert line.startswith(str(tmp_path / "call1" / f"kernels-{part}.json") + ": ") and words in line, line
+    assert "\n" not in line
+    assert written(root) == []

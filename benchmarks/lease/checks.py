@@ -8,7 +8,8 @@ and the field (:class:`LeaseDataError`), before anything is written.
 - ``lease.json``: a call's record of the shape ``device.py`` writes; its ``wave`` of the shape ``realm_wave.py``
   writes (the fields ``status.py`` reads, each of its type).
 - a run's ``run.json`` and ``metrics.jsonl``: the fields the kit reads, of their types, read line by line.
-- a kernels part: its ``device`` and ``date``, which name the committed files.
+- a kernels part: its ``device`` (bounded) and ``date``, which name the committed files, and every field the
+  committed markdown is rendered from (``kernels_report.table_rows``), of its type.
 
 The standard library and ``entropy_rft.common.text`` only (the device imports this module before any carried
 wheel).
@@ -121,15 +122,172 @@ def check_lease_file(path: Path) -> list[dict]:
     return [check_call_record(c, path) for c in rec["calls"]]
 
 
+DEVICE_MAX = 100  # bytes of a kernels part's device name, which names the committed files (a GPU's: ~20)
+
+
+def _shown(v: object) -> str:
+    """A value in an error line: its repr, or its length when that is long."""
+    r = repr(v)
+    if len(r) <= 40:
+        return r
+    return f"{len(v)} characters of text" if isinstance(v, str) else f"{r[:37]}..."
+
+
+def _want(cond: bool, where: object, name: str, v: object, what: str) -> None:
+    _need(cond, where, f"{name} is {_shown(v)}, not {what}")
+
+
+def _positive(v: object) -> bool:
+    return _number(v) and v > 0  # type: ignore[operator]
+
+
+def _obj(d: dict, key: str, where: object, name: str, default: object = None) -> dict:
+    """``d[key]`` (``default`` when absent and a default is given), which must be an object."""
+    v = d.get(key, default) if default is not None else d.get(key)
+    _want(isinstance(v, dict), where, f"{name}.{key}", v, "an object")
+    assert isinstance(v, dict)
+    return v
+
+
+def _numbers(d: dict, where: object, name: str, test=_number, what: str = "a number", keys=()) -> None:
+    """Each of ``keys`` (every key of ``d`` when none are given) a value that passes ``test``."""
+    for k in keys or d:
+        _want(test(d.get(k)), where, f"{name}.{k}", d.get(k), what)
+
+
+def _shape(d: dict, n: int, where: object, name: str) -> None:
+    v = d.get("shape")
+    _want(isinstance(v, list) and len(v) == n and all(isinstance(x, int) and not isinstance(x, bool) and x > 0
+                                                      for x in v), where, f"{name}.shape", v,
+          f"a list of {n} whole numbers")
+
+
+def _times(d: dict, where: object, name: str, need: tuple[str, ...] = ()) -> dict:
+    """``d["t"]``: seconds, each a positive number, ``need`` among them."""
+    t = _obj(d, "t", where, name)
+    for k in need:
+        _need(k in t, where, f"{name}.t has no {k}")
+    _numbers(t, where, f"{name}.t", _positive, "a positive number of seconds")
+    return t
+
+
+def _texts(d: dict, key: str, where: object, name: str) -> None:
+    v = _obj(d, key, where, name, {})
+    for k, x in v.items():
+        _want(isinstance(x, str), where, f"{name}.{key}.{k}", x, "text")
+
+
+def _maybe(test):
+    return lambda v: v is None or test(v)
+
+
+def _rows(rows: object, where: object, key: str) -> list[tuple[str, dict]]:
+    """(its name, the row) for each row of the list ``rows`` (a part's ``key``), each an object."""
+    _want(isinstance(rows, list), where, key, rows, "a list of rows")
+    assert isinstance(rows, list)
+    for i, r in enumerate(rows):
+        _want(isinstance(r, dict), where, f"{key}[{i}]", r, "an object")
+    return [(f"{key}[{i}]", r) for i, r in enumerate(rows)]
+
+
+def _check_stats(rows: object, where: object) -> None:
+    """``stats``: the fields ``kernels_report.table_rows`` reads of each row, of their types."""
+    for name, r in _rows(rows, where, "stats"):
+        _want(isinstance(r.get("dtype"), str), where, f"{name}.dtype", r.get("dtype"), "text")
+        _shape(r, 2, where, name)
+        _want(_number(r.get("temperature")) or isinstance(r.get("temperature"), str), where,
+              f"{name}.temperature", r.get("temperature"), "a number or text")
+        _times(r, where, name, ("token_stats", "logsumexp"))
+        _numbers(r, where, name, keys=("ratio", "copy_bw_fraction"))
+        _texts(r, "errors", where, name)
+        _need("extra_peak" in r, where, f"{name} has no extra_peak")
+        _numbers(r, where, name, _maybe(_number), "a number or null", ("extra_peak", "launches", "launches_logsumexp"))
+        if r["extra_peak"] is not None:
+            _numbers(r, where, name, _positive, "a positive number", ("bytes",))
+            _numbers(r, where, name, keys=("syncs",))
+        bounds = _obj(r, "error_over_bound", where, name)
+        _need(bool(bounds), where, f"{name}.error_over_bound is empty")
+        _numbers(bounds, where, f"{name}.error_over_bound")
+
+
+def _check_head(rows: object, where: object) -> None:
+    """``head``: as :func:`_check_stats`, for the fused head's rows."""
+    for name, r in _rows(rows, where, "head"):
+        _shape(r, 3, where, name)
+        _times(r, where, name, ("ours",))
+        _numbers(_obj(r, "peak", where, name), where, f"{name}.peak", _maybe(_number), "a number or null")
+        _obj(r, "errors", where, name)
+        _texts(r, "errors", where, name)
+        _numbers(r, where, name, keys=("max_abs_logp_err",))
+
+
+def _check_trl(models: object, where: object) -> None:
+    """``trl``: model -> trainer -> pooled figures (``kernels_trl.pool_trl_runs``): a trainer without ``error``
+    has a positive ``s_step``; every run without ``error`` its timed ``steps``."""
+    _want(isinstance(models, dict), where, "trl", models, "an object")
+    assert isinstance(models, dict)
+    for model, runs in models.items():
+        _want(isinstance(runs, dict), where, f"trl.{model}", runs, "an object")
+        for trainer, r in runs.items():
+            name = f"trl.{model}.{trainer}"
+            _want(isinstance(r, dict), where, name, r, "an object")
+            _want(isinstance(r.get("error", ""), str), where, f"{name}.error", r.get("error"), "text")
+            _want(_positive(r.get("s_step")) or (r.get("s_step") is None and "error" in r), where,
+                  f"{name}.s_step", r.get("s_step"), "a positive number (or null beside an error)")
+            if r.get("s_step") is not None:
+                _want(isinstance(r.get("n"), int) and not isinstance(r.get("n"), bool), where, f"{name}.n",
+                      r.get("n"), "a whole number")
+                _numbers(r, where, name, keys=("min", "max"))
+            _numbers(r, where, name, _maybe(_number), "a number or null", ("peak",))
+            children = r.get("runs", [])
+            _want(isinstance(children, list) and all(isinstance(x, dict) for x in children), where,
+                  f"{name}.runs", children, "a list of objects")
+            for j, x in enumerate(children):
+                steps = x.get("steps")
+                _want("error" in x or (isinstance(steps, list) and bool(steps) and all(map(_positive, steps))),
+                      where, f"{name}.runs[{j}].steps", steps, "a list of positive seconds")
+
+
+def _one_line(v: object) -> bool:
+    return isinstance(v, str) and visible(v) == v
+
+
 def check_kernels_part(res: object, where: object) -> dict:
-    """A kernels part (``kernels.py --json``): an object whose ``device`` is text and ``date`` a date, which name
-    the committed files."""
+    """A kernels part (``kernels.py --json``): its ``device`` (one line of text, at most ``DEVICE_MAX`` bytes) and
+    ``date`` (YYYY-MM-DD), which name the committed files; the title's ``torch``, ``triton`` and ``cuda`` one line
+    of text; and every field ``kernels_report.render_markdown`` reads of ``stats``, ``stats_sweep``, ``head``,
+    ``verl`` and ``trl``, of its type (a time a positive number: the table divides by it)."""
     _need(isinstance(res, dict), where, "is not an object")
     assert isinstance(res, dict)
-    _need(isinstance(res.get("device", "device"), str), where, "device is not text")
+    device = res.get("device", "device")
+    _want(_one_line(device), where, "device", device, "one line of text")
+    _need(len(device.encode()) <= DEVICE_MAX, where, f"device is {len(device.encode())} bytes long, over the "
+          f"{DEVICE_MAX} a file name takes from it: no GPU is named so; find out what wrote it")
     date = res.get("date", "")
     _need(date == "" or (isinstance(date, str) and DATE.match(date) is not None), where,
           f"date is {date!r}, not YYYY-MM-DD")
+    for key in ("torch", "triton", "cuda"):
+        _want(key not in res or res[key] is None or _one_line(res[key]), where, key, res.get(key),
+              "one line of text")
+    _want(isinstance(res.get("quick", False), bool), where, "quick", res.get("quick"), "true or false")
+    _want("wall_s" not in res or _number(res["wall_s"]), where, "wall_s", res.get("wall_s"), "a number")
+    if "stats" in res:
+        _check_stats(res["stats"], where)
+    if res.get("stats_sweep"):
+        sweep = res["stats_sweep"]
+        _want(isinstance(sweep, dict), where, "stats_sweep", sweep, "an object")
+        _shape(sweep, 2, where, "stats_sweep")
+        _times(sweep, where, "stats_sweep")
+        _numbers(sweep, where, "stats_sweep", _positive, "a positive number", ("bytes",))
+    if "head" in res:
+        _check_head(res["head"], where)
+    if "verl" in res:
+        _want(isinstance(res["verl"], dict), where, "verl", res["verl"], "an object")
+        _shape(res["verl"], 2, where, "verl")
+        _times(res["verl"], where, "verl", ("ours", "verl_entropy"))
+        _numbers(res["verl"], where, "verl", keys=("ratio",))
+    if "trl" in res:
+        _check_trl(res["trl"], where)
     return res
 
 

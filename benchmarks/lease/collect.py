@@ -91,8 +91,9 @@ def read_kernels(folders: list[Path]) -> list[tuple[str, dict]]:
     return parts
 
 
-def collect_kernels(parts: list[tuple[str, dict]], root: Path) -> list[Path]:
-    """Merge the parts' JSON into ``<device>-<date>.json`` and render its ``.md`` (benchmarks/gpu/kernels.py)."""
+def kernels_files(parts: list[tuple[str, dict]], root: Path) -> list[tuple[Path, str]]:
+    """The parts' JSON merged into ``<device>-<date>.json`` and its ``.md`` (benchmarks/gpu/kernels.py), as
+    (path, text), rendered before anything is written: the parts are checked (``checks.check_kernels_part``)."""
     from kernels_report import render_markdown, result_stem
 
     merged: dict = {}
@@ -103,12 +104,10 @@ def collect_kernels(parts: list[tuple[str, dict]], root: Path) -> list[Path]:
             merged[part] = res[part]
     if not merged:
         return []
-    merged["wall_s"] = sum(r.get("wall_s", 0) for _, r in parts if isinstance(r.get("wall_s", 0), (int, float)))
+    merged["wall_s"] = sum(r.get("wall_s", 0) for _, r in parts)
     stem = result_stem(merged)
-    js, md = root / KERNEL_RESULTS / f"{stem}.json", root / KERNEL_RESULTS / f"{stem}.md"
-    js.write_text(json.dumps(merged, indent=1, default=str) + "\n")
-    md.write_text(render_markdown(merged))
-    return [js, md]
+    return [(root / KERNEL_RESULTS / f"{stem}.json", json.dumps(merged, indent=1, default=str) + "\n"),
+            (root / KERNEL_RESULTS / f"{stem}.md", render_markdown(merged))]
 
 
 def base_figures(run_dirs: list[Path]) -> dict:
@@ -260,8 +259,12 @@ def collect(plan: Plan, folders: list[Path], root: Path = ROOT, force: bool = Fa
 
     calls = read_calls(plan, folders)
     if not plan.realm:
-        parts = read_kernels(folders)
-        return [lease_record(plan, calls, root), *collect_kernels(parts, root)]
+        files = kernels_files(read_kernels(folders), root)
+        written = [lease_record(plan, calls, root)]
+        for path, text in files:
+            path.write_text(text)
+            written.append(path)
+        return written
     for f in folders:
         if (f / "sampler.json").is_file() and not isinstance(read_json(f / "sampler.json"), dict):
             raise LeaseDataError(f / "sampler.json", "is not an object")

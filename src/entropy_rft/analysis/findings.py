@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from entropy_rft.analysis.law import fit_law, forecast_final, law_points, reliability_warning
-from entropy_rft.analysis.runs import QUADRANT_LABELS, RunData, methods_in_order, series
+from entropy_rft.analysis.runs import QUADRANT_LABELS, UNKNOWN, RunData, methods_in_order, series
 from entropy_rft.analysis.summary import setpoint_tracking
 from entropy_rft.common.errors import UserError
 from entropy_rft.common.text import table_cell
@@ -188,7 +188,7 @@ def quadrant_rows(runs: Sequence[RunData]) -> list[dict[str, Any]]:
     out = []
     for label in methods_in_order(runs):
         run = next(r for r in runs if r.label == label)
-        name = str((run.cfg.get("method") or {}).get("name", "none"))
+        name = UNKNOWN if run.method == UNKNOWN else str((run.cfg.get("method") or {}).get("name", "none"))
         try:
             effects = quadrant_effects(get_method_class(name).quadrants)
         except ValueError:  # a method this version does not know: its runs still report

@@ -1,7 +1,8 @@
 """Run directories as data: ``load_run`` reads a run's config, metrics, token records and evaluation
-histograms into a ``RunData``; ``assign_labels`` groups runs into series (the method with its variant, then
-the engine and the model, each only where the runs given differ in it, then the settings in which runs of one
-label differ; seeds of one series are averaged).
+histograms into a ``RunData``, with what the reading left out or could not tell (``RunData.gaps``);
+``assign_labels`` groups runs into series (the method with its variant, then the engine and the model, each only
+where the runs given differ in it, then the settings in which runs of one label differ; seeds of one series are
+averaged); ``incomplete`` says, one line each, what of the runs given a report leaves out.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from entropy_rft.analysis.summary import (
     read_run_config,
 )
 from entropy_rft.common.errors import UserError
+from entropy_rft.common.streams import LineCounts
 from entropy_rft.config.loading import config_from_dict
 from entropy_rft.config.schema import Config, changed_fields
 from entropy_rft.control.lens import QUADRANTS
@@ -47,6 +49,10 @@ class RunData:
     model: str = "default"
     law_entropy: str = "eval"  # the law's H (analysis.law.law_points): "train" for runs without eval/entropy
     settings: dict[str, str] = field(default_factory=dict)  # the settings its label names (assign_labels)
+    gaps: list[str] = field(default_factory=list)  # what reading it left out or could not tell (_reading_gaps)
+
+
+UNKNOWN = "unknown"  # the method and model of a run without config.yaml: shown apart, never as a default
 
 
 def expand_run_dirs(paths: Sequence[str | Path]) -> list[Path]:
@@ -101,20 +107,44 @@ def _hist(v: Any) -> list[int] | None:
     return None
 
 
+def _reading_gaps(path: Path, counts: dict[str, LineCounts], status: dict, has_config: bool) -> list[str]:
+    """One line for each thing that reading the run ``path`` left out or could not tell: a log's unfinished last
+    line (``counts``, by file name), no ``run.json`` (or one that does not read), no ``config.yaml``."""
+    gaps = [f"{path / name}: its last line is unfinished (no newline at its end: a write cut by a kill, or a copy "
+            "still under way) and is left out; copy the run again once its writer has finished"
+            for name, c in counts.items() if c.unfinished]
+    if not os.path.lexists(path / "run.json"):
+        gaps.append(f"{path}: no run.json, so whether the run finished is unknown; its rows are read as they are: "
+                    "copy the whole run folder")
+    elif not status:
+        gaps.append(f"{path / 'run.json'}: not a JSON object, so whether the run finished is unknown; its rows are "
+                    "read as they are: copy the run's run.json again")
+    if not has_config:
+        gaps.append(f"{path}: no config.yaml, so its method, model and seed are unknown; shown as the series "
+                    f"'{UNKNOWN}', a run of no method: copy the run's config.yaml beside its metrics.jsonl")
+    return gaps
+
+
 def load_run(path: Path) -> RunData:
-    cfg = read_run_config(path)
-    rows = read_step_log(path / "metrics.jsonl")
+    """A run directory as ``RunData``: a run without ``config.yaml`` has the method and model ``UNKNOWN``; what
+    the reading left out or could not tell is in ``gaps``."""
+    cfg = read_run_config(path)  # {} without config.yaml
+    has_config = (path / "config.yaml").is_file()
+    counts = {"metrics.jsonl": LineCounts(), "token_records.jsonl": LineCounts()}
+    rows = read_step_log(path / "metrics.jsonl", counts["metrics.jsonl"])
     if not rows:
         raise UserError(f"{path / 'metrics.jsonl'}: empty; the run has not logged a step yet")
-    method, label = _label(cfg)
+    method, label = _label(cfg) if has_config else (UNKNOWN, UNKNOWN)
     status = read_status(path)  # run.json: the TRL engine records engine="trl" there too
     engine = str(cfg.get("engine") or status.get("engine") or "native")
-    model = str((cfg.get("model") or {}).get("name") or "default")
+    model = str((cfg.get("model") or {}).get("name") or "default") if has_config else UNKNOWN
     seed = (cfg.get("train") or {}).get("seed")
     if seed is not None and not isinstance(seed, (int, str)):
         seed = str(seed)  # only compared: a damaged value must not stop the report
     r = RunData(path=path, name=path.name, method=method, label=label, seed=seed, cfg=cfg, rows=rows,
-                records=read_jsonl(path / "token_records.jsonl"), variant=label, engine=engine, model=model)
+                records=read_jsonl(path / "token_records.jsonl", counts["token_records.jsonl"]), variant=label,
+                engine=engine, model=model)
+    r.gaps = _reading_gaps(path, counts, status, has_config)
     r.train_rows = [x for x in rows if x["step"] >= 1]  # read_step_log: every step is an integer >= 0
     r.eval_rows = [x for x in rows if isinstance(x.get("eval/pass@1"), (int, float))]
     for x in r.eval_rows:
@@ -218,12 +248,12 @@ def assign_labels(runs: Sequence[RunData]) -> list[str]:
     parts = [lambda r: r.variant]
     if len({r.engine for r in runs}) > 1:
         parts.append(lambda r: r.engine)
-    models = {r.model for r in runs}
+    models = {r.model for r in runs if r.model != UNKNOWN}  # a run of unknown model is a series apart already
     if len(models) > 1:
         short = {m: _model_short(m) for m in models}
         if len(set(short.values())) < len(short):  # two folders of one name: keep the full names
             short = {m: m for m in models}
-        parts.append(lambda r: short[r.model])
+        parts.append(lambda r: short.get(r.model, r.model))
     for r in runs:
         r.label = " · ".join(f(r) for f in parts)
         r.settings = {}
@@ -238,6 +268,41 @@ def assign_labels(runs: Sequence[RunData]) -> list[str]:
             for r, n in zip(rs, _dir_names(rs)):
                 r.label = f"{label} [{n}]"
     return notes
+
+
+def _last_step(r: RunData) -> int:
+    return max((int(x.get("step", 0)) for x in r.rows), default=0)
+
+
+def fewer_steps(runs: Sequence[RunData]) -> list[str]:
+    """One line for each run whose last step is earlier than its siblings': the other runs given with its engine
+    and its recorded ``train.max_steps`` (for a run that records none, the other runs of its series)."""
+    def sibling_key(r: RunData) -> tuple[str, str, Any]:
+        planned = (r.cfg.get("train") or {}).get("max_steps")
+        if isinstance(planned, int) and not isinstance(planned, bool):
+            return r.engine, "train.max_steps", planned
+        return r.engine, "the series", r.label
+
+    groups: dict[tuple[str, str, Any], list[RunData]] = {}
+    for r in runs:
+        groups.setdefault(sibling_key(r), []).append(r)
+    notes = []
+    for r in runs:
+        (_, kind, value), rs = sibling_key(r), groups[sibling_key(r)]
+        most = max(_last_step(x) for x in rs)
+        if _last_step(r) < most:
+            longest = [n for x, n in zip(rs, _dir_names(rs)) if _last_step(x) == most]
+            who = ", ".join(longest[:3]) + (f" and {len(longest) - 3} more" if len(longest) > 3 else "")
+            notes.append(f"{r.path}: it ends at step {_last_step(r)}, its siblings at step {most} (the runs of {kind} "
+                         f"{value}: {who}); its last steps are missing (a run still training, stopped, or copied in "
+                         "part): resume it, or copy it again once it has finished")
+    return notes
+
+
+def incomplete(runs: Sequence[RunData]) -> list[str]:
+    """What a report of ``runs`` leaves out or cannot tell, one line each: each run's ``gaps``, then the runs that
+    stop short of their siblings (``fewer_steps``; call it after ``assign_labels``)."""
+    return [g for r in runs for g in r.gaps] + fewer_steps(runs)
 
 
 def series_info(runs: Sequence[RunData]) -> list[dict[str, Any]]:

@@ -51,6 +51,8 @@ def run(args: argparse.Namespace) -> int:
     say(f"report written to {Path(args.out) / 'report.html'} ({len(numbers['runs'])} runs in "
           f"{len(numbers['series'])} series: {'; '.join(x['label'] for x in numbers['series'])}; "
           f"figures: {', '.join(numbers['figures'])})")
+    for note in numbers["incomplete"]:  # a torn last line, no run.json or config.yaml, fewer steps than siblings
+        say(f"  incomplete: {note}")
     for note in numbers["settings"]:  # runs of one method that erft compare would not put in one table
         say(f"  settings: {note}")
     for note in numbers["read"]:

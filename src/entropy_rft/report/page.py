@@ -11,6 +11,10 @@ it. Runs of one label whose settings differ in more than the seed and ``train.ma
 refuses to mix) are one series per setting, labelled with the fields that differ (``none (optim.lr=0.05)``), and
 the page says which settings differ. Runs of one series with different ``train.seed`` are seeds and are
 averaged; runs of one label that share a seed are not seeds, and their labels get the run directory's name.
+
+What the runs given lack (``analysis.runs.incomplete``: a log's unfinished last line, no ``run.json`` or
+``config.yaml``, fewer steps than their siblings) is listed near the top of the page, one line each, and in
+``report.json``'s ``incomplete``.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from entropy_rft.analysis.law import MIN_RELIABLE_POINTS
 from entropy_rft.analysis.runs import (
     RunData,
     assign_labels,
+    incomplete,
     lens_means,
     methods_in_order,
     series_info,
@@ -118,6 +123,15 @@ def _omitted_html(omitted: Sequence[dict[str, str]]) -> str:
             "plot:</p>" + "".join(not_shown_html(f"{o['title']}: {o['reason']}") for o in omitted))
 
 
+def _incomplete_html(notes: Sequence[str]) -> str:
+    """The list of what the runs given lack (text from the runs: escaped, shown, never obeyed)."""
+    if not notes:
+        return ""
+    return ('<h2 id="incomplete">Incomplete runs</h2><p>What these runs lack, and what the report left out or '
+            'could not tell of them:</p><ul class="warn">'
+            + "".join(f"<li>{html.escape(n)}</li>" for n in notes) + "</ul>")
+
+
 def _law_html(fits: Sequence[dict], runs: Sequence[RunData]) -> tuple[str, bytes | None]:
     law_png = plots.fig_law(fits, runs)
     if law_png is None:
@@ -166,6 +180,7 @@ def build_report(paths: Sequence[str | Path], out: str | Path, *, source: str | 
     runs = load_runs(paths, source=source, entropy_key=entropy_key, metric=metric)
     run_dirs = [r.path for r in runs]
     settings = assign_labels(runs)  # the notes of the settings that keep runs of one method apart
+    lacking = incomplete(runs)  # after the labels: the runs of one series are siblings
     summaries = [run_summary(r.path, rows=r.rows, cfg=r.cfg) for r in runs]
     for r, s in zip(runs, summaries):
         s["method"] = r.label
@@ -215,15 +230,16 @@ def build_report(paths: Sequence[str | Path], out: str | Path, *, source: str | 
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
         f"<title>{title}</title><style>{CSS}</style></head><body>"
         f"<h1>{title}</h1><p class=\"meta\">Generated {now} from {len(runs)} run(s): {run_list}</p>"
-        f"<h2>Summary</h2><p class=\"summary\" id=\"summary\">{html.escape(paragraph)}</p>"
+        + _incomplete_html(lacking)
+        + f"<h2>Summary</h2><p class=\"summary\" id=\"summary\">{html.escape(paragraph)}</p>"
         + "".join(f'<p class="warn">Settings: {html.escape(n)}.</p>' for n in settings)
         + f"<h2>Table (mean ± std over seeds)</h2>{tables}" + comparison_html + quadrant_html
         + _omitted_html(omitted) + "".join(sections) + "</body></html>\n"
     )
     atomic_write_text(out / "report.html", page)
     numbers = {"runs": [str(p) for p in run_dirs], "summary": paragraph, "series": series_info(runs),
-               "settings": settings, "figures": figures_present, "omitted": omitted, "methods": agg, "lens": lens,
-               "law": fits, "comparison": comparison, "quadrants": quadrants,
+               "settings": settings, "incomplete": lacking, "figures": figures_present, "omitted": omitted,
+               "methods": agg, "lens": lens, "law": fits, "comparison": comparison, "quadrants": quadrants,
                "read": [r.cfg["byo"]["note"] for r in runs if "byo" in r.cfg]}
     atomic_write_json(out / "report.json", numbers)
     for key, png in pngs.items():

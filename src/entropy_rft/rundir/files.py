@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from entropy_rft.common.errors import UserError
+from entropy_rft.common.streams import LineCounts
 from entropy_rft.rundir.guard import follow_umask, refuse_link_out
 from entropy_rft.rundir.lock import LOCK, RunLock
 
@@ -227,10 +228,11 @@ def forget_warnings() -> None:
     _WARNED.clear()
 
 
-def read_jsonl(path: str | Path) -> list[dict]:
+def read_jsonl(path: str | Path, counts: LineCounts | None = None) -> list[dict]:
     """Every intact JSON line of ``path``. A damaged line is skipped with a warning naming the file and the
-    line; a torn last line (a write in progress, or one a kill interrupted) is skipped silently."""
-    p = Path(path)
+    line; a torn last line (a write in progress, or one a kill interrupted) is skipped without one, and counted
+    in ``counts.unfinished`` (so that a reader such as ``erft report`` can say so)."""
+    p, counts = Path(path), counts if counts is not None else LineCounts()
     if not p.exists():
         return []
     lines, torn = _parse_lines(p)
@@ -238,7 +240,9 @@ def read_jsonl(path: str | Path) -> list[dict]:
     for k, (n, text, rec) in enumerate(lines):
         if rec is not None:
             out.append(rec)
-        elif not (torn and k == len(lines) - 1):
+        elif torn and k == len(lines) - 1:
+            counts.unfinished += 1
+        else:
             _warn_line(p, n, text, f"{p}:{n} is not a JSON object; skipped")
     return out
 
@@ -261,16 +265,16 @@ def _step_damage(rec: dict | None) -> str | None:
     return None
 
 
-def read_step_log(path: str | Path) -> list[dict]:
+def read_step_log(path: str | Path, counts: LineCounts | None = None) -> list[dict]:
     """The intact rows of a per-step log (``metrics.jsonl``): JSON objects whose ``step`` is an integer >= 0.
 
     As :func:`read_jsonl`, a damaged line (not a JSON object, or a step that is missing, not an integer,
     boolean or negative) is skipped with one warning naming the file and the line, and a torn last line
-    silently; a value that is text or a mapping (a metric is a number, null or a list) is read as null, with
-    one warning for its line. Each line is warned about once per process (:func:`_warn_line`). Refused in one
-    line (:class:`UserError`) when ``path`` is not a file or when no line is intact; a missing or empty file
-    gives ``[]``."""
-    p = Path(path)
+    without one (counted in ``counts.unfinished``); a value that is text or a mapping (a metric is a number,
+    null or a list) is read as null, with one warning for its line. Each line is warned about once per process
+    (:func:`_warn_line`). Refused in one line (:class:`UserError`) when ``path`` is not a file or when no line
+    is intact; a missing or empty file gives ``[]``."""
+    p, counts = Path(path), counts if counts is not None else LineCounts()
     if not p.exists():
         return []
     if not p.is_file():
@@ -291,7 +295,9 @@ def read_step_log(path: str | Path) -> list[dict]:
                 bad_values.append((n, text, bad[0], rec[bad[0]], len(bad) - 1))
                 rec = {**rec, **dict.fromkeys(bad)}
             out.append(rec)
-        elif not (torn and k == len(lines) - 1 and "\0" not in text):  # NULs are damage, not a write in progress
+        elif torn and k == len(lines) - 1 and "\0" not in text:  # NULs are damage, not a write in progress
+            counts.unfinished += 1
+        else:
             damaged.append((n, text, why))
     if not out and damaged:  # one line, not a warning per line before it
         n, _text, why = damaged[0]
