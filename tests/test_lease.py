@@ -361,7 +361,7 @@ def test_next_and_shrink_read_a_partial_wave_and_a_wave_where_nothing_fits(tmp_p
     assert advice[0].startswith("the last lease of realm finished no run: none-s1 needs 380 s (20 s to start, "
                                 "3.00 s a step, 20.00 s an evaluation, measured with 1 run(s) on the device); "
                                 "the budget was 200 s")
-    assert "eval.prompts 128 -> 32, train.max_steps 60 -> 30, eval.every 8 -> 4 (one run 155 s of 200 s)" in advice[1]
+    assert "eval.prompts 64 -> 32, train.max_steps 60 -> 30, eval.every 8 -> 4 (one run 155 s of 200 s)" in advice[1]
     assert "7 run(s) are committed under the old settings" in advice[2]
     with pytest.raises(SystemExit, match="7 run.s. are committed under the current setting"):
         shrink.shrink(realm, tmp_path)

@@ -254,12 +254,12 @@ def test_kit_collect_says_one_line_and_exits_2(tmp_path, capsys):
     assert err.startswith("collect: ") and err.endswith("nothing was written") and "\n" not in err
 
 
-SETTINGS = {"train.max_steps": 60, "eval.every": 8, "eval.prompts": 128, "rollout.max_new_tokens": 128}
+SETTINGS = {"train.max_steps": 60, "eval.every": 8, "eval.prompts": 64, "rollout.max_new_tokens": 128}
 
 
 @pytest.mark.parametrize("sets,words", [
     ({"task.name": "os:system"}, "names task.name, which a lease may not change"),
-    ({"eval.prompts": "32"}, "eval.prompts is '32', not a whole number from 1 to 128"),
+    ({"eval.prompts": "32"}, "eval.prompts is '32', not a whole number from 1 to 64"),
     ({"eval.prompts": -5}, "eval.prompts is -5"),
     ({"train.max_steps": 100000}, "train.max_steps is 100000, not a whole number from 1 to 60"),
     ({"eval.prompts": "32\ntask:\n  name: os:system"}, "eval.prompts is '32\\ntask:"),
