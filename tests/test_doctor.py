@@ -152,12 +152,47 @@ def table(tmp: Path, sick: bool) -> Path:
     return path
 
 
+def verl_file(tmp: Path, sick: bool) -> Path:
+    h, r = (sick_h, SICK_R) if sick else (healthy_h, HEALTHY_R)
+    rows = []
+    for s in STEPS:
+        data = {"actor/entropy": h(s), "actor/pg_clipfrac": 0.4 if sick else 0.01}
+        if s in r:
+            data["val-core/gsm8k/acc/mean@1"] = r[s]
+        rows.append({"step": s, "data": data})
+    path = tmp / "exp.jsonl"
+    path.write_text("".join(json.dumps(x) + "\n" for x in rows))
+    return path
+
+
+def tensorboard(tmp: Path, sick: bool) -> Path:
+    """TRL's TensorBoard tags (train/..., eval/reward), written by tensorboard's own event writer."""
+    from tensorboard.compat.proto.event_pb2 import Event
+    from tensorboard.compat.proto.summary_pb2 import Summary
+    from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+    h, r = (sick_h, SICK_R) if sick else (healthy_h, HEALTHY_R)
+    folder = tmp / "runs"
+    w = EventFileWriter(str(folder))
+    for s in STEPS:
+        vals = {"train/entropy": h(s), "train/kl": 0.9 if sick else 0.05, "train/frac_reward_zero_std": 0.1}
+        if s in r:
+            vals["eval/reward"] = r[s]
+        w.add_event(Event(step=s, wall_time=float(s), summary=Summary(
+            value=[Summary.Value(tag=k, simple_value=v) for k, v in vals.items()])))
+    w.close()
+    return folder
+
+
 # The sick logs' expected findings, by hand: collapse and plateau (every source: same H, same R) plus
 # TRL: zero std 0.95 >= 0.9 (error, ranked first), clip 0.3 >= 0.2, KL 0.8 >= 0.5; verl: truncated 0.5 >= 0.2;
-# the table: clip 0.25 >= 0.2.
+# the table: clip 0.25 >= 0.2; verl's file log: pg_clipfrac 0.4 >= 0.2; TensorBoard: KL 0.9 >= 0.5 (zero std 0.1
+# < 0.5: quiet).
 SICK = {"trl": (trl_dir, {"advantage_collapse", "clip_saturation", "kl_drift"}),
         "verl-console": (verl_log, {"truncation"}),
-        "table": (table, {"clip_saturation"})}
+        "table": (table, {"clip_saturation"}),
+        "verl-file": (verl_file, {"clip_saturation"}),
+        "tensorboard": (tensorboard, {"kl_drift"})}
 
 
 @pytest.mark.parametrize("source", list(SICK))
@@ -189,6 +224,10 @@ def test_a_log_with_no_validation_score_is_one_line_naming_the_file_and_the_flag
     empty.write_text("")
     rc, _, err = doctor(capsys, empty, "--source", "table")
     assert rc == 2 and str(empty) in one_line(err)
+    run = erft_run(tmp_path, True)
+    rc, _, err = doctor(capsys, run, "--metric", "pass@8")  # an erft run without eval/pass@8
+    line = one_line(err)
+    assert rc == 2 and str(run / "metrics.jsonl") in line and "'eval/pass@8'" in line and "--metric" in line
 
 
 # ----------------------------------------------------------------------------- the detectors themselves
