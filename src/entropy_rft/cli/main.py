@@ -18,7 +18,7 @@ import sys
 import threading
 from typing import NoReturn
 
-from entropy_rft.cli import compare, experiment, export_verl, fit_law, methods, probe, report, tasks, train
+from entropy_rft.cli import compare, doctor, experiment, export_verl, fit_law, methods, probe, report, tasks, train
 from entropy_rft.cli import eval as eval_cmd
 from entropy_rft.cli import filter as filter_cmd
 from entropy_rft.common.errors import UserError
@@ -27,7 +27,8 @@ from entropy_rft.common.text import visible
 from entropy_rft.common.threads import prefer_passive_wait
 
 # Subcommand modules, in the order ``erft --help`` lists them.
-COMMANDS = (train, eval_cmd, compare, report, probe, filter_cmd, fit_law, experiment, methods, tasks, export_verl)
+COMMANDS = (train, eval_cmd, compare, report, probe, filter_cmd, fit_law, doctor, experiment, methods, tasks,
+            export_verl)
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 

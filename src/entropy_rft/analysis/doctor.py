@@ -1,0 +1,361 @@
+"""``erft doctor``: findings on a run (erft's own or another engine's, as ``erft fit-law`` reads them).
+
+Each detector is a small pure function over series (step -> value) with its rule and thresholds as named module
+constants below; it returns a :class:`Finding` or None. A false alarm costs more than a miss, so every threshold
+is set where a healthy run of the project's committed data (results/smollm2-cpu) stays quiet and a rule reads
+the recent window, not the whole run (an early transient such as truncation at step 1 does not fire). A
+prescription is built from the method registry (``control.registry``: name, knob, its direction, paper), never
+from text in the log.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+Series = Mapping[int, float]
+LEVELS = ("info", "warn", "error")
+
+RECENT_STEPS = 5          # the "recent window": the last 5 logged steps of a per-step series
+# (a) entropy collapse
+ENTROPY_FLOOR = 0.05      # nats: a policy this sharp samples nearly one token per position
+COLLAPSE_HORIZON = 1.0    # fire when the projected floor step is within this fraction of the run's length ahead
+TREND_FRAC = 0.5          # the trend: a least-squares line over the last half of the entropy series (>= 4 points)
+# (a), (c) the score has stopped improving
+STALL_EVALS = 3           # the last 3 evaluations ...
+MIN_GAIN = 0.02           # ... beat the best before them by less than 0.02 (2 points of accuracy)
+MIN_EVALS = 5             # and there are at least 5 evaluations
+# (b) entropy surge
+SURGE_RATIO = 1.5         # recent mean > 1.5 x the lowest earlier window mean ...
+SURGE_NATS = 0.3          # ... and higher by at least 0.3 nats
+# (c) the law's ceiling
+CEILING_GAP = 0.03        # the law's ceiling b - a within 0.03 of the best score so far
+# (d) advantage collapse, (e) truncation, (f) clip saturation: recent means
+ZERO_STD_WARN, ZERO_STD_ERROR = 0.5, 0.9
+TRUNCATED_WARN = 0.2
+CLIP_WARN = 0.2
+# (g) KL drift: the recent mean of the reference KL
+KL_WARN = 0.5             # nats
+# (h) a control method that barely acts
+KEPT_BARELY = 0.995       # mean kept share of the valid tokens over the run's training steps
+
+# Keys read, by engine (erft, TRL, verl): the first one logged is used.
+ZERO_STD_KEYS = ("frac_reward_zero_std", "train/frac_reward_zero_std")
+TRUNCATED_KEYS = ("response/truncated_frac", "completions/clipped_ratio", "train/completions/clipped_ratio",
+                  "clipped_ratio", "response_length/clip_ratio")
+CLIP_KEYS = ("clip/ratio_frac", "clip_ratio/region_mean", "train/clip_ratio/region_mean", "clip_ratio",
+             "actor/pg_clipfrac")
+KL_KEYS = ("kl/ref", "kl", "train/kl", "actor/kl_loss")
+KEPT_KEYS = ("control/kept_frac",)
+
+
+@dataclass(frozen=True)
+class Prescription:
+    method: str
+    knob: str | None
+    direction: str  # e.g. "lower mu"
+    paper: str
+    expect: str
+
+
+@dataclass(frozen=True)
+class Finding:
+    id: str
+    level: str
+    title: str
+    evidence: str
+    keys: tuple[str, ...]
+    rule: str
+    prescription: Prescription | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class RunSeries:
+    """What the detectors read from one run: the series and the key each came from."""
+
+    name: str
+    entropy: dict[int, float]
+    score: dict[int, float]
+    keys: dict[str, str]  # role -> key read
+    extra: dict[str, dict[int, float]]  # role (reward, zero_std, truncated, clip, kl, kept) -> series
+    method: str = "none"
+    params: dict[str, Any] | None = None
+
+
+def _recent(s: Series, n: int = RECENT_STEPS) -> list[float]:
+    return [s[k] for k in sorted(s)[-n:]]
+
+
+def _mean(v: Sequence[float]) -> float:
+    return sum(v) / len(v)
+
+
+def stalled(score: Series) -> tuple[bool, float, float]:
+    """(stalled, best of the last STALL_EVALS evaluations, best before them)."""
+    vals = [score[k] for k in sorted(score)]
+    if len(vals) < MIN_EVALS:
+        return False, float("nan"), float("nan")
+    last, before = max(vals[-STALL_EVALS:]), max(vals[:-STALL_EVALS])
+    return last - before < MIN_GAIN, last, before
+
+
+def _trend(s: Series) -> tuple[float, float, int] | None:
+    """(slope per step, fitted value at the last step, last step) of a line over the last TREND_FRAC."""
+    steps = sorted(s)
+    n = max(4, int(len(steps) * TREND_FRAC))
+    if len(steps) < 4:
+        return None
+    xs, ys = steps[-n:], [s[k] for k in steps[-n:]]
+    mx, my = _mean(xs), _mean(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
+    return slope, my + slope * (xs[-1] - mx), xs[-1]
+
+
+def _method_info(name: str) -> dict[str, Any]:
+    import entropy_rft.control.builtins  # noqa: F401  (registers the methods)
+    from entropy_rft.control.registry import method_info
+
+    return method_info(name)
+
+
+def raise_entropy(method: str, params: Mapping[str, Any] | None, expect: str) -> Prescription:
+    """Move the run's method knob toward higher entropy; with no method (or one with no knob), ClipB."""
+    info = _method_info(method) if method != "none" else None
+    if info is None or not info["knob"] or not info["knob_raises_entropy"]:
+        info, params = _method_info("clip_b"), None
+    knob = info["knob"]
+    verb = "raise" if info["knob_raises_entropy"] > 0 else "lower"
+    now = (params or {}).get(knob, next(p["default"] for p in info["params"] if p["name"] == knob))
+    return Prescription(info["name"], knob, f"{verb} {knob} (now {now:g}; {info['direction']})", info["paper"],
+                        expect)
+
+
+def lower_entropy(method: str, params: Mapping[str, Any] | None, expect: str) -> Prescription | None:
+    if method == "none":
+        return None
+    info = _method_info(method)
+    if not info["knob"] or not info["knob_raises_entropy"]:
+        return None
+    verb = "lower" if info["knob_raises_entropy"] > 0 else "raise"
+    return Prescription(info["name"], info["knob"], f"{verb} {info['knob']} ({info['direction']})", info["paper"],
+                        expect)
+
+
+def entropy_collapse(entropy: Series, score: Series, keys: tuple[str, ...], method: str = "none",
+                     params: Mapping[str, Any] | None = None) -> Finding | None:
+    """Entropy collapse: a line fitted to the last half of the entropy series (at least 4 points) reaches
+    ENTROPY_FLOOR nats within COLLAPSE_HORIZON x the run's length ahead (error when it is already below), and the
+    score has stopped improving (the last STALL_EVALS of at least MIN_EVALS evaluations beat the best before them
+    by less than MIN_GAIN). A falling entropy while the score still climbs is the normal course: quiet."""
+    t = _trend(entropy)
+    if t is None:
+        return None
+    slope, now, last = t
+    stop, best_last, best_before = stalled(score)
+    if not stop:
+        return None
+    below = _recent(entropy, 1)[0] <= ENTROPY_FLOOR
+    if not below and slope >= 0:
+        return None
+    at = last if below else last + (now - ENTROPY_FLOOR) / -slope
+    if at > last + COLLAPSE_HORIZON * last:
+        return None
+    ev = (f"entropy {_recent(entropy, 1)[0]:.4f} at step {last}, trend {slope:+.4f}/step; reaches "
+          f"{ENTROPY_FLOOR} at step {at:.0f}; score {best_last:.4f} (last {STALL_EVALS}) vs {best_before:.4f} before")
+    return Finding("entropy_collapse", "error" if below else "warn", "entropy is collapsing and the score has "
+                   "stopped improving", ev, keys,
+                   f"trend over the last {TREND_FRAC:.0%} reaches {ENTROPY_FLOOR} nats within {COLLAPSE_HORIZON:g}x "
+                   f"the run's length, and the last {STALL_EVALS} evaluations gain < {MIN_GAIN}",
+                   raise_entropy(method, params, "entropy held higher; the score keeps room to climb (Paper A)"))
+
+
+def entropy_surge(entropy: Series, keys: tuple[str, ...], method: str = "none",
+                  params: Mapping[str, Any] | None = None) -> Finding | None:
+    """Entropy surge: the mean of the last RECENT_STEPS steps exceeds SURGE_RATIO x the lowest mean of an
+    earlier window of RECENT_STEPS steps, and by at least SURGE_NATS nats."""
+    steps = sorted(entropy)
+    n = RECENT_STEPS
+    if len(steps) < 2 * n:
+        return None
+    vals = [entropy[k] for k in steps]
+    recent = _mean(vals[-n:])
+    low = min(_mean(vals[i:i + n]) for i in range(len(vals) - 2 * n + 1))
+    if not (recent > SURGE_RATIO * low and recent - low >= SURGE_NATS):
+        return None
+    return Finding("entropy_surge", "warn", "entropy is rising fast", f"recent mean {recent:.4f} vs lowest "
+                   f"earlier {low:.4f} (steps {steps[0]}-{steps[-1]})", keys,
+                   f"last {n}-step mean > {SURGE_RATIO}x the lowest earlier one and by >= {SURGE_NATS} nats",
+                   lower_entropy(method, params, "entropy back toward its earlier level"))
+
+
+def plateau(score: Series, entropy_at_score: Series, keys: tuple[str, ...]) -> Finding | None:
+    """Plateau: the score has stopped improving (as in entropy_collapse); the law R = -a*exp(H) + b fitted to the
+    evaluations (analysis.law) is reported, and the level is warn when its ceiling b - a lies within CEILING_GAP
+    of the best score (more of the same training will not lift it), info otherwise."""
+    stop, best_last, best_before = stalled(score)
+    if not stop:
+        return None
+    ceiling = None
+    pts = [k for k in sorted(score) if k in entropy_at_score]
+    if len(pts) >= 3:
+        from entropy_rft.analysis.law import fit_law
+        from entropy_rft.common.errors import UserError
+
+        try:
+            ceiling = fit_law([entropy_at_score[k] for k in pts], [score[k] for k in pts]).ceiling
+        except UserError:  # a degenerate fit (all H equal, too few points): no ceiling to report
+            ceiling = None
+    best = max(score.values())
+    near = ceiling is not None and ceiling - best <= CEILING_GAP
+    ev = f"score {best_last:.4f} over the last {STALL_EVALS} evaluations vs {best_before:.4f} before"
+    ev += "" if ceiling is None else f"; the law's ceiling {ceiling:.4f} (best so far {best:.4f})"
+    return Finding("plateau", "warn" if near else "info", "the score has plateaued" + (" at the law's ceiling"
+                   if near else ""), ev, keys, f"last {STALL_EVALS} of >= {MIN_EVALS} evaluations gain < "
+                   f"{MIN_GAIN}; warn when the ceiling is within {CEILING_GAP} of the best",
+                   raise_entropy("none", None, "a higher ceiling: b - a grows as entropy is spent more slowly "
+                                 "(Paper B)") if near else None)
+
+
+def _recent_level(name: str, s: Series, key: str, warn: float, error: float | None, title: str, what: str,
+                  rx: Prescription | None) -> Finding | None:
+    if not s:
+        return None
+    m = _mean(_recent(s))
+    if m < warn:
+        return None
+    level = "error" if error is not None and m >= error else "warn"
+    steps = sorted(s)[-RECENT_STEPS:]
+    rule = f"mean of the last {RECENT_STEPS} steps >= {warn}" + ("" if error is None else f" (error >= {error})")
+    return Finding(name, level, title, f"{what} {m:.4f} over steps {steps[0]}-{steps[-1]}", (key,), rule, rx)
+
+
+def _fixed(expect: str, what: str) -> Prescription:
+    return Prescription("none", None, what, "", expect)
+
+
+def advantage_collapse(s: Series, key: str) -> Finding | None:
+    """Advantage collapse: the recent mean share of groups whose rewards all agree (zero std, zero advantage)
+    is >= ZERO_STD_WARN (error >= ZERO_STD_ERROR): most of the batch carries no gradient."""
+    return _recent_level("advantage_collapse", s, key, ZERO_STD_WARN, ZERO_STD_ERROR, "most groups have zero "
+                         "advantage", "zero-std share", _fixed("more groups with a gradient", "harder or easier "
+                         "prompts, or a larger group (rollout.group_size)"))
+
+
+def truncation(s: Series, key: str) -> Finding | None:
+    """Truncation: the recent mean share of responses at the length cap is >= TRUNCATED_WARN."""
+    return _recent_level("truncation", s, key, TRUNCATED_WARN, None, "responses hit the length cap",
+                         "truncated share", _fixed("fewer cut answers scored as wrong",
+                                                   "raise rollout.max_new_tokens"))
+
+
+def clip_saturation(s: Series, key: str) -> Finding | None:
+    """Clip saturation: the recent mean share of tokens clipped by PPO's ratio clip is >= CLIP_WARN (healthy
+    runs clip ~0.01-0.05)."""
+    return _recent_level("clip_saturation", s, key, CLIP_WARN, None, "PPO's clip cuts many tokens",
+                         "clipped share", _fixed("a smaller step per update", "lower the learning rate"))
+
+
+def kl_drift(s: Series, key: str) -> Finding | None:
+    """KL drift: the recent mean reference KL is >= KL_WARN nats."""
+    return _recent_level("kl_drift", s, key, KL_WARN, None, "the policy drifts from the reference",
+                         "KL", _fixed("the policy kept near the reference", "raise the KL coefficient"))
+
+
+def barely_acts(kept: Series, key: str, method: str, params: Mapping[str, Any] | None) -> Finding | None:
+    """A control method that barely acts: the run has a method with a knob and its mean kept share of the valid
+    tokens over the training steps is >= KEPT_BARELY (it changes almost nothing of the gradient)."""
+    if method == "none" or not kept:
+        return None
+    info = _method_info(method)
+    if not info["knob"] or not info["knob_raises_entropy"]:
+        return None
+    m = _mean(list(kept.values()))
+    if m < KEPT_BARELY:
+        return None
+    steps = sorted(kept)
+    rx = raise_entropy(method, params, f"{method} drops more tokens and holds entropy higher")
+    return Finding("barely_acts", "warn", f"{method} barely acts", f"kept {m:.2%} of the valid tokens on average "
+                   f"over steps {steps[0]}-{steps[-1]} (min {min(kept.values()):.2%})", (key,),
+                   f"mean kept share >= {KEPT_BARELY:.1%}", rx)
+
+
+def diagnose(run: RunSeries) -> list[Finding]:
+    """Every detector on ``run``, ranked: error, then warn, then info (in detector order within a level)."""
+    k = run.keys
+    x = run.extra
+    found: list[Finding | None] = [
+        entropy_collapse(run.entropy, run.score, (k["entropy"], k["score"]), run.method, run.params),
+        entropy_surge(run.entropy, (k["entropy"],), run.method, run.params),
+        plateau(run.score, x.get("score_entropy", run.entropy), (k["score"], k.get("score_entropy", k["entropy"]))),
+    ]
+    checks: list[tuple[str, Callable[[Series, str], Finding | None]]] = [
+        ("zero_std", advantage_collapse), ("truncated", truncation), ("clip", clip_saturation), ("kl", kl_drift)]
+    found += [fn(x[role], k[role]) for role, fn in checks if role in x]
+    if "kept" in x:
+        found.append(barely_acts(x["kept"], k["kept"], run.method, run.params))
+    out = [f for f in found if f is not None]
+    return sorted(out, key=lambda f: -LEVELS.index(f.level))
+
+
+def _pick(rows: Mapping[int, Mapping[str, float]], keys: Sequence[str]) -> tuple[str, dict[int, float]] | None:
+    for key in keys:
+        s = {st: float(r[key]) for st, r in rows.items() if isinstance(r.get(key), (int, float))}
+        if s:
+            return key, s
+    return None
+
+
+def _roles(run: RunSeries, rows: Mapping[int, Mapping[str, float]], skip_steps: bool) -> None:
+    from entropy_rft.analysis.byo import REWARD_KEYS
+
+    train = {st: r for st, r in rows.items() if not skip_steps or st >= 1}
+    for role, keys in (("reward", REWARD_KEYS), ("zero_std", ZERO_STD_KEYS), ("truncated", TRUNCATED_KEYS),
+                       ("clip", CLIP_KEYS), ("kl", KL_KEYS), ("kept", KEPT_KEYS)):
+        got = _pick(train, keys)
+        if got:
+            run.keys[role], run.extra[role] = got
+
+
+def load_series(path: str | Path, *, source: str | None = None, entropy_key: str | None = None,
+                metric: str | None = None) -> RunSeries:
+    """One run's series: an erft run directory (train entropy/mean, eval/pass@1 or ``metric`` with the
+    evaluation's eval/entropy, the method and its knob from config.yaml) or another engine's log (read by
+    ``engine_logs``, keys chosen by ``byo.choose_keys``)."""
+    from entropy_rft.analysis.byo import choose_keys
+    from entropy_rft.analysis.engine_logs import is_erft_path, read_engine_log
+
+    p = Path(path)
+    if source is None and is_erft_path(p):
+        from entropy_rft.analysis.runs import load_run
+        from entropy_rft.common.errors import UserError
+
+        r = load_run(p)
+        mkey = "eval/pass@1" if metric is None else (metric if "/" in metric else f"eval/{metric}")
+        rows = {int(x["step"]): x for x in r.rows}
+        score = {st: float(v) for st, x in rows.items() if isinstance(v := x.get(mkey), (int, float))}
+        if not score:
+            raise UserError(f"{p / 'metrics.jsonl'}: no validation score {mkey!r}; name another with --metric")
+        entropy = {st: float(v) for st, x in rows.items() if st >= 1
+                   and isinstance(v := x.get("entropy/mean"), (int, float))}
+        if not entropy:
+            raise UserError(f"{p / 'metrics.jsonl'}: no entropy/mean logged; the run has no training step yet")
+        m = r.cfg.get("method") or {}
+        params = {**((m.get("presets") or {}).get(r.method) or {}), **(m.get("params") or {})}
+        run = RunSeries(r.name, entropy, score, {"entropy": "entropy/mean", "score": mkey}, {}, r.method, params)
+        ev = {st: float(v) for st, x in rows.items() if isinstance(v := x.get("eval/entropy"), (int, float))}
+        if ev:
+            run.extra["score_entropy"], run.keys["score_entropy"] = ev, "eval/entropy"
+        _roles(run, rows, skip_steps=True)
+        return run
+    log = read_engine_log(p, source)
+    choice = choose_keys(log, entropy_key, metric)
+    run = RunSeries(str(p), dict(zip(*log.series(choice.entropy_key))), dict(zip(*log.series(choice.metric_key))),
+                    {"entropy": choice.entropy_key, "score": choice.metric_key}, {})
+    _roles(run, log.rows, skip_steps=False)
+    return run
