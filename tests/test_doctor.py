@@ -251,3 +251,25 @@ def test_entropy_surge_needs_both_the_ratio_and_the_nats():
     assert d.entropy_surge({**high, **{s: 1.4 for s in range(6, 11)}}, ("e",)) is None  # +0.4 but 1.4x < 1.5x
     small = {s: 0.1 for s in range(1, 6)}
     assert d.entropy_surge({**small, **{s: 0.3 for s in range(6, 11)}}, ("e",)) is None  # 3x but +0.2 nats
+
+
+def test_kl_cov_acts_by_its_penalty_not_by_dropping(tmp_path):
+    """KL-Cov keeps every token (control/kept_frac 1.0) and acts on the ~2% its penalty chose
+    (control/kl_cov_selected_frac): not "barely acts". The committed kl_cov-s1 (entropy 0.08 and falling, pass@1
+    down from 0.63 to 0.55 over its last 3 evaluations) is a collapse, prescribed on its own knob."""
+    from entropy_rft.analysis.doctor import diagnose, load_series
+
+    run = load_series(ROOT / "results" / "smollm2-cpu" / "kl_cov-s1")
+    assert min(run.extra["kept"].values()) == 1.0 and min(run.extra["selected"].values()) > 0.005
+    by = {f.id: f for f in diagnose(run)}
+    assert "barely_acts" not in by and {"entropy_collapse", "plateau"} <= set(by)
+    assert by["plateau"].prescription.method == "kl_cov"
+    assert by["plateau"].prescription.direction.startswith("raise ratio (now 0.02;")
+
+
+def test_a_run_without_a_method_is_told_which_method_to_train_with():
+    from entropy_rft.analysis.doctor import raise_entropy
+
+    rx = raise_entropy("none", None, "x")
+    assert (rx.method, rx.knob) == ("clip_b", "mu")
+    assert rx.direction.startswith("train with clip_b and lower mu from its default 2.5 (")

@@ -31,7 +31,7 @@ MIN_EVALS = 5             # and there are at least 5 evaluations
 SURGE_RATIO = 1.5         # recent mean > 1.5 x the lowest earlier window mean ...
 SURGE_NATS = 0.3          # ... and higher by at least 0.3 nats
 # (c) the law's ceiling
-CEILING_GAP = 0.03        # the law's ceiling b - a within 0.03 of the best score so far
+CEILING_GAP = 0.03        # the law's ceiling b - a at most 0.03 above the best score so far (or below it)
 # (d) advantage collapse, (e) truncation, (f) clip saturation: recent means
 ZERO_STD_WARN, ZERO_STD_ERROR = 0.5, 0.9
 TRUNCATED_WARN = 0.2
@@ -49,6 +49,8 @@ CLIP_KEYS = ("clip/ratio_frac", "clip_ratio/region_mean", "train/clip_ratio/regi
              "actor/pg_clipfrac")
 KL_KEYS = ("kl/ref", "kl", "train/kl", "actor/kl_loss")
 KEPT_KEYS = ("control/kept_frac",)
+# a method that acts on chosen tokens without dropping them (KL-Cov's penalty): the share of tokens it chose
+SELECTED_KEYS = ("control/kl_cov_selected_frac",)
 
 
 @dataclass(frozen=True)
@@ -125,15 +127,19 @@ def _method_info(name: str) -> dict[str, Any]:
 
 
 def raise_entropy(method: str, params: Mapping[str, Any] | None, expect: str) -> Prescription:
-    """Move the run's method knob toward higher entropy; with no method (or one with no knob), ClipB."""
+    """Move the run's method knob toward higher entropy (its value now, from the run's config); with no method (or
+    one with no knob), train with ClipB and move its knob from the registry's default (no "now": the run has none)."""
     info = _method_info(method) if method != "none" else None
-    if info is None or not info["knob"] or not info["knob_raises_entropy"]:
+    own = not (info is None or not info["knob"] or not info["knob_raises_entropy"])
+    if not own:
         info, params = _method_info("clip_b"), None
+    assert info is not None
     knob = info["knob"]
     verb = "raise" if info["knob_raises_entropy"] > 0 else "lower"
-    now = (params or {}).get(knob, next(p["default"] for p in info["params"] if p["name"] == knob))
-    return Prescription(info["name"], knob, f"{verb} {knob} (now {now:g}; {info['direction']})", info["paper"],
-                        expect)
+    default = next(p["default"] for p in info["params"] if p["name"] == knob)
+    words = (f"{verb} {knob} (now {(params or {}).get(knob, default):g}; {info['direction']})" if own else
+             f"train with {info['name']} and {verb} {knob} from its default {default:g} ({info['direction']})")
+    return Prescription(info["name"], knob, words, info["paper"], expect)
 
 
 def lower_entropy(method: str, params: Mapping[str, Any] | None, expect: str) -> Prescription | None:
@@ -194,7 +200,8 @@ def entropy_surge(entropy: Series, keys: tuple[str, ...], method: str = "none",
                    lower_entropy(method, params, "entropy back toward its earlier level"))
 
 
-def plateau(score: Series, entropy_at_score: Series, keys: tuple[str, ...]) -> Finding | None:
+def plateau(score: Series, entropy_at_score: Series, keys: tuple[str, ...], method: str = "none",
+            params: Mapping[str, Any] | None = None) -> Finding | None:
     """Plateau: the score has stopped improving (as in entropy_collapse); the law R = -a*exp(H) + b fitted to the
     evaluations (analysis.law) is reported, and the level is warn when its ceiling b - a lies within CEILING_GAP
     of the best score (more of the same training will not lift it), info otherwise."""
@@ -217,8 +224,8 @@ def plateau(score: Series, entropy_at_score: Series, keys: tuple[str, ...]) -> F
     ev += "" if ceiling is None else f"; the law's ceiling {ceiling:.4f} (best so far {best:.4f})"
     return Finding("plateau", "warn" if near else "info", "the score has plateaued" + (" at the law's ceiling"
                    if near else ""), ev, keys, f"last {STALL_EVALS} of >= {MIN_EVALS} evaluations gain < "
-                   f"{MIN_GAIN}; warn when the ceiling is within {CEILING_GAP} of the best",
-                   raise_entropy("none", None, "a higher ceiling: b - a grows as entropy is spent more slowly "
+                   f"{MIN_GAIN}; warn when the ceiling is at most {CEILING_GAP} above the best",
+                   raise_entropy(method, params, "a higher ceiling: b - a grows as entropy is spent more slowly "
                                  "(Paper B)") if near else None)
 
 
@@ -267,10 +274,15 @@ def kl_drift(s: Series, key: str) -> Finding | None:
                          "KL", _fixed("the policy kept near the reference", "raise the KL coefficient"))
 
 
-def barely_acts(kept: Series, key: str, method: str, params: Mapping[str, Any] | None) -> Finding | None:
+def barely_acts(kept: Series, key: str, method: str, params: Mapping[str, Any] | None,
+                selected: Series | None = None) -> Finding | None:
     """A control method that barely acts: the run has a method with a knob and its mean kept share of the valid
-    tokens over the training steps is >= KEPT_BARELY (it changes almost nothing of the gradient)."""
+    tokens over the training steps is >= KEPT_BARELY (it changes almost nothing of the gradient). A method that
+    acts without dropping (KL-Cov: ``selected``, the share of tokens its penalty chose) acts when that share is
+    above 1 - KEPT_BARELY."""
     if method == "none" or not kept:
+        return None
+    if selected and _mean(list(selected.values())) > 1.0 - KEPT_BARELY:
         return None
     info = _method_info(method)
     if not info["knob"] or not info["knob_raises_entropy"]:
@@ -292,13 +304,14 @@ def diagnose(run: RunSeries) -> list[Finding]:
     found: list[Finding | None] = [
         entropy_collapse(run.entropy, run.score, (k["entropy"], k["score"]), run.method, run.params),
         entropy_surge(run.entropy, (k["entropy"],), run.method, run.params),
-        plateau(run.score, x.get("score_entropy", run.entropy), (k["score"], k.get("score_entropy", k["entropy"]))),
+        plateau(run.score, x.get("score_entropy", run.entropy), (k["score"], k.get("score_entropy", k["entropy"])),
+                run.method, run.params),
     ]
     checks: list[tuple[str, Callable[[Series, str], Finding | None]]] = [
         ("zero_std", advantage_collapse), ("truncated", truncation), ("clip", clip_saturation), ("kl", kl_drift)]
     found += [fn(x[role], k[role]) for role, fn in checks if role in x]
     if "kept" in x:
-        found.append(barely_acts(x["kept"], k["kept"], run.method, run.params))
+        found.append(barely_acts(x["kept"], k["kept"], run.method, run.params, x.get("selected")))
     out = [f for f in found if f is not None]
     return sorted(out, key=lambda f: -LEVELS.index(f.level))
 
@@ -316,7 +329,7 @@ def _roles(run: RunSeries, rows: Mapping[int, Mapping[str, float]], skip_steps: 
 
     train = {st: r for st, r in rows.items() if not skip_steps or st >= 1}
     for role, keys in (("reward", REWARD_KEYS), ("zero_std", ZERO_STD_KEYS), ("truncated", TRUNCATED_KEYS),
-                       ("clip", CLIP_KEYS), ("kl", KL_KEYS), ("kept", KEPT_KEYS)):
+                       ("clip", CLIP_KEYS), ("kl", KL_KEYS), ("kept", KEPT_KEYS), ("selected", SELECTED_KEYS)):
         got = _pick(train, keys)
         if got:
             run.keys[role], run.extra[role] = got
