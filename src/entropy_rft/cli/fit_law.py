@@ -34,6 +34,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="R: for an erft run 'pass@1' (default), 'avg@K', or any eval/ key suffix such as pass@8; for "
                         "another engine's run the validation key (default: verl's val-core/<data>/acc|reward/"
                         "mean@N or val/test_score/<data>, TRL's eval_reward; with several, the first, named).")
+    p.add_argument("--level", type=float, default=0.9,
+                   help="The nominal level of the last score's prediction interval, for the law and for the "
+                        "baseline linear in H, both fitted on the --fit-frac head (default 0.9). Its measured "
+                        "coverage on the project's runs: docs/your-own-run.md.")
     p.add_argument("--json", metavar="FILE", help="Also write the fit and forecast as JSON.")
 
 
@@ -60,6 +64,8 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"{run_dir}: no such run directory or log file")
     if not 0 < args.fit_frac < 1:  # also NaN
         raise UserError(f"--fit-frac must be in (0, 1), got {args.fit_frac}")
+    if not 0 < args.level < 1:
+        raise UserError(f"--level must be in (0, 1), got {args.level}")
     if args.json is not None:
         from entropy_rft.training import preflight
 
@@ -101,7 +107,35 @@ def run(args: argparse.Namespace) -> int:
     ff = res["final_forecast"]
     say("  the last evaluation forecast from the first 10% / 20% / 40% of steps (predicted - actual): "
           + " / ".join(_f(ff[f"law/forecast_err@{p}"]) for p in ("10%", "20%", "40%")))
+    _intervals(res, args, str(run_dir / "metrics.jsonl") if erft else str(run_dir))
     if args.json:
         atomic_write_json(args.json, res)
         say(f"  written to {args.json}")
     return 0
+
+
+def _intervals(res: dict, args: argparse.Namespace, what: str) -> None:
+    """The last score forecast by the law and by the linear-in-H baseline, fitted on the --fit-frac head, with
+    their prediction intervals (``analysis.interval``); printed, and kept in ``res`` for --json."""
+    from entropy_rft.analysis.interval import FORM_TEXT, FORMS, final_forecasts
+
+    pts = res["points"]
+    try:
+        res["interval_forecast"] = fc = final_forecasts(pts["step"], pts["entropy"], pts["accuracy"],
+                                                        args.fit_frac, args.level, what=what)
+        res["interval_error"] = None
+    except UserError as e:
+        res["interval_forecast"], res["interval_error"] = None, str(e)
+        say(f"  the last score with a {args.level:.0%} prediction interval: not possible: {e}")
+        return
+    say(f"  the last score (step {fc['final_step']}, from its entropy {fc['final_entropy']:.4f}) with a "
+        f"{fc['level']:.0%} prediction interval, fitted on steps {fc['fit_steps']}; actual {_f(fc['actual'])}:")
+    for form in FORMS:
+        iv = fc[form]
+        say(f"    {form:<6} {FORM_TEXT[form]:<17} {_f(iv['predicted'])} [{_f(iv['low'])}, {_f(iv['high'])}]  "
+            f"error {_f(iv['error'])}  {'inside' if iv['covered'] else 'OUTSIDE'}  (early RSS {iv['ss_res']:.3g}, "
+            f"{iv['dof']} residual dof)")
+    better = fc["better_early_fit"]
+    say("  on the early points " + ("both forms fit equally well" if better == "tie" else
+                                   f"the {'law' if better == 'law' else 'linear baseline'} fits better (smaller "
+                                   "residual sum of squares, both with two parameters)"))
