@@ -323,8 +323,8 @@ def test_summary_table_fits_a_1000px_window(tmp_path):
     assert m, f"chromium did not report the widths: rc={res.returncode} {res.stderr[-500:]}"
     tables, overflowing, page_w, window_w = map(int, m.groups())
     # summary, entropy at fixed steps; equal entropy; the law and agreement per setpoint; the law and its forecasts;
-    # the methods through the lens (issue 28)
-    assert tables == 8
+    # the methods through the lens (issue 28); the doctor's findings and where each run is heading (issue 75)
+    assert tables == 10
     assert overflowing == 0 and page_w <= window_w
 
 

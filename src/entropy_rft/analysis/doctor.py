@@ -32,7 +32,7 @@ SURGE_RATIO = 1.5         # recent mean > 1.5 x the lowest earlier window mean .
 SURGE_NATS = 0.3          # ... and higher by at least 0.3 nats
 # (c) the law's ceiling
 CEILING_GAP = 0.03        # the law's ceiling b - a at most 0.03 above the best score so far (or below it)
-# (d) advantage collapse, (e) truncation, (f) clip saturation: recent means
+# (d) advantage collapse, (e) truncation, (f) clip saturation, (g) KL drift: recent means, once RECENT_STEPS are logged
 ZERO_STD_WARN, ZERO_STD_ERROR = 0.5, 0.9
 TRUNCATED_WARN = 0.2
 CLIP_WARN = 0.2
@@ -231,7 +231,7 @@ def plateau(score: Series, entropy_at_score: Series, keys: tuple[str, ...], meth
 
 def _recent_level(name: str, s: Series, key: str, warn: float, error: float | None, title: str, what: str,
                   rx: Prescription | None) -> Finding | None:
-    if not s:
+    if len(s) < RECENT_STEPS:  # a window not yet full (a live run's first steps): no judgement on it
         return None
     m = _mean(_recent(s))
     if m < warn:
@@ -297,6 +297,21 @@ def barely_acts(kept: Series, key: str, method: str, params: Mapping[str, Any] |
                    f"mean kept share >= {KEPT_BARELY:.1%}", rx)
 
 
+def describe(f: Finding) -> list[str]:
+    """A finding as the terminal shows it: its level, id and title, then its evidence, rule and prescription
+    (indented). Keys are text from a log: made visible (``common.text.visible``), never obeyed."""
+    from entropy_rft.common.text import visible
+
+    lines = [f"[{f.level}] {f.id}: {f.title}",
+             f"  evidence: {f.evidence} (keys: {', '.join(visible(k) for k in f.keys)})", f"  rule: {f.rule}"]
+    rx = f.prescription
+    if rx is not None:
+        via = f"{rx.method}: " if rx.method != "none" else ""
+        lines.append(f"  prescription: {via}{rx.direction}; expect {rx.expect}" + (f" [{rx.paper}]" if rx.paper
+                                                                                   else ""))
+    return lines
+
+
 def diagnose(run: RunSeries) -> list[Finding]:
     """Every detector on ``run``, ranked: error, then warn, then info (in detector order within a level)."""
     k = run.keys
@@ -314,6 +329,27 @@ def diagnose(run: RunSeries) -> list[Finding]:
         found.append(barely_acts(x["kept"], k["kept"], run.method, run.params, x.get("selected")))
     out = [f for f in found if f is not None]
     return sorted(out, key=lambda f: -LEVELS.index(f.level))
+
+
+def score_pairs(run: RunSeries) -> tuple[list[float], list[float]]:
+    """(entropies, scores) at the steps with a score: the evaluation's own entropy where logged, else the
+    training entropy of that step (another engine's run)."""
+    h = run.extra.get("score_entropy", run.entropy)
+    steps = [k for k in sorted(run.score) if k in h]
+    return [h[k] for k in steps], [run.score[k] for k in steps]
+
+
+def heading(run: RunSeries, level: float) -> dict[str, Any]:
+    """The score at H = 0 by the law and by the linear baseline, each with its prediction interval at ``level``
+    (``analysis.interval.ceiling_forecasts``), or why there is none (``{"error": ...}``)."""
+    from entropy_rft.analysis.interval import ceiling_forecasts
+    from entropy_rft.common.errors import UserError
+
+    hs, rs = score_pairs(run)
+    try:
+        return ceiling_forecasts(hs, rs, level, what=f"{run.name} ({len(hs)} scored steps)")
+    except UserError as e:
+        return {"error": str(e), "level": level, "n": len(hs)}
 
 
 def _pick(rows: Mapping[int, Mapping[str, float]], keys: Sequence[str]) -> tuple[str, dict[int, float]] | None:
@@ -335,40 +371,73 @@ def _roles(run: RunSeries, rows: Mapping[int, Mapping[str, float]], skip_steps: 
             run.keys[role], run.extra[role] = got
 
 
+def series_from_rows(name: str, rows: Sequence[Mapping[str, Any]], cfg: Mapping[str, Any],
+                     metric: str | None = None, *, reward_as_score: bool = False) -> RunSeries:
+    """One erft run's series from its metrics rows (``metrics.jsonl``'s, or the rows a live run has logged so
+    far) and its config (a dict, as ``config.yaml`` holds it): train entropy/mean, eval/pass@1 or ``metric``
+    with the evaluation's eval/entropy, the method and its knob. Refuses in one line (naming ``name``) a run
+    with no score or no training step yet; with ``reward_as_score`` (a live run with no evaluation, e.g. on the
+    TRL engine) the training reward/mean stands in for a missing score, and ``keys["score"]`` says so."""
+    from entropy_rft.common.errors import UserError
+
+    mkey = "eval/pass@1" if metric is None else (metric if "/" in metric else f"eval/{metric}")
+    by_step = {int(x["step"]): x for x in rows}
+    score = {st: float(v) for st, x in by_step.items() if isinstance(v := x.get(mkey), (int, float))}
+    if not score and reward_as_score and metric is None:
+        mkey = "reward/mean"
+        score = {st: float(v) for st, x in by_step.items() if st >= 1 and isinstance(v := x.get(mkey), (int, float))}
+    if not score:
+        raise UserError(f"{name}: no validation score {mkey!r}; name another with --metric")
+    entropy = {st: float(v) for st, x in by_step.items() if st >= 1
+               and isinstance(v := x.get("entropy/mean"), (int, float))}
+    if not entropy:
+        raise UserError(f"{name}: no entropy/mean logged; the run has no training step yet")
+    m = cfg.get("method") or {}
+    method = str(m.get("name") or "none")
+    params = {**((m.get("presets") or {}).get(method) or {}), **(m.get("params") or {})}
+    run = RunSeries(name, entropy, score, {"entropy": "entropy/mean", "score": mkey}, {}, method, params)
+    ev = {st: float(v) for st, x in by_step.items() if isinstance(v := x.get("eval/entropy"), (int, float))}
+    if ev:
+        run.extra["score_entropy"], run.keys["score_entropy"] = ev, "eval/entropy"
+    _roles(run, by_step, skip_steps=True)
+    return run
+
+
+def series_from_log(log: Any, name: str, entropy_key: str | None = None, metric: str | None = None, *,
+                    reward_as_score: bool = False) -> RunSeries:
+    """Another engine's run from its ``engine_logs.EngineLog`` (keys chosen by ``byo.choose_keys``). With
+    ``reward_as_score`` (a live run that has logged no validation score yet), the training reward stands in for
+    the score, and ``keys["score"]`` names it."""
+    from entropy_rft.analysis.byo import REWARD_KEYS, choose_keys
+    from entropy_rft.common.errors import UserError
+
+    try:
+        choice = choose_keys(log, entropy_key, metric)
+        ent, score_key = choice.entropy_key, choice.metric_key
+    except UserError:
+        logged = log.keys()
+        reward = next((k for k in REWARD_KEYS if k in logged), None)
+        if not reward_as_score or metric is not None or reward is None:
+            raise
+        ent, score_key = choose_keys(log, entropy_key, reward).entropy_key, reward  # the entropy key's refusal
+    run = RunSeries(name, dict(zip(*log.series(ent))), dict(zip(*log.series(score_key))),
+                    {"entropy": ent, "score": score_key}, {})
+    _roles(run, log.rows, skip_steps=False)
+    return run
+
+
 def load_series(path: str | Path, *, source: str | None = None, entropy_key: str | None = None,
                 metric: str | None = None) -> RunSeries:
-    """One run's series: an erft run directory (train entropy/mean, eval/pass@1 or ``metric`` with the
-    evaluation's eval/entropy, the method and its knob from config.yaml) or another engine's log (read by
-    ``engine_logs``, keys chosen by ``byo.choose_keys``)."""
-    from entropy_rft.analysis.byo import choose_keys
+    """One run's series: an erft run directory (``series_from_rows`` on its ``metrics.jsonl`` and
+    ``config.yaml``) or another engine's log (read by ``engine_logs``, ``series_from_log``)."""
     from entropy_rft.analysis.engine_logs import is_erft_path, read_engine_log
 
     p = Path(path)
     if source is None and is_erft_path(p):
         from entropy_rft.analysis.runs import load_run
-        from entropy_rft.common.errors import UserError
 
         r = load_run(p)
-        mkey = "eval/pass@1" if metric is None else (metric if "/" in metric else f"eval/{metric}")
-        rows = {int(x["step"]): x for x in r.rows}
-        score = {st: float(v) for st, x in rows.items() if isinstance(v := x.get(mkey), (int, float))}
-        if not score:
-            raise UserError(f"{p / 'metrics.jsonl'}: no validation score {mkey!r}; name another with --metric")
-        entropy = {st: float(v) for st, x in rows.items() if st >= 1
-                   and isinstance(v := x.get("entropy/mean"), (int, float))}
-        if not entropy:
-            raise UserError(f"{p / 'metrics.jsonl'}: no entropy/mean logged; the run has no training step yet")
-        m = r.cfg.get("method") or {}
-        params = {**((m.get("presets") or {}).get(r.method) or {}), **(m.get("params") or {})}
-        run = RunSeries(r.name, entropy, score, {"entropy": "entropy/mean", "score": mkey}, {}, r.method, params)
-        ev = {st: float(v) for st, x in rows.items() if isinstance(v := x.get("eval/entropy"), (int, float))}
-        if ev:
-            run.extra["score_entropy"], run.keys["score_entropy"] = ev, "eval/entropy"
-        _roles(run, rows, skip_steps=True)
+        run = series_from_rows(str(p / "metrics.jsonl"), r.rows, r.cfg, metric)
+        run.name, run.method = r.name, r.method  # a run without config.yaml: "unknown", as the report says
         return run
-    log = read_engine_log(p, source)
-    choice = choose_keys(log, entropy_key, metric)
-    run = RunSeries(str(p), dict(zip(*log.series(choice.entropy_key))), dict(zip(*log.series(choice.metric_key))),
-                    {"entropy": choice.entropy_key, "score": choice.metric_key}, {})
-    _roles(run, log.rows, skip_steps=False)
-    return run
+    return series_from_log(read_engine_log(p, source), str(p), entropy_key, metric)

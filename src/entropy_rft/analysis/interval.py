@@ -140,3 +140,21 @@ def final_forecasts(steps: Sequence[int], entropy: Sequence[float], perf: Sequen
     law_ss, lin_ss = out["law"]["ss_res"], out["linear"]["ss_res"]
     out["better_early_fit"] = ("law" if law_ss < lin_ss else "linear" if lin_ss < law_ss else "tie")
     return out
+
+
+def ceiling_forecasts(entropy: Sequence[float], perf: Sequence[float], level: float = DEFAULT_LEVEL, *,
+                      what: str = "points") -> dict[str, Any]:
+    """Where a run is heading if its entropy keeps falling: the score at H = 0 by each form fitted on every
+    (entropy, score) pair so far, with its prediction interval at ``level``. For the law that is its ceiling
+    b − a (x_0 = exp(0) = 1); for the linear baseline its intercept c (x_0 = 0). Mid-run the fitted entropies lie
+    above 0, so both are extrapolations and their intervals widen with the leverage (x_0 − x̄)²/S_xx; the coverage
+    ``benchmarks/law_backtest.py`` measured is that of the last-score forecast (``final_forecasts``), not of this
+    one. Refused in one line with fewer than 3 pairs or no spread in H."""
+    h = np.asarray(entropy, dtype=np.float64)
+    r = np.asarray(perf, dtype=np.float64)
+    out: dict[str, Any] = {"level": level, "n": int(h.size), "at_entropy": 0.0}
+    for form in FORMS:
+        iv = prediction_interval(regressor(form, h), r, float(regressor(form, np.zeros(1))[0]), level, form=form,
+                                 what=what)
+        out[form] = iv.to_dict()
+    return out

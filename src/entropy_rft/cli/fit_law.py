@@ -46,7 +46,7 @@ def say(line: str) -> None:
     are shown, not obeyed (``common.text.visible``)."""
     from entropy_rft.common.text import visible
 
-    print(visible(line))
+    print(visible(line), flush=True)
 
 
 def _f(v: float | None, fmt: str = ".4f") -> str:

@@ -33,6 +33,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--resume", metavar="DIR", help="Continue the run in DIR from its last checkpoint.")
     p.add_argument("--overwrite", action="store_true", help="Replace an existing run directory.")
     p.add_argument("--help-config", action="store_true", help="List every config field with its help text.")
+    p.add_argument("--no-doctor", action="store_true",
+                   help="Do not run erft doctor's checks while training (by default each new or worse finding is "
+                        "printed on stderr as it arises and recorded in the run's doctor.jsonl).")
+    p.add_argument("--doctor-every", type=int, default=10, metavar="N",
+                   help="The live doctor checks at each evaluation and every N steps (default 10).")
 
 
 def cli_extra(args: argparse.Namespace) -> dict:
@@ -90,6 +95,15 @@ def code_given_again(args: argparse.Namespace) -> tuple[dict[str, str], list[str
     return code, rest
 
 
+def live_doctor(args: argparse.Namespace, out: str):
+    """erft doctor's findings as they arise (``analysis.live_doctor.RowDoctor``), unless --no-doctor."""
+    if args.no_doctor:
+        return None
+    from entropy_rft.analysis.live_doctor import RowDoctor
+
+    return RowDoctor(out, every=args.doctor_every)
+
+
 def run(args: argparse.Namespace) -> int:
     from entropy_rft.config.loading import load_config
     from entropy_rft.config.schema import help_text
@@ -99,6 +113,7 @@ def run(args: argparse.Namespace) -> int:
         print("\n".join(help_text()))
         print(task_params_help(args))
         return 0
+    preflight.check_min("--doctor-every", args.doctor_every, 1)
     if args.resume is not None:
         code, args.set = code_given_again(args)
         given = [k for k in _FIXED_ON_RESUME if getattr(args, k, None) is not None]
@@ -114,7 +129,13 @@ def run(args: argparse.Namespace) -> int:
         preflight.check_min("--max-steps", args.max_steps, 1)
         from entropy_rft.launch import run as launch  # torch: only once the arguments are known to be good
 
-        last = launch.resume(args.resume, max_steps=args.max_steps, given=code)
+        doctor = live_doctor(args, args.resume)
+        try:
+            last = launch.resume(args.resume, max_steps=args.max_steps, given=code,
+                                 on_row=None if doctor is None else doctor.row)
+        finally:
+            if doctor is not None:
+                doctor.close()
         if last.get("already_finished"):
             print(f"run '{args.resume}' already finished at step {last['step']}")
         return 0
@@ -127,6 +148,11 @@ def run(args: argparse.Namespace) -> int:
     method = preflight.check_train(cfg, out)
     from entropy_rft.launch import run as launch
 
-    launch.start(cfg, out, overwrite=args.overwrite, method=method)
+    doctor = live_doctor(args, out)
+    try:
+        launch.start(cfg, out, overwrite=args.overwrite, method=method, on_row=None if doctor is None else doctor.row)
+    finally:
+        if doctor is not None:
+            doctor.close()
     print(f"run written to {out}")
     return 0

@@ -9,6 +9,7 @@ answer and reward to ``samples.jsonl`` every ``train.samples_every`` steps. TRL'
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,10 +24,12 @@ _TRL_KEYS = (("grad_norm", "optim/grad_norm"), ("learning_rate", "optim/lr"), ("
 
 class ErftLog(TrainerCallback):
     """The TRL engine's metrics rows and samples (see the module docstring). ``k``: optimizer steps per erft
-    step; ``purge_step``: the first step a resume rewrites (TensorBoard drops its events from there)."""
+    step; ``purge_step``: the first step a resume rewrites (TensorBoard drops its events from there); ``on_row``:
+    called with each row after it is logged, on the main process."""
 
-    def __init__(self, trainer: Any, cfg: Any, out: Path, k: int, purge_step: int | None) -> None:
-        self.trainer, self.cfg, self.k = trainer, cfg, k
+    def __init__(self, trainer: Any, cfg: Any, out: Path, k: int, purge_step: int | None,
+                 on_row: Callable[[dict], None] | None = None) -> None:
+        self.trainer, self.cfg, self.k, self.on_row = trainer, cfg, k, on_row
         self.logger = Logger(Path(out), cfg, purge_step) if trainer.accelerator.is_main_process else None
         self.trl: dict[str, list[float]] = defaultdict(list)
 
@@ -60,7 +63,10 @@ class ErftLog(TrainerCallback):
             row["time/step"] *= len(self.trl["time/step"])  # TRL's step time is per optimizer step
         self.trl.clear()
         if self.logger is not None:
-            self.logger.log({"step": state.global_step // self.k, **row})
+            row = {"step": state.global_step // self.k, **row}
+            self.logger.log(row)
+            if self.on_row is not None:
+                self.on_row(row)
 
     def on_save(self, args, state, control, **kw):
         if self.logger is not None:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -60,7 +61,8 @@ def policy_for_trl(cfg, args: GRPOConfig) -> tuple[Any, Any]:
     return model, tok
 
 
-def train_trl(cfg, out: str | Path, resume: bool = False, method: Method | None = None) -> dict[str, Any]:
+def train_trl(cfg, out: str | Path, resume: bool = False, method: Method | None = None,
+              on_row: Callable[[dict], None] | None = None) -> dict[str, Any]:
     """``erft train --engine trl``: train ``cfg`` into run directory ``out`` with EntropyControlGRPOTrainer.
 
     ``out`` must already be prepared (``launch.start`` refuses to overwrite). Writes ``config.yaml``,
@@ -68,8 +70,8 @@ def train_trl(cfg, out: str | Path, resume: bool = False, method: Method | None 
     ``samples.jsonl`` (``trl_logging``), TRL checkpoints under ``out/trl`` and the final policy in
     ``out/final``. The GRPOConfig is ``trl_settings.grpo_config`` (with the config's ``trl:`` section).
     ``method``: the method the request's check built (``config.validation.validate_method``), else built here.
-    ``resume=True`` continues from the last TRL checkpoint, dropping log rows after it. Run under
-    ``accelerate launch`` for several processes.
+    ``resume=True`` continues from the last TRL checkpoint, dropping log rows after it. ``on_row``: called on the
+    main process with each metrics row as it is logged. Run under ``accelerate launch`` for several processes.
     """
     out = Path(out)
     state = PartialState()
@@ -103,7 +105,7 @@ def train_trl(cfg, out: str | Path, resume: bool = False, method: Method | None 
     # what GRPOConfig cannot say (no clip on a side, the KL estimator), by name onto the trainer's settings
     own = trainer.method.loss_overrides().kwargs()
     trainer.loss_settings = replace(trainer.loss_settings, **loss_overrides(cfg, own))
-    log = ErftLog(trainer, cfg, out, k, purge_step=start + 1 if resume else None)
+    log = ErftLog(trainer, cfg, out, k, purge_step=start + 1 if resume else None, on_row=on_row)
     trainer.add_callback(log)
     trainer.train(resume_from_checkpoint=str(last) if last else None)
     step = trainer.state.global_step // k

@@ -34,14 +34,19 @@ def _is_main_process() -> bool:
     return int(os.environ.get("RANK", "0")) == 0
 
 
-def _train(cfg: Config, out: Path, *, resume: bool, method: Method | None = None) -> dict[str, Any]:
+OnRow = Callable[[dict], None]  # called with each metrics row as the run logs it (erft train's live doctor)
+
+
+def _train(cfg: Config, out: Path, *, resume: bool, method: Method | None = None,
+           on_row: OnRow | None = None) -> dict[str, Any]:
     """Dispatch to the configured engine: our trainer, or TRL through ``integrations.trl_train.train_trl``, with the
-    method the request's check built (None: the engine builds it)."""
+    method the request's check built (None: the engine builds it); ``on_row``: see ``OnRow``."""
     if cfg.engine == "trl":
         from entropy_rft.integrations.trl_train import train_trl
 
-        return train_trl(cfg, out, resume=resume, method=method)
-    return train_native(cfg, out, resume=resume, method=method)
+        return train_trl(cfg, out, resume=resume, method=method, on_row=on_row)
+    on_step = None if on_row is None else (lambda _run, row: on_row(row))
+    return train_native(cfg, out, resume=resume, method=method, on_step=on_step)
 
 
 def device_name(device) -> str:
@@ -147,10 +152,12 @@ def _preflight(cfg: Config, out: str | Path | None, method: Method | None = None
     return preflight.check_train(cfg, out, method=method)
 
 
-def start(cfg: Config, out: str | Path, *, overwrite: bool = False, method: Method | None = None) -> dict[str, Any]:
+def start(cfg: Config, out: str | Path, *, overwrite: bool = False, method: Method | None = None,
+          on_row: OnRow | None = None) -> dict[str, Any]:
     """Train ``cfg`` into a new run directory ``out`` (refused if it exists, unless ``overwrite`` and it is
     an erft run directory). The request is checked first, so a refused start writes nothing. ``method``: the
-    method ``preflight.check_train`` built for this ``cfg`` (``erft train``), so that it is built once."""
+    method ``preflight.check_train`` built for this ``cfg`` (``erft train``), so that it is built once;
+    ``on_row``: called with each metrics row as it is logged (on the main process)."""
     if not _is_main_process():
         return _train(cfg, Path(out), resume=False)
     method = _preflight(cfg, out, method)
@@ -159,7 +166,7 @@ def start(cfg: Config, out: str | Path, *, overwrite: bool = False, method: Meth
     with RunLock(out):
         out = rundir.prepare_new(out, overwrite)
         try:
-            return _train(cfg, out, resume=False, method=method)
+            return _train(cfg, out, resume=False, method=method, on_row=on_row)
         except UserError:
             if created:  # refused before the run wrote anything: leave no folder behind
                 rundir.remove_if_only_lock(out)
@@ -212,13 +219,14 @@ def recorded_config(out: Path, given: dict[str, str] | None = None, *, check_met
     return cfg
 
 
-def resume(out: str | Path, *, max_steps: int | None = None, given: dict[str, str] | None = None) -> dict[str, Any]:
+def resume(out: str | Path, *, max_steps: int | None = None, given: dict[str, str] | None = None,
+           on_row: OnRow | None = None) -> dict[str, Any]:
     """Continue the run in ``out`` from its newest intact checkpoint with its recorded config.
 
     ``max_steps`` may raise the run's total (not below the steps it already holds); nothing else can change.
     ``given``: the code references (``{field: path}``, ``tasks.code_references``) the caller names again; a
     recorded one it does not name is refused (code is named by the person who runs erft, never by a run folder).
-    A finished run that is not extended returns at once.
+    A finished run that is not extended returns at once. ``on_row``: as ``start``'s.
     """
     out = Path(out)
     from entropy_rft.training import preflight
@@ -244,7 +252,7 @@ def resume(out: str | Path, *, max_steps: int | None = None, given: dict[str, st
             method = _preflight(cfg, None)
         if is_finished(out, cfg.train.max_steps):
             return {"step": rundir.read_status(out).get("step"), "already_finished": True}
-        return _train(cfg, out, resume=True, method=method)
+        return _train(cfg, out, resume=True, method=method, on_row=on_row)
 
 
 def is_finished(out: str | Path, max_steps: int) -> bool:

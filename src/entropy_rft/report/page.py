@@ -168,6 +168,65 @@ def _law_html(fits: Sequence[dict], runs: Sequence[RunData]) -> tuple[str, bytes
     return out, law_png
 
 
+def _diagnoses(runs: Sequence[RunData]) -> list[dict[str, Any]]:
+    """``erft doctor`` on each run (``analysis.doctor``): its findings and where it is heading, or why not."""
+    from entropy_rft.analysis.doctor import diagnose, heading, load_series, series_from_rows
+
+    out = []
+    for r in runs:
+        byo = r.cfg.get("byo")
+        try:
+            if byo:
+                series = load_series(r.path, source=byo["source"], entropy_key=byo["entropy_key"],
+                                     metric=byo["metric_key"])
+            else:
+                series = series_from_rows(r.name, r.rows, r.cfg)
+                series.method = r.method
+            found = diagnose(series)
+        except (UserError, KeyError) as e:  # no score, no training step, a method not registered here
+            out.append({"run": r.name, "label": r.label, "error": str(e)})
+            continue
+        out.append({"run": r.name, "label": r.label, "findings": [f.to_dict() for f in found],
+                    "heading": heading(series, 0.9)})
+    return out
+
+
+def _doctor_html(diagnoses: Sequence[dict[str, Any]]) -> str:
+    """The doctor's section: one row per finding (text from the runs: escaped, shown, never obeyed)."""
+    rows = []
+    for d in diagnoses:
+        who = f"| {table_cell(d['run'])} | {table_cell(d['label'])} |"
+        if "error" in d:
+            rows.append(f"{who} – | not diagnosed | {table_cell(d['error'])} | – |")
+            continue
+        for f in d["findings"]:
+            rx = f["prescription"]
+            what = "–" if rx is None else (f"{rx['method']}: " if rx["method"] != "none" else "") + rx["direction"]
+            evidence = f"{f['evidence']} (keys: {', '.join(f['keys'])}; rule: {f['rule']})"
+            rows.append(f"{who} {f['level']} | {table_cell(f['id'] + ': ' + f['title'])} | {table_cell(evidence)} | "
+                        f"{table_cell(what)} |")
+        if not d["findings"]:
+            rows.append(f"{who} – | no findings | healthy by every rule | – |")
+    ahead = []
+    for d in diagnoses:
+        h = d.get("heading") or {}
+        if "law" in h:
+            ahead.append(f"| {table_cell(d['run'])} | {h['law']['predicted']:.3f} [{h['law']['low']:.3f}, "
+                         f"{h['law']['high']:.3f}] | {h['linear']['predicted']:.3f} [{h['linear']['low']:.3f}, "
+                         f"{h['linear']['high']:.3f}] | {h['n']} |")
+    out = ('<h2 id="doctor">Doctor</h2><p><code>erft doctor</code> on each run: findings ranked by level, each with '
+           "its evidence, the rule that fired and a prescription from the method registry "
+           "(docs/your-own-run.md).</p>" + table_html("| run | series | level | finding | evidence | prescription |"
+                                                     "\n|---|\n" + "\n".join(rows)))
+    if ahead:
+        out += ("<p>Where each run is heading if its entropy keeps falling: the score at H = 0 by the law "
+                "R = −a·exp(H) + b (its ceiling b − a) and by a line in H, with 90% prediction intervals. Both "
+                "extrapolate; on the project's committed runs such intervals held the final score less often "
+                "than 90% (docs/your-own-run.md).</p>"
+                + table_html("| run | law at H = 0 | line at H = 0 | scored steps |\n|---|\n" + "\n".join(ahead)))
+    return out
+
+
 ENTROPY_COLUMNS = ("entropy@*",)
 MAIN_COLUMNS = tuple(c for c in DEFAULT_COLUMNS if c not in ENTROPY_COLUMNS)
 
@@ -220,6 +279,7 @@ def build_report(paths: Sequence[str | Path], out: str | Path, *, source: str | 
     if expand_columns(agg, ENTROPY_COLUMNS):  # a second table, so that neither is too wide for the page
         tables += ("<p>Training-batch entropy at fixed steps:</p>"
                    + table_html(markdown_table(agg, ENTROPY_COLUMNS, first=first)))
+    diagnoses = _diagnoses(runs)
     quadrants = quadrant_rows(runs)
     quadrant_html = ("<h2>Methods through the lens</h2><p>What each method does to each quadrant sign(A) × "
                      "sign(S_c) (drops, zeroes, reweights, adds gradient, changes the clip), and the measured "
@@ -233,14 +293,15 @@ def build_report(paths: Sequence[str | Path], out: str | Path, *, source: str | 
         + _incomplete_html(lacking)
         + f"<h2>Summary</h2><p class=\"summary\" id=\"summary\">{html.escape(paragraph)}</p>"
         + "".join(f'<p class="warn">Settings: {html.escape(n)}.</p>' for n in settings)
-        + f"<h2>Table (mean ± std over seeds)</h2>{tables}" + comparison_html + quadrant_html
+        + f"<h2>Table (mean ± std over seeds)</h2>{tables}" + _doctor_html(diagnoses) + comparison_html
+        + quadrant_html
         + _omitted_html(omitted) + "".join(sections) + "</body></html>\n"
     )
     atomic_write_text(out / "report.html", page)
     numbers = {"runs": [str(p) for p in run_dirs], "summary": paragraph, "series": series_info(runs),
                "settings": settings, "incomplete": lacking, "figures": figures_present, "omitted": omitted,
                "methods": agg, "lens": lens, "law": fits, "comparison": comparison, "quadrants": quadrants,
-               "read": [r.cfg["byo"]["note"] for r in runs if "byo" in r.cfg]}
+               "doctor": diagnoses, "read": [r.cfg["byo"]["note"] for r in runs if "byo" in r.cfg]}
     atomic_write_json(out / "report.json", numbers)
     for key, png in pngs.items():
         atomic_write_bytes(out / f"{key}.png", png)

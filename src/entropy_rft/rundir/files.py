@@ -38,7 +38,7 @@ from entropy_rft.rundir.guard import follow_umask, refuse_link_out
 from entropy_rft.rundir.lock import LOCK, RunLock
 
 CHECKPOINTS = "checkpoints"
-LOGS = ("metrics.jsonl", "samples.jsonl", "token_records.jsonl")
+LOGS = ("metrics.jsonl", "samples.jsonl", "token_records.jsonl", "doctor.jsonl")
 
 
 def fsync_dir(path: Path) -> None:
