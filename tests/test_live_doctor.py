@@ -301,9 +301,8 @@ HOSTILE = "val-core/<img src=x onerror=\"document.title='pwned'\"><script>docume
 def test_the_report_shows_the_doctor_and_no_markup_from_a_log_acts(tmp_path):
     # A verl file log (sick: truncation off, pg_clipfrac 0.4 >= 0.2, the collapse and the plateau) whose
     # validation key carries markup and a script: the page shows it as text, in headless Chromium nothing of it runs.
-    from test_report import _chromium
-
     from entropy_rft.report.page import build_report
+    from test_report import _chromium
 
     rows = []
     for s in STEPS:
