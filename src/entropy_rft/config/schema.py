@@ -189,6 +189,12 @@ class ProbeConfig:
                        "first-order prediction -A*r*S_c (Theorem 3.3).")
     records_every: int = _f(25, "Write a sample of per-token records every N steps (0: never).", ge=0)
     records_per_step: int = _f(256, "How many per-token records to write on such a step.", ge=0)
+    view_every: int = _f(25, "Every N steps (0: never), write the token view (token_view.jsonl, drawn by erft "
+                         "report): the first probe.view_groups groups of the batch, each response token by token with "
+                         "its text, log p, H, S*, S_c, the method's mark (kept, dropped, zeroed, adjusted, clipped) "
+                         "and the group's rewards and advantages.", ge=0)
+    view_groups: int = _f(2, "How many groups (prompts with their responses) the token view keeps per such step.",
+                          ge=1, le=64)
     jvp_every: int = _f(10, "Every N steps (0: never), the network's exact first-order prediction of each token's "
                         "entropy change: the forward-mode JVP of per-token entropy along the step's actual "
                         "parameter update (grad_theta H . delta_theta), against the actual change: probe/jvp_corr, "

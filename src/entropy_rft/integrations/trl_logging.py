@@ -32,6 +32,7 @@ class ErftLog(TrainerCallback):
         self.trainer, self.cfg, self.k, self.on_row = trainer, cfg, k, on_row
         self.logger = Logger(Path(out), cfg, purge_step) if trainer.accelerator.is_main_process else None
         self.trl: dict[str, list[float]] = defaultdict(list)
+        self.viewed: set[int] = set()  # the steps whose token view is written
 
     def erft_step(self) -> int:
         """The erft step being generated or trained (numbered from 1)."""
@@ -50,6 +51,24 @@ class ErftLog(TrainerCallback):
             rows = gather_object(rows)
         if self.logger is not None:
             self.logger.samples.write_many(rows)
+
+    @property
+    def view_groups(self) -> int:
+        return self.cfg.probe.view_groups
+
+    def view_step(self) -> int | None:
+        """The erft step being generated when its token view is due (``probe.view_every``) and not yet written,
+        on the main process; else None."""
+        every, step = self.cfg.probe.view_every, self.erft_step()
+        if self.logger is None or not every or step % every or step in self.viewed:
+            return None
+        return step
+
+    def write_view(self, rows: list[dict]) -> None:
+        """The token view's rows of the step ``view_step`` named (``training.token_view``), once."""
+        if self.logger is not None and rows:
+            self.viewed.add(int(rows[0]["step"]))
+            self.logger.view.write_many(rows)
 
     def on_log(self, args, state, control, logs=None, **kw):
         for src, dst in _TRL_KEYS:

@@ -107,6 +107,7 @@ def train_trl(cfg, out: str | Path, resume: bool = False, method: Method | None 
     trainer.loss_settings = replace(trainer.loss_settings, **loss_overrides(cfg, own))
     log = ErftLog(trainer, cfg, out, k, purge_step=start + 1 if resume else None, on_row=on_row)
     trainer.add_callback(log)
+    trainer.token_view = log  # the token view of its rows (probe.view_every)
     trainer.train(resume_from_checkpoint=str(last) if last else None)
     step = trainer.state.global_step // k
     if state.is_main_process:

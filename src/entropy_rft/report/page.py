@@ -49,6 +49,8 @@ from entropy_rft.common.text import table_cell
 from entropy_rft.report import plots, probe_plots
 from entropy_rft.report.equal_entropy_page import equal_entropy_section
 from entropy_rft.report.html_parts import CSS, figure_html, not_shown_html, table_html
+from entropy_rft.report.token_view_page import CSS as TOKEN_CSS
+from entropy_rft.report.token_view_page import token_view_section
 from entropy_rft.rundir.files import atomic_write_bytes, atomic_write_json, atomic_write_text
 
 # ----------------------------------------------------------------------------- HTML
@@ -172,7 +174,7 @@ def _diagnoses(runs: Sequence[RunData]) -> list[dict[str, Any]]:
     """``erft doctor`` on each run (``analysis.doctor``): its findings and where it is heading, or why not."""
     from entropy_rft.analysis.doctor import diagnose, heading, load_series, series_from_rows
 
-    out = []
+    out: list[dict[str, Any]] = []
     for r in runs:
         byo = r.cfg.get("byo")
         try:
@@ -280,6 +282,7 @@ def build_report(paths: Sequence[str | Path], out: str | Path, *, source: str | 
         tables += ("<p>Training-batch entropy at fixed steps:</p>"
                    + table_html(markdown_table(agg, ENTROPY_COLUMNS, first=first)))
     diagnoses = _diagnoses(runs)
+    tokens_html, tokens = token_view_section(runs)
     quadrants = quadrant_rows(runs)
     quadrant_html = ("<h2>Methods through the lens</h2><p>What each method does to each quadrant sign(A) × "
                      "sign(S_c) (drops, zeroes, reweights, adds gradient, changes the clip), and the measured "
@@ -288,20 +291,21 @@ def build_report(paths: Sequence[str | Path], out: str | Path, *, source: str | 
                      "batch).</p>" + table_html(quadrant_table_md(quadrants)))
     page = (
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-        f"<title>{title}</title><style>{CSS}</style></head><body>"
+        f"<title>{title}</title><style>{CSS}{TOKEN_CSS}</style></head><body>"
         f"<h1>{title}</h1><p class=\"meta\">Generated {now} from {len(runs)} run(s): {run_list}</p>"
         + _incomplete_html(lacking)
         + f"<h2>Summary</h2><p class=\"summary\" id=\"summary\">{html.escape(paragraph)}</p>"
         + "".join(f'<p class="warn">Settings: {html.escape(n)}.</p>' for n in settings)
         + f"<h2>Table (mean ± std over seeds)</h2>{tables}" + _doctor_html(diagnoses) + comparison_html
-        + quadrant_html
+        + quadrant_html + tokens_html
         + _omitted_html(omitted) + "".join(sections) + "</body></html>\n"
     )
     atomic_write_text(out / "report.html", page)
     numbers = {"runs": [str(p) for p in run_dirs], "summary": paragraph, "series": series_info(runs),
                "settings": settings, "incomplete": lacking, "figures": figures_present, "omitted": omitted,
                "methods": agg, "lens": lens, "law": fits, "comparison": comparison, "quadrants": quadrants,
-               "doctor": diagnoses, "read": [r.cfg["byo"]["note"] for r in runs if "byo" in r.cfg]}
+               "doctor": diagnoses, "token_view": tokens,
+               "read": [r.cfg["byo"]["note"] for r in runs if "byo" in r.cfg]}
     atomic_write_json(out / "report.json", numbers)
     for key, png in pngs.items():
         atomic_write_bytes(out / f"{key}.png", png)

@@ -38,7 +38,7 @@ from entropy_rft.rundir.guard import follow_umask, refuse_link_out
 from entropy_rft.rundir.lock import LOCK, RunLock
 
 CHECKPOINTS = "checkpoints"
-LOGS = ("metrics.jsonl", "samples.jsonl", "token_records.jsonl", "doctor.jsonl")
+LOGS = ("metrics.jsonl", "samples.jsonl", "token_records.jsonl", "token_view.jsonl", "doctor.jsonl")
 
 
 def fsync_dir(path: Path) -> None:
@@ -393,7 +393,7 @@ SCHEMA = "erft.run/1"  # run.json's marker: a folder holding it was created by e
 RUN_ENTRIES = ("config.yaml", "run.json", *LOGS, *(f"{n}.damaged" for n in LOGS), "tb", CHECKPOINTS, "final",
                "trl", "wandb", "mlflow.db", "mlartifacts", "trackers.json", LOCK)
 RUN_TEMP_PREFIXES = (".final_", ".config.yaml.", ".run.json.", ".metrics.jsonl.", ".samples.jsonl.",
-                     ".token_records.jsonl.", ".trackers.json.", "mlflow.db-")
+                     ".token_records.jsonl.", ".token_view.jsonl.", ".doctor.jsonl.", ".trackers.json.", "mlflow.db-")
 
 
 def is_run_dir(out: str | Path) -> bool:

@@ -20,6 +20,7 @@ class Logger:
         self.metrics = JsonlWriter(out / "metrics.jsonl", fsync=False)
         self.samples = JsonlWriter(out / "samples.jsonl", fsync=False)
         self.records = JsonlWriter(out / "token_records.jsonl", fsync=False)
+        self.view = JsonlWriter(out / "token_view.jsonl", fsync=False)
         self.trackers = Trackers(out, cfg, purge_step)
 
     def log(self, row: dict[str, Any]) -> None:
@@ -29,13 +30,13 @@ class Logger:
         self.trackers.log(scalars, row["step"])
 
     def sync(self) -> None:
-        for w in (self.metrics, self.samples, self.records):
+        for w in (self.metrics, self.samples, self.records, self.view):
             w.sync()
 
     def close(self, quiet: bool = False) -> None:
         """Close every writer; ``quiet`` (the run is already failing) keeps a full or read-only disk from
         hiding the first error behind a second one."""
-        for close in (self.metrics.close, self.samples.close, self.records.close):
+        for close in (self.metrics.close, self.samples.close, self.records.close, self.view.close):
             try:
                 close()
             except Exception:

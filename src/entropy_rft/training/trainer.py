@@ -28,6 +28,7 @@ from entropy_rft.training.probe import counterfactual_metrics, due
 from entropy_rft.training.records import trained_mask
 from entropy_rft.training.state import Run, save_checkpoint
 from entropy_rft.training.step_log import StepTimer, log_step, progress_bar, step_row
+from entropy_rft.training.token_view import native_rows
 
 
 def train(run: Run, logger: Logger, *, stop: Callable[[], bool] = lambda: False,
@@ -120,6 +121,9 @@ def train_step(run: Run, logger: Logger, note: Callable[[str], None] | None = No
             row.update(stages.evaluate(run, note))
     row.update(timer.metrics(int(rb.response_mask.sum())))
     log_step(logger, cfg, row, s, old, probed, trained)
+    if due(cfg.probe.view_every, step):  # the token view: some groups token by token, with the method's marks
+        logger.view.write_many(native_rows(step, run.tok, s, old, sel, upd, probed, rule.settings,
+                                           cfg.rollout.group_size, cfg.probe.view_groups))
     return row
 
 
