@@ -273,3 +273,19 @@ def test_a_run_without_a_method_is_told_which_method_to_train_with():
     rx = raise_entropy("none", None, "x")
     assert (rx.method, rx.knob) == ("clip_b", "mu")
     assert rx.direction.startswith("train with clip_b and lower mu from its default 2.5 (")
+
+
+def test_every_registered_method_gets_a_prescription():
+    # clip_b_paper's and clip_v_paper's knob mu sets mu_low and mu_high, EntroPIC's pos_weight is controller state:
+    # no parameter of that name, so no "now" to name (found by erft report on the equal-entropy sweep)
+    import entropy_rft.control.builtins  # noqa: F401
+    from entropy_rft.control.registry import available_methods, method_info
+
+    for name in available_methods():
+        rx = d.raise_entropy(name, {}, "x")
+        info = method_info(name)
+        own = info["knob"] and info["knob_raises_entropy"]
+        assert rx.method == (name if own else "clip_b") and rx.direction
+        if name == "clip_b_paper":
+            assert rx.direction == f"lower mu ({info['direction']})"
+        d.lower_entropy(name, {}, "x")

@@ -96,6 +96,12 @@ TRL_ATTRIBUTES: dict[str, list[tuple[str, str, str]]] = {
     "max_completion_length": [("GRPOTrainer", "__init__",
                                r"self\.max_completion_length = args\.max_completion_length\b")],
     "eos_token_ids": [("GRPOTrainer", "__init__", r"self\.eos_token_ids = eos_token_ids\b")],
+    # the group size, and the generation batch's rows grouped by it (the token view groups this process's rows so)
+    "num_generations": [("GRPOTrainer", "__init__", r"self\.num_generations = args\.num_generations\b"),
+                        ("GRPOTrainer", "_generate_and_score_completions",
+                         r"rewards\.view\(-1, num_generations\)")],
+    # the tokenizer the trainer holds (the token view decodes prompts and completion tokens with it)
+    "processing_class": [("Trainer", "__init__", r"self\.processing_class = processing_class\b")],
     # transformers' Trainer
     "args": [("Trainer", "__init__", r"self\.args = args\b")],
     "model": [("Trainer", "__init__", r"self\.model = model\b")],

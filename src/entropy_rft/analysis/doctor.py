@@ -136,9 +136,15 @@ def raise_entropy(method: str, params: Mapping[str, Any] | None, expect: str) ->
     assert info is not None
     knob = info["knob"]
     verb = "raise" if info["knob_raises_entropy"] > 0 else "lower"
-    default = next(p["default"] for p in info["params"] if p["name"] == knob)
-    words = (f"{verb} {knob} (now {(params or {}).get(knob, default):g}; {info['direction']})" if own else
-             f"train with {info['name']} and {verb} {knob} from its default {default:g} ({info['direction']})")
+    # a knob that is no parameter of its own (clip_b_paper's mu sets mu_low and mu_high; EntroPIC's controller
+    # state) has no default to name
+    default = next((p["default"] for p in info["params"] if p["name"] == knob), None)
+    now = (params or {}).get(knob, default)
+    if own:
+        words = (f"{verb} {knob} (now {now:g}; {info['direction']})" if isinstance(now, (int, float)) else
+                 f"{verb} {knob} ({info['direction']})")
+    else:
+        words = f"train with {info['name']} and {verb} {knob} from its default {default:g} ({info['direction']})"
     return Prescription(info["name"], knob, words, info["paper"], expect)
 
 

@@ -30,3 +30,13 @@ def require_version(package: str, version: str, lo: tuple[int, ...], hi_exclusiv
         spec = f"{package}>={'.'.join(map(str, lo))},<{'.'.join(map(str, hi_exclusive))}"
         raise ImportError(f"entropy_rft.integrations.{package} supports {spec}{why}; found {package} {version}. "
                           f"Install a tested version: pip install '{spec}'{hint}")
+
+
+# TRL versions the TRL integration was tested with: it overrides private methods of GRPOTrainer, whose signatures
+# change between minor releases.
+TRL_MIN, TRL_MAX_EXCLUSIVE = (1, 16, 0), (1, 17, 0)
+
+
+def check_trl_version(version: str) -> None:
+    """Raise ImportError unless TRL ``version`` lies in the tested range [TRL_MIN, TRL_MAX_EXCLUSIVE)."""
+    require_version("trl", version, TRL_MIN, TRL_MAX_EXCLUSIVE, why=" (it overrides GRPOTrainer internals)")

@@ -41,13 +41,14 @@ from entropy_rft.core import dynamics
 from entropy_rft.core.loss import compute_policy_loss
 from entropy_rft.core.loss_types import LossInputs
 from entropy_rft.integrations import window
-from entropy_rft.integrations._compat import require_version
+from entropy_rft.integrations._compat import TRL_MAX_EXCLUSIVE, TRL_MIN, check_trl_version  # noqa: F401
 from entropy_rft.integrations.stats_forward import (
     captured_hidden,
     chunked_policy_out,
     map_stats,
     stats_from_hidden,
 )
+from entropy_rft.integrations.trl_logging import record_view
 from entropy_rft.integrations.trl_support import (
     AGG_FOR_LOSS_TYPE,
     Capture,
@@ -68,19 +69,9 @@ from entropy_rft.integrations.trl_support import (
 )
 from entropy_rft.integrations.trl_task import prompt_dataset, task_reward_func
 from entropy_rft.policy.forward import supports_fused
-from entropy_rft.training import token_view
-
-# TRL versions this integration was tested with: it overrides private methods of GRPOTrainer, whose
-# signatures change between minor releases.
-TRL_MIN, TRL_MAX_EXCLUSIVE = (1, 16, 0), (1, 17, 0)
 
 # grpo_config (trl_settings): re-exported for benchmarks
 __all__ = ["EntropyControlGRPOTrainer", "check_trl_version", "grpo_config", "prompt_dataset", "task_reward_func"]
-
-
-def check_trl_version(version: str) -> None:
-    """Raise ImportError unless TRL ``version`` lies in the tested range [TRL_MIN, TRL_MAX_EXCLUSIVE)."""
-    require_version("trl", version, TRL_MIN, TRL_MAX_EXCLUSIVE, why=" (it overrides GRPOTrainer internals)")
 
 
 import trl  # noqa: E402
@@ -128,9 +119,7 @@ class EntropyControlGRPOTrainer(GRPOTrainer):
     """
 
     _entropy_bonus_enabled: bool  # TRL's switch of its entropy term (set in its __init__; see _apply_knob_to_trl)
-    # where the token view goes (``erft train --engine trl``: ``trl_logging.ErftLog``, which has ``view_step()``,
-    # the erft step when the view is due, else None, and ``write_view(rows)``); None: no view
-    token_view: Any = None
+    token_view: Any = None  # where the token view goes (trl_logging.record_view's sink: erft train's ErftLog)
 
     def __init__(self, *args: Any, method: str | Method = "none", method_params: dict[str, Any] | None = None,
                  agg: str | None = None, dual_clip: float | None = None, dynamics_metrics: bool = True,
@@ -300,38 +289,25 @@ class EntropyControlGRPOTrainer(GRPOTrainer):
                                                self.args.per_device_train_batch_size)
             old = own if old is None else old
         out["erft_old_logps"] = old  # what the selections compare against (Clip-Cov, KL-Cov)
-        out["erft_keep"] = self._record_batch(stats, out["advantages"], mask, out["completion_ids"])
-        self._view(stats, out["advantages"], mask, out["erft_keep"], out["completion_ids"], out["prompt_ids"])
+        out["erft_keep"] = self._record_batch(stats, out["advantages"], mask, out["completion_ids"], out["prompt_ids"])
         if self.delegates and self.method.stage == "rollout":
             self._compose_keep(out)
         return out
 
-    def _record_batch(self, stats: dynamics.TokenStats, adv: Tensor, mask: Tensor, completion_ids: Tensor) -> Tensor:
-        """A generation batch's rollout-stage selection (over all processes) and its batch metrics; returns the
-        local keep mask."""
+    def _record_batch(self, stats: dynamics.TokenStats, adv: Tensor, mask: Tensor, completion_ids: Tensor,
+                      prompt_ids: Tensor) -> Tensor:
+        """A generation batch's rollout-stage selection (over all processes), its batch metrics and its token view
+        (``trl_logging.record_view``); returns the local keep mask."""
         gb = window.global_rollout_batch(self.method, stats, adv, mask)
         ended = torch.isin(completion_ids, torch.tensor(self.eos_token_ids, device=mask.device)) & mask
         metrics = window.global_batch_metrics(gb, ~ended.any(-1))
         reward = self._metrics["train"].get("reward")
         metrics["reward/mean"] = reward[-1] if reward else None
         self._record(metrics)
-        return gb.local_keep(mask)
-
-    def _view(self, stats: dynamics.TokenStats, adv: Tensor, mask: Tensor, keep: Tensor, completion_ids: Tensor,
-              prompt_ids: Tensor) -> None:
-        """The token view of this process's rows of a generation batch, when ``token_view`` says it is due: what
-        the plug-in sees at its rollout stage (each token kept or dropped; no reward: TRL's loss inputs hold
-        advantages only). Rows are grouped by ``num_generations`` when this process's rows hold whole groups."""
-        sink = self.token_view
-        step = None if sink is None else sink.view_step()
-        if step is None or mask.shape[0] % self.num_generations:
-            return
-        tok = self.processing_class
-        prompts = tok.batch_decode(prompt_ids, skip_special_tokens=True)
-        per_token = adv[:, None].expand(mask.shape) if adv.dim() == 1 else adv
-        sink.write_view(token_view.group_rows(
-            step, "trl", prompts, token_view.token_texts(tok, completion_ids, mask), mask, stats, per_token,
-            [None] * mask.shape[0], token_view.token_marks(mask, keep), self.num_generations, sink.view_groups))
+        keep = gb.local_keep(mask)
+        record_view(self.token_view, self.processing_class, self.num_generations, stats, adv, mask, keep,
+                    completion_ids, prompt_ids)
+        return keep
 
     def _defers_stats(self, old: Tensor | None) -> bool:
         """Whether this generation batch's statistics come from TRL's own training forward (``_deferred_part``)
@@ -356,10 +332,10 @@ class EntropyControlGRPOTrainer(GRPOTrainer):
         parts = self._buffered_inputs
         if all("erft_stats" in p for p in parts):
             stats = map_stats(lambda *x: torch.cat(x), *(p.pop("erft_stats") for p in parts))
-            adv, mask = torch.cat([p["advantages"] for p in parts]), torch.cat([self._loss_mask(p) for p in parts])
-            ids = torch.cat([p["completion_ids"] for p in parts])
-            keep = self._record_batch(stats, adv, mask, ids)
-            self._view(stats, adv, mask, keep, ids, torch.cat([p["prompt_ids"] for p in parts]))
+            self._record_batch(stats, torch.cat([p["advantages"] for p in parts]),
+                               torch.cat([self._loss_mask(p) for p in parts]),
+                               torch.cat([p["completion_ids"] for p in parts]),
+                               torch.cat([p["prompt_ids"] for p in parts]))
 
     def _compose_keep(self, out: dict[str, Any]) -> None:
         """The rollout-stage drops in TRL's own loss inputs (``trl_support.composes_with_trl``): the kept tokens

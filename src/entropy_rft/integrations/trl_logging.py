@@ -94,3 +94,23 @@ class ErftLog(TrainerCallback):
     def on_train_end(self, args, state, control, **kw):
         if self.logger is not None:
             self.logger.close()
+
+
+def record_view(sink: Any, tok: Any, group_size: int, stats: Any, adv: Any, mask: Any, keep: Any, completion_ids: Any,
+                prompt_ids: Any) -> None:
+    """The token view (``training.token_view``) of one process's rows of a generation batch, written to ``sink``
+    (``ErftLog``: ``view_step()``, ``view_groups``, ``write_view(rows)``; None: no view) when its step is due:
+    what the plug-in sees at its rollout stage (each token kept or dropped; no reward: TRL's loss inputs hold
+    advantages only).
+    Rows are grouped by ``group_size`` (TRL's ``num_generations``) only when this process's rows hold whole
+    groups."""
+    from entropy_rft.training import token_view
+
+    step = None if sink is None else sink.view_step()
+    if step is None or mask.shape[0] % group_size:
+        return
+    prompts = tok.batch_decode(prompt_ids, skip_special_tokens=True)
+    per_token = adv[:, None].expand(mask.shape) if adv.dim() == 1 else adv
+    sink.write_view(token_view.group_rows(
+        step, "trl", prompts, token_view.token_texts(tok, completion_ids, mask), mask, stats, per_token,
+        [None] * mask.shape[0], token_view.token_marks(mask, keep), group_size, sink.view_groups))

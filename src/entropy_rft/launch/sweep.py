@@ -264,7 +264,24 @@ def progress_words(out: Path, v: Variant, seed: int, cfg: Any) -> str:
     from entropy_rft.rundir.files import last_step
 
     step = last_step(run_dir_of(out, v, seed))
-    return f"{v.label} seed {seed}: " + ("starting" if step is None else f"step {step}/{cfg.train.max_steps}")
+    if step is not None:
+        return f"{v.label} seed {seed}: step {step}/{cfg.train.max_steps}"
+    building = base_build_words(cfg.model.name)
+    return f"{v.label} seed {seed}: " + ("starting" if building is None else f"waiting for its base policy "
+                                                                              f"({building})")
+
+
+def base_build_words(model: str) -> str | None:
+    """How far the build of a built-in base policy (``default``, ``default-strong``) is, when one is under way in
+    this cache (``models.cache.progress_words``: the building process, its step, rate and time left)."""
+    from entropy_rft.models.files import SFT_NAMES
+
+    if model not in SFT_NAMES:
+        return None
+    from entropy_rft.models.cache import progress_words
+    from entropy_rft.training.sft import BUILT_IN_RECIPES, default_policy_dir
+
+    return progress_words(default_policy_dir(None, **BUILT_IN_RECIPES[model]))
 
 
 def run_parallel(plans: list, out: Path, jobs: int, overwrite: bool) -> int | None:

@@ -8,6 +8,7 @@ Layout (``cache_root()``: ``$ERFT_CACHE``, else ``$XDG_CACHE_HOME/entropy-rft``,
     <cache>/models/countdown-llama-v4-seed0-native-avx512-mkloff/   built outside the CPU pin (common.numerics)
     <cache>/models/smollm2-135m-instruct-q4_1-v1/     converted SmolLM2
     <cache>/models/.<folder>.lock                     the build lock
+    <cache>/models/.<folder>.progress.json            a build under way: its process, step, steps, rate
 
 Each folder holds ``config.json``, ``model.safetensors``, ``generation_config.json``, the tokenizer files
 and ``erft_build.json`` (build info and metrics). A folder is built in a temporary sibling and renamed
@@ -129,6 +130,87 @@ def checksum_problem(folder: str | os.PathLike, *, recorded_only: bool = False) 
     return None
 
 
+WAIT_NOTE_S = 60.0  # while another process builds, a line of its progress at this interval
+
+
+def progress_path(final: Path) -> Path:
+    """Where a build of ``final`` under way says how far it is (``write_progress``)."""
+    return Path(final).parent / f".{Path(final).name}.progress.json"
+
+
+def write_progress(final: Path, what: str, step: int, steps: int, started: float) -> None:
+    """Record a build's progress (atomically: a reader never sees half of it): this process, what it builds,
+    ``step`` of ``steps``, and the wall clock it started at (``time.time()``)."""
+    import time
+
+    path = progress_path(final)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"pid": os.getpid(), "what": what, "step": step, "steps": steps, "started": started,
+                               "updated": time.time()}))
+    os.replace(tmp, path)
+
+
+def read_progress(final: Path) -> dict[str, Any] | None:
+    """A build's progress record (``write_progress``), None when there is none or it cannot be read."""
+    from entropy_rft.common.streams import parse_json
+
+    try:
+        data = parse_json(progress_path(final).read_text())
+    except (OSError, ValueError):
+        return None
+    ok = isinstance(data, dict) and all(isinstance(data.get(k), (int, float)) for k in ("pid", "step", "steps",
+                                                                                          "started"))
+    return data if ok else None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, ValueError):
+        return pid > 0
+    return pid > 0
+
+
+def progress_words(final: Path) -> str | None:
+    """``process 1234 builds default: SFT step 230/690, 1.4 steps/s, about 5 min left`` from a build's record
+    (None: no build under way). Its text is the cache's own (``what`` is erft's), made visible all the same."""
+    import time
+
+    from entropy_rft.common.text import visible
+
+    rec = read_progress(final)
+    if rec is None or not _alive(int(rec["pid"])):  # none, or a killed build's leftover
+        return None
+    step, steps = int(rec["step"]), int(rec["steps"])
+    took = max(1e-9, float(rec.get("updated", time.time())) - float(rec["started"]))
+    words = f"process {int(rec['pid'])} builds {visible(rec.get('what', Path(final).name))}: step {step}/{steps}"
+    if step > 0:
+        rate = step / took
+        words += f", {rate:.1f} steps/s, about {max(0.0, (steps - step) / rate) / 60:.1f} min left"
+    return words
+
+
+def _wait_for_lock(lock: FileLock, final: Path, timeout: float) -> None:
+    """Take the build lock, saying once a minute (on stderr) whose build is under way while another process holds
+    it; ``timeout`` as ``FileLock``'s."""
+    import time
+
+    from filelock import Timeout
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            lock.acquire(timeout=max(0.0, min(WAIT_NOTE_S, deadline - time.monotonic())))
+            return
+        except Timeout:
+            if time.monotonic() >= deadline:
+                raise
+            words = progress_words(final) or "another process builds it (no progress recorded yet)"
+            print(f"erft: waiting for the build of {final.name}: {words}", file=sys.stderr, flush=True)
+
+
 def cached_build(final: Path, build: Callable[[Path], object], *, timeout: float = LOCK_TIMEOUT_S) -> Path:
     """Return ``final``, building it first with ``build(tmp_dir)`` if it is missing.
 
@@ -142,35 +224,45 @@ def cached_build(final: Path, build: Callable[[Path], object], *, timeout: float
     if is_complete(final) and checksum_problem(final) is None:
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(final.parent / f".{final.name}.lock"), timeout=timeout):
-        if is_complete(final):
-            problem = checksum_problem(final)
-            if problem is None:
-                return final
-            from entropy_rft.common.text import visible
+    lock = FileLock(str(final.parent / f".{final.name}.lock"), timeout=timeout)
+    _wait_for_lock(lock, final, timeout)
+    try:
+        return _build_locked(final, build)
+    finally:
+        progress_path(final).unlink(missing_ok=True)  # the build is over, or never ran here
+        lock.release()
 
-            print(f"erft: warning: the cached model {visible(final)}: {visible(problem)}; building it again",
-                  file=sys.stderr, flush=True)
-        for stale in final.parent.glob(f".tmp-{final.name}-*"):
-            shutil.rmtree(stale, ignore_errors=True)
-        if final.exists():  # an incomplete folder not made by us (e.g. a file deleted by hand)
-            shutil.rmtree(final)
-        tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=final.parent))
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it 0700; the cache is a normal folder
+
+def _build_locked(final: Path, build: Callable[[Path], object]) -> Path:
+    """``cached_build``'s body under the lock."""
+    if is_complete(final):
+        problem = checksum_problem(final)
+        if problem is None:
+            return final
+        from entropy_rft.common.text import visible
+
+        print(f"erft: warning: the cached model {visible(final)}: {visible(problem)}; building it again",
+              file=sys.stderr, flush=True)
+    for stale in final.parent.glob(f".tmp-{final.name}-*"):
+        shutil.rmtree(stale, ignore_errors=True)
+    if final.exists():  # an incomplete folder not made by us (e.g. a file deleted by hand)
+        shutil.rmtree(final)
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=final.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it 0700; the cache is a normal folder
+    try:
+        build(tmp)
+        if not is_complete(tmp):
+            raise RuntimeError(f"build of {final.name} did not write {INFO_FILE}")
+        record_checksums(tmp)
         try:
-            build(tmp)
-            if not is_complete(tmp):
-                raise RuntimeError(f"build of {final.name} did not write {INFO_FILE}")
-            record_checksums(tmp)
-            try:
-                os.replace(tmp, final)
-            except OSError:
-                if not is_complete(final):  # someone placed a finished folder without the lock: keep it
-                    raise
-                shutil.rmtree(tmp, ignore_errors=True)
-        except BaseException:
+            os.replace(tmp, final)
+        except OSError:
+            if not is_complete(final):  # someone placed a finished folder without the lock: keep it
+                raise
             shutil.rmtree(tmp, ignore_errors=True)
-            raise
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     return final

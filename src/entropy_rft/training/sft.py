@@ -33,7 +33,7 @@ import os
 import platform
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +51,7 @@ from transformers import LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerB
 
 from entropy_rft.common.numerics import isa_tag, numerics_record
 from entropy_rft.common.threads import apply_threads
+from entropy_rft.models.cache import write_progress
 from entropy_rft.models.files import DEFAULT_NAME, STRONG_NAME
 from entropy_rft.models.loading import (
     build_char_tokenizer,
@@ -64,8 +65,10 @@ from entropy_rft.models.loading import (
 from entropy_rft.policy.evaluation import evaluate_policy
 from entropy_rft.tasks.base import Example, Task
 from entropy_rft.tasks.countdown import CountdownTask, expressions, values
+from entropy_rft.training.shipped import install, shipped_folder
 
 RECIPE_VERSION = "v4"
+PROGRESS_EVERY = 10  # SFT steps between the build's progress records (models.cache.write_progress)
 
 #: The default build parameters: feasibility.md's study settings, except batch 128 and p_correct 0.5.
 #: v1 (batch 256, p_correct 0.4) took ~5.2 min on an idle 2-core machine (~0.45 s/step, compute-bound)
@@ -181,8 +184,11 @@ def train_sft(
     warmup: int,
     p_correct: float,
     progress: bool = True,
+    on_step: Callable[[int, int, float], None] | None = None,
 ) -> list[float]:
-    """Fine-tune ``model`` on generated Countdown solutions; returns the per-step losses."""
+    """Fine-tune ``model`` on generated Countdown solutions; returns the per-step losses. ``on_step(step, steps,
+    started)`` is told how far it is (at the start and every ``PROGRESS_EVERY`` steps; ``started``: the wall clock
+    it began at); it reads nothing of the training, so no number moves."""
     rng = random.Random(seed)
     pairs = task.sft_pairs()
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
@@ -193,7 +199,11 @@ def train_sft(
     with _progress(console, progress) as bar:
         job = bar.add_task("SFT base policy", total=steps, loss="-")
         log_every = max(1, steps // 10) if progress and not console.is_terminal else 0
-        t0 = time.perf_counter()
+        if log_every:
+            console.print(f"building the base policy: {steps} SFT steps (once: cached for every later run)")
+        t0, started = time.perf_counter(), time.time()
+        if on_step is not None:
+            on_step(0, steps, started)
         for step in range(steps):
             batch = [rng.choice(pairs) for _ in range(batch_size)]
             prompts = [f"{''.join(map(str, d))}>{t:02d}:" for d, t in batch]
@@ -207,8 +217,13 @@ def train_sft(
             sched.step()
             losses.append(loss.item())
             bar.update(job, advance=1, loss=f"{losses[-1]:.3f}")
+            if on_step is not None and ((step + 1) % PROGRESS_EVERY == 0 or step + 1 == steps):
+                on_step(step + 1, steps, started)
             if log_every and (step + 1) % log_every == 0:  # no live bar without a terminal
-                console.print(f"SFT step {step + 1}/{steps} loss {losses[-1]:.3f} {time.perf_counter() - t0:.0f}s")
+                took = time.perf_counter() - t0
+                rate = (step + 1) / took
+                console.print(f"SFT step {step + 1}/{steps} loss {losses[-1]:.3f} {took:.0f}s, {rate:.1f} steps/s, "
+                              f"about {(steps - step - 1) / rate / 60:.1f} min left")
     model.eval()
     return losses
 
@@ -266,8 +281,10 @@ def quick_eval(
 # ----------------------------------------------------------------------------- the build
 
 
-def _build(out: Path, *, seed: int, progress: bool, settings: dict[str, Any]) -> None:
-    """Train the base policy with ``settings`` (every key of :data:`DEFAULT_BUILD`) into ``out``."""
+def _build(out: Path, *, seed: int, progress: bool, settings: dict[str, Any],
+           on_step: Callable[[int, int, float], None] | None = None) -> None:
+    """Train the base policy with ``settings`` (every key of :data:`DEFAULT_BUILD`) into ``out``; ``on_step``:
+    see ``train_sft``."""
     t0 = time.perf_counter()
     torch.manual_seed(seed)
     tokenizer = build_char_tokenizer()
@@ -282,16 +299,16 @@ def _build(out: Path, *, seed: int, progress: bool, settings: dict[str, Any]) ->
     build_threads = apply_threads(0, model)
     try:
         _train_and_save(out, model, tokenizer, task, seed=seed, progress=progress, settings=settings,
-                        recipe=recipe, t0=t0, threads=build_threads)
+                        recipe=recipe, t0=t0, threads=build_threads, on_step=on_step)
     finally:
         torch.set_num_threads(caller_threads)
 
 
 def _train_and_save(out: Path, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: CountdownTask, *,
                     seed: int, progress: bool, settings: dict[str, Any], recipe: dict[str, Any], t0: float,
-                    threads: int) -> None:
+                    threads: int, on_step: Callable[[int, int, float], None] | None = None) -> None:
     """SFT, save, evaluate and record the build (``_build``'s body, at the build's thread count)."""
-    losses = train_sft(model, tokenizer, task, seed=seed, progress=progress, **recipe)
+    losses = train_sft(model, tokenizer, task, seed=seed, progress=progress, on_step=on_step, **recipe)
     train_s = time.perf_counter() - t0
     save_policy(out, model, tokenizer)
     info: dict[str, Any] = {
@@ -335,4 +352,13 @@ def build_default_policy(
     """
     folder = default_policy_dir(cache_dir, seed=seed, **params)
     settings = {**DEFAULT_BUILD, **params}
-    return cached_build(folder, lambda tmp: _build(tmp, seed=seed, progress=progress, settings=settings))
+    shipped = shipped_folder(folder.name)  # the pinned default's bytes, shipped with the package (shipped.py)
+    if shipped is not None:
+        return cached_build(folder, lambda tmp: install(shipped, tmp))
+    name = next((n for n, r in BUILT_IN_RECIPES.items() if {**DEFAULT_BUILD, **r} == settings), folder.name)
+
+    def on_step(step: int, steps: int, started: float) -> None:  # what `erft compare` shows while it waits
+        write_progress(folder, f"the base policy {name}", step, steps, started)
+
+    return cached_build(folder, lambda tmp: _build(tmp, seed=seed, progress=progress, settings=settings,
+                                                   on_step=on_step))
