@@ -5,7 +5,7 @@ PIP     := $(PY) -m pip --disable-pip-version-check
 STAMP   := .venv/.erft-installed
 JOBS    ?= auto
 
-.PHONY: run run-real run-real-cpu run-real-cpu-long run-gpu equal-entropy regimes test test-verl lease-rehearsal lint typecheck bench setup clean browser
+.PHONY: run run-real run-real-cpu run-real-cpu-long run-gpu equal-entropy regimes test test-verl lease-rehearsal check-shipped lint typecheck bench setup clean browser
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || python3 -m venv .venv
@@ -92,6 +92,11 @@ run-gpu:
 # The GPU lease kit on the CPU (docs/lease.md): every plan end to end under the device's conditions (a virtualenv of
 # the image's packages only, the carry installed as there, no index, tiny sizes), a call killed half-way, $OUT
 # against the tool's limits. A step of .ci/run of its own, as make test-verl is.
+# The shipped default base policy against its recipe (issue 77): build it from the recipe in a scratch cache and
+# compare every file byte for byte (about 5-11 minutes on 2 cores). .ci/run runs it.
+check-shipped: $(STAMP)
+	.venv/bin/python benchmarks/cpu/shipped_policy.py
+
 lease-rehearsal: $(STAMP)
 	.venv/bin/python benchmarks/lease/kit.py rehearse
 
