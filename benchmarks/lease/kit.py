@@ -40,7 +40,8 @@ def describe(plan: Plan) -> str:
                                                                         for f in s.files)])]
         lines += [f"      - {s.name}: {s.what}" for s in call.sections]
     if len(plan.calls) > 1:
-        lines.append("  make call 2 at once after call 1 (a machine is given back 30 s after a call)")
+        lines.append(f"  make each call at once after the one before, 1 to {len(plan.calls)} (a machine is given back "
+                     "30 s after a call)")
     folders = " ".join(f"FILES_AT_OF_CALL_{i}" for i in range(1, len(plan.calls) + 1))
     lines.append(f"  then here: .venv/bin/python benchmarks/lease/kit.py collect {plan.name} {folders}; commit")
     return "\n".join(lines)

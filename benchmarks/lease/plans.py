@@ -78,8 +78,17 @@ KERNELS = Plan(
 REALM_WHEELS = ("reasoning-gym", "gguf", "pytz")
 
 
+GGUF_PARTS = 3  # the GGUF travels in parts, one a call: with the working tree (which grows with every committed
+# run: results/, the shipped base policy) each call stays under CARRY_LIMIT; two parts held a tree of 7.5 MiB at most,
+# three hold 24 MiB
+
+
+def _stage(k: int) -> Section:
+    return Section("stage", 30, (), f"keep the GGUF's part {k} on the machine")
+
+
 def _realm() -> Plan:
-    model = Section("model", 150, (), "join the GGUF's two parts, check its sha256, build SmolLM2 once")
+    model = Section("model", 150, (), f"join the GGUF's {GGUF_PARTS} parts, check its sha256, build SmolLM2 once")
     sampler = Section("sampler", 100, ("sampler.json",), "graph vs eager sampler: same tokens, speed; update norms "
                       "(skipped once results/smollm2-gpu/sampler.json is committed)")
     train = Section("train", 0, (), "every missing run, seeds first, as a paced wave: only those that can finish "
@@ -87,9 +96,9 @@ def _realm() -> Plan:
     ship = Section("ship", 30, ("runs.tar.gz",), "each run's metrics.jsonl, config.yaml, run.json, samples.jsonl")
     return Plan("realm", 34, "GRPO, ClipB, ClipV, Clip-Cov and KL-Cov from SmolLM2-135M, 3 seeds: every run not "
                 "committed yet, seeds first, as many as fit the lease", wheels=REALM_WHEELS, realm=True,
-                calls=(Call((f"{CARRY_DIR}/wheels-realm", f"{CARRY_DIR}/gguf.1"),
-                            (ENV, Section("stage", 30, (), "keep the GGUF's first part on the machine"))),
-                       Call((f"{CARRY_DIR}/gguf.2",), (model, sampler, train, ship))))
+                calls=(Call((f"{CARRY_DIR}/wheels-realm", f"{CARRY_DIR}/gguf.1"), (ENV, _stage(1))),
+                       *(Call((f"{CARRY_DIR}/gguf.{k}",), (_stage(k),)) for k in range(2, GGUF_PARTS)),
+                       Call((f"{CARRY_DIR}/gguf.{GGUF_PARTS}",), (model, sampler, train, ship))))
 
 
 PLANS: dict[str, Plan] = {p.name: p for p in (KERNELS, _realm())}

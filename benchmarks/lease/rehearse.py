@@ -172,12 +172,13 @@ SLOW, SMALL = 7.5, 3  # the slow device's budget (runs: seven fit, not eight); t
 
 def rehearse_realm_leases(plan: Plan, copy: Path, venv_py: Path, work: Path, state: Path,
                           first: list[Path]) -> list[str]:
-    """Issues 49 and 64 on the CPU, each a lease's call 2 with call 1's folder ``first``: a budget of 7.5 runs (the
-    first lease that trains: its first run starts alone until its peak memory is read; seeds first, exactly seed
-    0's five and seed 1's ``none`` and ``clip_b`` are committed); a budget of half a run (nothing fits: the record
-    gives the pace, the budget one run needs and the smaller setting; nothing more is committed); then a device
-    whose memory holds three runs, with five allowed at once (the runs start together at the peak the earlier
-    leases measured, never more than three run at once, and this one call commits the remaining eight)."""
+    """Issues 49 and 64 on the CPU, each a lease's last call with the folders of the calls before it, ``first``: a
+    budget of 7.5 runs (the first lease that trains: its first run starts alone until its peak memory is read;
+    seeds first, exactly seed 0's five and seed 1's ``none`` and ``clip_b`` are committed); a budget of half a run
+    (nothing fits: the record gives the pace, the budget one run needs and the smaller setting; nothing more is
+    committed); then a device whose memory holds three runs, with five allowed at once (the runs start together at
+    the peak the earlier leases measured, never more than three run at once, and this one call commits the
+    remaining eight)."""
     from status import missing_runs, plan_state
 
     failures, n = [], len(plan.calls)
@@ -238,10 +239,12 @@ def rehearse(names: list[str], work: Path) -> list[str]:
             failures += [f"{name} killed: {p}" for p in check_out(out)]
             print(f"   killed after env ({secs:.0f} s): returned {sorted(p.name for p in out.iterdir())}", flush=True)
             shutil.rmtree(state, ignore_errors=True)
-        if plan.realm:  # call 1, then the slow and small devices' leases, then ordinary calls while runs are left
-            out = work / f"out-{name}-1"
-            failures += one_call(plan, 1, copy, venv_py, out, state)
-            folders.append(out)
+        if plan.realm:  # the calls that stage the GGUF, then the slow and small devices' leases, then ordinary
+            # last calls while runs are left
+            for k in range(1, len(plan.calls)):
+                out = work / f"out-{name}-{k}"
+                failures += one_call(plan, k, copy, venv_py, out, state)
+                folders.append(out)
             failures += rehearse_realm_leases(plan, copy, venv_py, work, state, folders)
             written = [copy / REALM_RESULTS / n for n in realm_run_names() if (copy / REALM_RESULTS / n).is_dir()]
             for again in range(1, REALM_CALLS + 1):
@@ -252,7 +255,7 @@ def rehearse(names: list[str], work: Path) -> list[str]:
                       flush=True)
                 out = work / f"out-{name}-{len(plan.calls)}-again-{again}"
                 failures += one_call(plan, len(plan.calls), copy, venv_py, out, state)
-                written += collect(plan, [folders[0], out], root=copy, force=True)
+                written += collect(plan, [*folders, out], root=copy, force=True)
                 if missing_runs(copy) == before:
                     failures.append(f"{name}: a call committed no run while {len(before)} were left (issue 49)")
                     break

@@ -66,7 +66,7 @@ def next_plan(root: Path = ROOT) -> Plan | None:
 
 def last_wave(plan: Plan, root: Path = ROOT) -> tuple[Path, dict] | None:
     """The newest committed lease record of the realm plan (``lease-realm-<time>.json``) and its wave's record
-    (the train section's ``wave`` in call 2's lease.json); None when no lease of the plan recorded a wave."""
+    (the train section's ``wave`` in the last call's lease.json); None when no lease of the plan recorded a wave."""
     for p, calls in reversed(lease_records(plan.name, root)):
         waves = [c["wave"] for c in calls if "wave" in c]
         if waves:
