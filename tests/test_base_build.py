@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -21,38 +22,50 @@ from entropy_rft.training import sft, shipped
 
 DEFAULT_FOLDER = sft.default_policy_dir(None, isa="").name  # the pinned default's cache folder
 
-
-def test_the_shipped_default_is_its_recipes_pinned_build():
-    folder = shipped.SHIPPED_ROOT / DEFAULT_FOLDER
-    assert folder.is_dir(), f"the package ships no {DEFAULT_FOLDER}: rebuild it (benchmarks/cpu/shipped_policy.py)"
-    assert cache.checksum_problem(folder) is None  # every file as its build recorded it
-    info = json.loads((folder / "erft_build.json").read_text())
-    # a recipe changed without a new build fails here: the folder name carries the version, the settings are equal
-    assert info["recipe"] == sft.RECIPE_VERSION and info["seed"] == 0 and info["name"] == "default"
-    assert info["build"] == {k: v for k, v in sft.DEFAULT_BUILD.items() if not k.startswith("eval_")}
-    assert info["cpu_numerics"]["pinned"] is True  # the bytes every x86-64 CPU under the pin builds
-    assert set(info["files"]) == {f.name for f in folder.iterdir() if f.name != "erft_build.json"}
+# The package ships no base policy today: the one build made for it (an AMD EPYC, family 26) did not reproduce the
+# README's table, so no bytes are shipped until a CPU that does builds them (benchmarks/cpu/shipped_policy.py
+# --write). These tests ship a small build of their own under the default's folder name.
+SMALL = {"steps": 4, "d_model": 32, "layers": 1, "heads": 2, "mlp": 64, "eval_prompts": 0, "batch_size": 8}
 
 
-def test_a_cache_gets_the_shipped_copy_not_a_build(tmp_path, monkeypatch):
+def test_nothing_is_shipped_that_a_recipe_did_not_build():
+    for folder in (p for p in shipped.SHIPPED_ROOT.iterdir() if p.is_dir()) if shipped.SHIPPED_ROOT.is_dir() else ():
+        assert cache.checksum_problem(folder) is None  # every file as its build recorded it
+        info = json.loads((folder / "erft_build.json").read_text())
+        assert folder.name == DEFAULT_FOLDER and info["recipe"] == sft.RECIPE_VERSION  # a changed recipe fails here
+        assert info["build"] == {k: v for k, v in sft.DEFAULT_BUILD.items() if not k.startswith("eval_")}
+        assert info["cpu_numerics"]["pinned"] is True
+
+
+@pytest.fixture
+def shipped_root(tmp_path, monkeypatch):
+    """A package that ships a (small) build under the default's folder name."""
+    built = sft.build_default_policy(tmp_path / "build-cache", **SMALL)
+    root = tmp_path / "shipped"
+    shutil.copytree(built, root / DEFAULT_FOLDER)
+    monkeypatch.setattr(shipped, "SHIPPED_ROOT", root)
+    return root
+
+
+def test_a_cache_gets_the_shipped_copy_not_a_build(tmp_path, monkeypatch, shipped_root):
     monkeypatch.setattr(sft, "_build", lambda *a, **k: pytest.fail("built from the recipe"))
     monkeypatch.setattr(sft, "isa_tag", lambda: "")  # the pinned folder, as erft's pinned processes ask for it
-    got = sft.build_default_policy(tmp_path)
+    got = sft.build_default_policy(tmp_path / "cache")
     assert got.name == DEFAULT_FOLDER
-    src = shipped.SHIPPED_ROOT / DEFAULT_FOLDER
+    src = shipped_root / DEFAULT_FOLDER
     for f in src.iterdir():
         if f.name != "erft_build.json":
             assert file_sha256(got / f.name) == file_sha256(f), f.name
     info = json.loads((got / "erft_build.json").read_text())
     assert "installed_from" in info and cache.checksum_problem(got) is None
-    assert sft.build_default_policy(tmp_path) == got  # cached
+    assert sft.build_default_policy(tmp_path / "cache") == got  # cached
 
 
-def test_asking_for_the_recipe_or_another_build_never_takes_the_shipped_copy(tmp_path, monkeypatch):
+def test_asking_for_the_recipe_or_another_build_never_takes_the_shipped_copy(monkeypatch, shipped_root):
     monkeypatch.setenv(shipped.FROM_RECIPE_ENV, "1")
     assert shipped.shipped_folder(DEFAULT_FOLDER) is None
     monkeypatch.delenv(shipped.FROM_RECIPE_ENV)
-    assert shipped.shipped_folder(DEFAULT_FOLDER) is not None
+    assert shipped.shipped_folder(DEFAULT_FOLDER) == shipped_root / DEFAULT_FOLDER
     assert shipped.shipped_folder(DEFAULT_FOLDER + "-native-avx512-mkloff") is None  # unpinned: its own bytes
     assert shipped.shipped_folder(sft.default_policy_dir(None, isa="", p_correct=1.0).name) is None  # not shipped
 

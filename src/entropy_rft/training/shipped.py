@@ -1,12 +1,17 @@
 """The built-in base policy's pinned build, shipped with the package (issue 77).
 
 Building ``default`` takes minutes (690 SFT steps; 5.4 min on one 2-core Xeon, 10.7 on another under MKL's
-COMPATIBLE branch), and every x86-64 CPU under the pin builds the same bytes. So the package carries those bytes
+COMPATIBLE branch), and the pin promises the same bytes on every x86-64 CPU. So the package can carry those bytes
 (``shipped_policies/<cache folder name>/``, about 5.3 MB: the weights, the tokenizer, the config and the build's
-own ``erft_build.json`` with the SHA-256 of every file it wrote), and a cache without the folder gets a copy of
+own ``erft_build.json`` with the SHA-256 of every file it wrote), and a cache without the folder then gets a copy of
 them instead of a build: only when the folder asked for is exactly the shipped one (its name carries the recipe
 version, the seed, the parameters and the instruction set, so a changed recipe or an unpinned build never takes
 it) and its files match the checksums their build recorded.
+
+It ships nothing yet: the one build made for it, on an AMD EPYC of family 26 (2026-12-06), did not reproduce the
+README's table (``make run`` there printed other figures from its own build as from the shipped copy), so its
+bytes are not the ones the README promises. Ship them from a CPU whose ``make run`` prints the README's table:
+``benchmarks/cpu/shipped_policy.py --write``, then ``make check-shipped`` in ``.ci/run``.
 
 What guards it: the suite checks the shipped files against their build's record and the shipped folder's name
 and settings against ``sft.default_policy_dir`` and ``sft.DEFAULT_BUILD`` (a recipe changed without a new
