@@ -209,6 +209,12 @@ def read_trl(folder: Path) -> EngineLog:
                  f"previous checkpoint's, {candidates[i + 1]}")
     if history is None:
         raise UserError(f"{candidates[-1]}: not a trainer_state.json with a log_history list")
+    return trl_history_log(history, path)
+
+
+def trl_history_log(history: list, path: Path) -> EngineLog:
+    """A TRL ``log_history`` list (a ``trainer_state.json``'s, or a live trainer's ``state.log_history``) as an
+    ``EngineLog``: each entry's numeric keys at its ``step``; an entry without a step is counted as skipped."""
     log = EngineLog("trl", path)
     for entry in history:
         step = number(entry.get("step")) if isinstance(entry, dict) else None

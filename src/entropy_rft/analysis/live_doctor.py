@@ -4,8 +4,8 @@ Three ways in, one rule for what is said: a check runs at each new validation sc
 and only a finding that is **new** (an id not announced yet) or **worse** (a higher level than announced) is
 announced (``Announcer``); a finding that stays as it was is not repeated.
 
-- ``RowDoctor``: ``erft train``'s. Fed each metrics row as the run logs it (the native loop's ``on_step``, the
-  TRL engine's rows); prints each announcement on stderr and appends it to the run directory's
+- ``RowDoctor``: ``erft train``'s. Fed each metrics row as the run logs it (``launch.run``'s ``on_row``, on the
+  native and the TRL engine); prints each announcement on stderr and appends it to the run directory's
   ``doctor.jsonl`` (one row per announced finding, with its step), so the run keeps what it was told.
 - ``DoctorCallback``: a ``transformers.TrainerCallback`` for stock TRL ``GRPOTrainer`` and erft's
   ``EntropyControlGRPOTrainer``. It reads the trainer's own ``state.log_history`` (the keys TRL logs:
@@ -129,10 +129,6 @@ class RowDoctor:
             say_findings(news, f"doctor, step {step}", self.file if self.file is not None else sys.stderr)
         return news
 
-    def on_step(self, _run: Any, row: dict) -> None:
-        """The native loop's ``on_step(run, row)``."""
-        self.row(row)
-
     def close(self) -> None:
         if self.writer is not None:
             self.writer.close()
@@ -151,20 +147,11 @@ def say_findings(found: Sequence[Finding], head: str, file: Any) -> None:
 # ----------------------------------------------------------------------------- TRL
 
 
-def _trl_series(history: Sequence[Mapping[str, Any]], name: str, entropy_key: str | None,
-                metric: str | None) -> RunSeries:
+def _trl_series(history: list, name: str, entropy_key: str | None, metric: str | None) -> RunSeries:
     from entropy_rft.analysis.doctor import series_from_log
-    from entropy_rft.analysis.engine_logs import EngineLog, number
+    from entropy_rft.analysis.engine_logs import trl_history_log
 
-    log = EngineLog("trl", Path(name))
-    for entry in history:
-        step = number(entry.get("step")) if isinstance(entry, Mapping) else None
-        if step is None:
-            continue
-        for k, v in entry.items():
-            if k not in ("step", "epoch") and not isinstance(v, (list, dict)):
-                log.add(int(step), k, v)
-    return series_from_log(log, name, entropy_key, metric, reward_as_score=True)
+    return series_from_log(trl_history_log(history, Path(name)), name, entropy_key, metric, reward_as_score=True)
 
 
 def doctor_callback(every: int = DEFAULT_EVERY, halt_on: str | None = None, *, method: str = "none",

@@ -164,13 +164,16 @@ def read_progress(final: Path) -> dict[str, Any] | None:
 
 
 def _alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (signal 0 checks without sending; a process of another user exists too)."""
+    if pid <= 0:
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except (PermissionError, OverflowError, ValueError):
-        return pid > 0
-    return pid > 0
+    except (PermissionError, OverflowError):
+        return True
+    return True
 
 
 def progress_words(final: Path) -> str | None:

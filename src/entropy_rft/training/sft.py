@@ -281,6 +281,11 @@ def quick_eval(
 # ----------------------------------------------------------------------------- the build
 
 
+def recipe_name(settings: dict[str, Any], otherwise: str) -> str:
+    """The built-in policy (``BUILT_IN_RECIPES``) whose recipe ``settings`` are, else ``otherwise``."""
+    return next((n for n, r in BUILT_IN_RECIPES.items() if {**DEFAULT_BUILD, **r} == settings), otherwise)
+
+
 def _build(out: Path, *, seed: int, progress: bool, settings: dict[str, Any],
            on_step: Callable[[int, int, float], None] | None = None) -> None:
     """Train the base policy with ``settings`` (every key of :data:`DEFAULT_BUILD`) into ``out``; ``on_step``:
@@ -312,7 +317,7 @@ def _train_and_save(out: Path, model: PreTrainedModel, tokenizer: PreTrainedToke
     train_s = time.perf_counter() - t0
     save_policy(out, model, tokenizer)
     info: dict[str, Any] = {
-        "name": next((n for n, r in BUILT_IN_RECIPES.items() if {**DEFAULT_BUILD, **r} == settings), DEFAULT_NAME),
+        "name": recipe_name(settings, DEFAULT_NAME),
         "recipe": RECIPE_VERSION,
         "task": task.name,
         "seed": seed,
@@ -355,7 +360,7 @@ def build_default_policy(
     shipped = shipped_folder(folder.name)  # the pinned default's bytes, shipped with the package (shipped.py)
     if shipped is not None:
         return cached_build(folder, lambda tmp: install(shipped, tmp))
-    name = next((n for n, r in BUILT_IN_RECIPES.items() if {**DEFAULT_BUILD, **r} == settings), folder.name)
+    name = recipe_name(settings, folder.name)
 
     def on_step(step: int, steps: int, started: float) -> None:  # what `erft compare` shows while it waits
         write_progress(folder, f"the base policy {name}", step, steps, started)
