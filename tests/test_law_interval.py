@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from entropy_rft.analysis.interval import final_forecasts, prediction_interval
+from entropy_rft.analysis.interval import final_forecasts, prediction_interval, regularized_beta, t_quantile
 from entropy_rft.analysis.law import law_points
 from entropy_rft.cli.main import main
 from entropy_rft.common.errors import UserError
@@ -36,6 +36,40 @@ def reference(x, y, x0, level):
     pred = icept + slope * x0
     return pred, pred - half, pred + half
 
+
+
+def _t_closed_form(p: float, dof: int) -> float:
+    """The t quantile's closed forms for 1, 2 and 4 degrees of freedom (Hill 1970; Shaw 2006, §2)."""
+    if dof == 1:
+        return -1 / math.tan(math.pi * p)  # tan(π(p − ½)), without the rounding of p − ½
+    if dof == 2:
+        return (2 * p - 1) / math.sqrt(2 * p * (1 - p))
+    alpha = 4 * p * (1 - p)
+    q = math.cos(math.acos(math.sqrt(alpha)) / 3) / math.sqrt(alpha)
+    return math.copysign(2 * math.sqrt(q - 1), p - 0.5)
+
+
+@pytest.mark.parametrize("dof", [1, 2, 4])
+@pytest.mark.parametrize("p", [1e-9, 0.001, 0.05, 0.3, 0.4999, 0.55, 0.75, 0.95, 0.975, 0.999])
+def test_t_quantile_matches_the_closed_forms(p, dof):
+    assert t_quantile(p, dof) == pytest.approx(_t_closed_form(p, dof), rel=1e-9)
+
+
+@pytest.mark.parametrize("dof", [3, 5, 9, 30, 250])
+def test_t_quantile_and_regularized_beta_match_30_digit_references(dof):
+    import mpmath
+
+    mpmath.mp.dps = 30
+    for p in (1e-6, 0.01, 0.2, 0.5 + 1e-7, 0.9, 0.95, 0.995):
+        ref = mpmath.findroot(lambda t, p=p: mpmath.betainc(dof / 2, 0.5, 0, dof / (dof + t * t), regularized=True)
+                              / 2 - min(p, 1 - p), math.copysign(1.0, p - 0.5) * abs(stats.t.ppf(p, dof)))
+        assert t_quantile(p, dof) == pytest.approx(math.copysign(float(abs(ref)), p - 0.5), rel=1e-9)
+    for x in (1e-12, 0.3, 0.9, 1 - 1e-9):
+        ref = float(mpmath.betainc(dof / 2, 0.5, 0, x, regularized=True))
+        assert regularized_beta(x, dof / 2, 0.5) == pytest.approx(ref, rel=1e-12)
+    assert t_quantile(0.5, dof) == 0.0
+    with pytest.raises(ValueError, match="p must be in"):
+        t_quantile(1.0, dof)
 
 def test_hand_computed_case():
     # x = 0,1,2; y = 0,1,3: slope 3/2, intercept -1/6, residuals 1/6,-1/3,1/6, SSR 1/6, s^2 = 1/6 (1 dof);
@@ -154,3 +188,22 @@ def test_backtest_on_a_committed_subset_matches_an_independent_recomputation(tmp
         assert s["mean_error"] == pytest.approx(float(np.mean(errs)))
         assert s["mean_abs_error"] == pytest.approx(float(np.mean(np.abs(errs))))
         assert f"| {form} | first 60% | 4/4 | 5 | {hits}/4 ({hits / 4:.0%}) | {float(np.mean(errs)):+.3f}" in table
+
+
+def test_the_interval_needs_no_scipy(tmp_path):
+    """A verl environment has the package without its optional scientific stack (make test-verl installs it
+    ``--no-deps``): fit-law's interval (and the report's, which calls the same code) must not import scipy. Run
+    with scipy made unimportable, the interval equals the reference's (scipy's t, here in the test)."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "fit.json"
+    code = ("import sys; sys.modules['scipy'] = None\n"
+            "from entropy_rft.cli.main import main\n"
+            f"sys.exit(main(['fit-law', {str(RUNS / 'none-s0')!r}, '--fit-frac', '0.4', '--json', {str(out)!r}]))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    fc = json.loads(out.read_text())["interval_forecast"]["law"]
+    _, hs, rs = points("none-s0")
+    pred, low, high = reference(np.exp(hs[:3]), rs[:3], math.exp(hs[-1]), 0.9)
+    assert (fc["predicted"], fc["low"], fc["high"]) == pytest.approx((pred, low, high), rel=1e-9)

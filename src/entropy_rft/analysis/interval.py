@@ -8,7 +8,7 @@ baseline R = c + d·H is the same with x = H. Fitted by ordinary least squares o
     R̂_0 ± t_{1−α/2, n−2} · s · sqrt(1 + 1/n + (x_0 − x̄)² / S_xx),
 
 with R̂_0 = β̂_0 + β̂_1·x_0, S_xx = Σ (x_i − x̄)², s² = Σ (R_i − R̂_i)² / (n − 2) and t the Student quantile with
-n − 2 degrees of freedom (``scipy.stats.t``). It needs n ≥ 3 (one residual degree of freedom) and S_xx > 0.
+n − 2 degrees of freedom (``t_quantile``). It needs n ≥ 3 (one residual degree of freedom) and S_xx > 0.
 
 Which x_0. ``analysis.law.forecast_final`` forecasts the last evaluation's score from the *last evaluation's
 entropy*, which it reads from the run (Paper B's test); the interval keeps that definition. Given x_0, the
@@ -59,11 +59,60 @@ class Interval:
         return asdict(self)
 
 
-def t_quantile(p: float, dof: int) -> float:
-    """The Student t quantile t_{p, dof} (scipy.stats.t.ppf)."""
-    from scipy.stats import t
+def regularized_beta(x: float, a: float, b: float) -> float:
+    """The regularized incomplete beta function I_x(a, b), by its continued fraction (modified Lentz; Press et
+    al., *Numerical Recipes*, 3rd ed., §6.4, eq. 6.4.5), on the side of ``(a + 1)/(a + b + 2)`` where it converges
+    fast, using I_x(a, b) = 1 − I_{1−x}(b, a) on the other. float64; relative error about 1e-15."""
+    if not 0.0 <= x <= 1.0:
+        raise ValueError(f"regularized_beta: x must be in [0, 1], got {x}")
+    if x == 0.0 or x == 1.0:
+        return x
+    if x > (a + 1.0) / (a + b + 2.0):
+        return 1.0 - regularized_beta(1.0 - x, b, a)
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
+    tiny, eps = 1e-300, 1e-16
+    c, d = 1.0, 1.0 - (a + b) * x / (a + 1.0)
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    f = d
+    for m in range(1, 500):
+        for num in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),  # the even step d_{2m}
+                    -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):  # the odd step d_{2m+1}
+            d = 1.0 + num * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + num / c
+            c = c if abs(c) > tiny else tiny
+            f *= c * d
+        if abs(c * d - 1.0) < eps:
+            break
+    return front * f / a
 
-    return float(t.ppf(p, dof))
+
+def t_quantile(p: float, dof: int) -> float:
+    """The Student t quantile t_{p, dof}: the t with P(T ≤ t) = p for T ~ t(dof) (what ``scipy.stats.t.ppf``
+    gives; here without scipy, which a verl environment need not have). With x = dof/(dof + t²), the two tails
+    beyond ±t hold I_x(dof/2, ½) together (Abramowitz & Stegun 26.7.1 with 26.5.27), the middle I_{1−x}(½, dof/2).
+    The x (tails: 2·min(p, 1 − p)) or y = 1 − x (middle: |2p − 1|) whichever is the smaller is found by bisection,
+    to a relative precision near float64's, then t = ±sqrt(dof·(1 − x)/x)."""
+    if not 0.0 < p < 1.0:
+        raise ValueError(f"t_quantile: p must be in (0, 1), got {p}")
+    if dof < 1:
+        raise ValueError(f"t_quantile: dof must be at least 1, got {dof}")
+    if p == 0.5:
+        return 0.0
+    tails, middle = 2.0 * min(p, 1.0 - p), abs(2.0 * p - 1.0)
+    a, b, target = (dof / 2.0, 0.5, tails) if tails < middle else (0.5, dof / 2.0, middle)
+    lo, hi = 0.0, 1.0  # I_z(a, b) rises with z
+    for _ in range(2000):
+        mid = 0.5 * (lo + hi)
+        if mid in (lo, hi) or hi - lo <= 1e-17 * hi:
+            break
+        if regularized_beta(mid, a, b) < target:
+            lo = mid
+        else:
+            hi = mid
+    z = 0.5 * (lo + hi)
+    t = math.sqrt(dof * (1.0 - z) / z) if tails < middle else math.sqrt(dof * z / (1.0 - z))
+    return t if p > 0.5 else -t
 
 
 def prediction_interval(x: Sequence[float] | np.ndarray, y: Sequence[float] | np.ndarray, x0: float,
