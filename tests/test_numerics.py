@@ -237,3 +237,36 @@ def test_compare_refuses_to_keep_a_run_computed_with_another_instruction_set(tmp
     assert len(err) == 1 and "none-s0 was trained with another CPU instruction set" in err[0], err
     assert "(AVX512 not pinned, MKL COMPATIBLE there, AVX2 pinned, MKL COMPATIBLE now)" in err[0], err
     assert "ERFT_CPU_PIN" in err[0]
+
+
+# ----------------------------------------------------------------------------- where two CPUs part (issue 77)
+
+
+def test_the_numerics_probe_names_the_first_entry_that_differs_per_section():
+    """benchmarks/cpu/numerics_probe.py hashes the default job's maths link by link, so that two machines' files
+    name the first module, kernel or SFT step that computes differently. Its forward section follows the modules'
+    call order (embedding first, the loss last); a digest is the SHA-256 of the float32 bytes."""
+    import copy
+    import hashlib
+    import importlib.util
+
+    import torch
+
+    spec = importlib.util.spec_from_file_location("numerics_probe", TESTS.parent / "benchmarks/cpu/numerics_probe.py")
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    assert probe.digest(torch.tensor([1.0])) == hashlib.sha256(bytes.fromhex("0000803f")).hexdigest()[:16]
+    secs = probe.model_sections(1)
+    fwd = list(secs["forward"])
+    assert fwd[0] == "000 model.embed_tokens" and fwd[-2].endswith(" model") and fwd[-1] == "loss"
+    assert [k.split()[0] for k in fwd[:-1]] == [f"{i:03d}" for i in range(len(fwd) - 1)]
+    assert set(secs["backward"]) >= {n for n in secs["adamw"]} and list(secs["sft"]) == ["loss 000", "weights"]
+    here = {"sections": {"gemm": {"a": "1", "b": "2"}, **secs}}
+    other = copy.deepcopy(here)
+    for key in (fwd[5], fwd[9]):
+        other["sections"]["forward"][key] = "x"
+    other["sections"]["gemm"]["b"] = "y"
+    lines = dict(line.split(None, 1) for line in probe.compare(here, other))
+    assert lines["gemm"] == "1 of 2 differ, first: b"
+    assert lines["forward"] == f"2 of {len(fwd)} differ, first: {fwd[5]}"
+    assert lines["sft"] == "0 of 2 differ" and lines["bmm"] == "0 of 0 differ"
