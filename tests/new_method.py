@@ -29,6 +29,8 @@ class LowEntropyNegatives(control.Method):
     summary: ClassVar[str] = "drop A<0 tokens with H < h_min"
     stage: ClassVar[str] = "rollout"
     exchange: ClassVar[str | None] = "local"  # each token alone: every rank selects on its own rows
+    masks: ClassVar[tuple[str, ...]] = ("keep",)  # what rollout_masks sets (control.carriage)
+    reads: ClassVar[tuple[str, ...] | None] = ("entropy",)  # what it reads of the old policy's statistics
     quadrants: ClassVar[dict[str, str]] = {"neg_spos": "drops (H < h_min)", "neg_sneg": "drops (H < h_min)"}
 
     h_min: float = control.param(0.5, "entropy (nats) below which an A<0 token is dropped", ge=0)

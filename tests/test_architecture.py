@@ -5,6 +5,9 @@
 - No module is over 500 lines.
 - Nothing inside the package imports the top-level facade (``from entropy_rft import token_stats``): that
   short path is for users; inside, every import names the module that defines the name.
+- Nor a package's face: a name imported from a package's ``__init__`` (``from entropy_rft.control import
+  Method``, or ``control.build_method`` after ``from entropy_rft import control``) must be defined there or be a
+  submodule; a name the face only re-exports is imported from its defining module.
 """
 
 from __future__ import annotations
@@ -135,6 +138,60 @@ def test_no_module_over_500_lines():
     assert not long, f"modules over {MAX_LINES} lines: {long}"
 
 
+def face_names(path: Path) -> tuple[set[str], dict[str, str]]:
+    """A package ``__init__``'s own top-level names (defs, classes, assignments), and the names it re-exports with
+    the module each comes from."""
+    own: set[str] = set()
+    reexported: dict[str, str] = {}
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            own.add(node.name)
+        elif isinstance(node, ast.Assign):
+            own |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            own.add(node.target.id)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            reexported |= {a.asname or a.name: node.module for a in node.names}
+    return own, reexported
+
+
+def through_faces(src: Path = SRC) -> list[str]:
+    """Every import of a name through a package face that does not define it: ``path:line: NAME through FACE``
+    with the module to import it from."""
+    mods = module_names(src)
+    faces = {m: face_names(p) for m, p in mods.items() if m and p.name == "__init__.py"}
+    bad = []
+
+    def check(m: str, face: str, name: str, line: int) -> None:
+        own, reexported = faces[face]
+        if m == face or f"{face}.{name}" in mods or name in own:  # the face itself, a submodule, its own name
+            return
+        where = reexported.get(name, "its defining module")
+        bad.append(f"{mods[m].relative_to(src.parent)}:{line}: {name} through entropy_rft.{face}'s __init__; "
+                   f"import it from {where}")
+
+    for m, path in mods.items():
+        tree = ast.parse(path.read_text())
+        bound: dict[str, str] = {}  # a name this module binds to a package face -> the face
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "entropy_rft":
+                mod = node.module.removeprefix("entropy_rft").lstrip(".")
+                for a in node.names:
+                    if mod in faces:
+                        check(m, mod, a.name, node.lineno)
+                    elif not mod and a.name in faces:
+                        bound[a.asname or a.name] = a.name
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in bound:
+                check(m, bound[node.value.id], node.attr, node.lineno)
+    return bad
+
+
+def test_every_import_names_the_module_that_defines_it():
+    bad = through_faces()
+    assert not bad, "\n".join(bad)
+
+
 def test_the_checks_can_fail(tmp_path):
     """The parser sees lazy imports and both import forms; the checks flag an upward import, the facade and a
     cycle, on a made-up package."""
@@ -160,5 +217,12 @@ def test_the_checks_can_fail(tmp_path):
     assert find_cycle({m: t for m, t in edges.items() if m}) in (["low.c", "low.d", "low.c"],
                                                                  ["high.b", "low.a", "high.b"],
                                                                  ["low.a", "high.b", "low.a"])
+    # a name through a face that only re-exports it, in both forms; a submodule and a name the face defines pass
+    (src / "low" / "__init__.py").write_text("from entropy_rft.low.d import g\nOWN = 1\n")
+    (src / "high" / "e.py").write_text("from entropy_rft.low import OWN, a, g\nfrom entropy_rft import low\n"
+                                       "x = (low.g, low.OWN, low.c)\n")
+    faced = through_faces(src)
+    assert faced == ["entropy_rft/high/e.py:1: g through entropy_rft.low's __init__; import it from entropy_rft.low.d",
+                     "entropy_rft/high/e.py:3: g through entropy_rft.low's __init__; import it from entropy_rft.low.d"]
     table = "## Layers\n| layer | package |\n|---|---|\n| 0 | `low/` | x |\n| 1 | `high/` | y |\n## Next\n"
     assert layer_order(table) == ["low", "high"]

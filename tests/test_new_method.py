@@ -62,6 +62,7 @@ class SecondTokenOff(control.Method):  # a per-token minibatch rule (unregistere
     name: ClassVar[str] = "test_second_token_off"
     stage: ClassVar[str] = "minibatch"
     exchange: ClassVar[str | None] = "local"
+    masks: ClassVar[tuple[str, ...]] = ("keep",)
 
     def minibatch_masks(self, logp, old_logp, advantages, mask, *, clipped=None, generator=None):
         keep = torch.ones_like(mask, dtype=torch.bool)

@@ -81,6 +81,7 @@ def test_clip_cov_uses_the_given_eps():
 class _DropFirstToken(Method):  # not registered: a minibatch-stage method that contributes a keep mask
     name: ClassVar[str] = "test_drop_first_token"
     stage: ClassVar[str] = "minibatch"
+    masks: ClassVar[tuple[str, ...]] = ("keep",)
 
     def minibatch_masks(self, logp, old_logp, advantages, mask, *, clipped=None, generator=None):
         keep = torch.ones_like(mask)

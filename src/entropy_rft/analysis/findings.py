@@ -183,7 +183,8 @@ def quadrant_rows(runs: Sequence[RunData]) -> list[dict[str, Any]]:
     """Per method label: what the method does to each lens quadrant (its registry entry, ``Method.quadrants``)
     and the measured mean per step of the first-order ΔH of its change in token weights there
     (``lensw/dH_change/<q>``; None when not logged)."""
-    from entropy_rft.control import get_method_class, quadrant_effects
+    from entropy_rft.control.lens import quadrant_effects
+    from entropy_rft.control.registry import get_method_class
 
     out = []
     for label in methods_in_order(runs):

@@ -25,9 +25,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _infos(names: list[str]) -> list[dict]:
-    from entropy_rft import control  # torch: imported only when the command runs
+    from entropy_rft.control.registry import available_methods, method_info
 
-    return [control.method_info(n) for n in (names or control.available_methods())]
+    return [method_info(n) for n in (names or available_methods())]
 
 
 def _fmt_params(info: dict) -> str:

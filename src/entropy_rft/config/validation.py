@@ -58,10 +58,10 @@ def validate(cfg: Config, *, check_method: bool = True) -> None:
 
 
 def _build(where: str, name: str, params: dict[str, Any]) -> Method:
-    from entropy_rft import control
+    from entropy_rft.control.registry import build_method
 
     try:
-        return control.build_method(name, **params)
+        return build_method(name, **params)
     except (ValueError, TypeError, KeyError) as err:
         raise UserError(f"config field '{where}' invalid: {err}") from None
 

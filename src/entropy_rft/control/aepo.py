@@ -91,6 +91,7 @@ class AEPOMethod(Method):
                               "0.8 above it, swapped into the batch")
     stage: ClassVar[str] = "rollout"
     exchange: ClassVar[str | None] = "local"
+    reads: ClassVar[tuple[str, ...] | None] = ("entropy",)  # observe: the batch entropy
     quadrants: ClassVar[dict[str, str]] = {"pos_spos": "adds rollouts sampled at T_high/T_low with A = 1",
                                            "pos_sneg": "adds rollouts sampled at T_high/T_low with A = 1"}
     engines: ClassVar[tuple[str, ...]] = ("native",)

@@ -173,10 +173,10 @@ def parse_target(spec: Any, field: str = "method.entropy_target") -> TargetSched
 
 
 def methods_with_knobs() -> list[str]:
-    from entropy_rft import control
+    from entropy_rft.control.registry import available_methods, method_info
 
-    return [f"{n} ({control.method_info(n)['knob']})" for n in control.available_methods()
-            if control.method_info(n)["knob"]]
+    return [f"{n} ({method_info(n)['knob']})" for n in available_methods()
+            if method_info(n)["knob"]]
 
 
 def check_steerable(method, field: str = "method.entropy_target") -> float:

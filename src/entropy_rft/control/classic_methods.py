@@ -78,6 +78,8 @@ class HighEntropy(Method):
     summary: ClassVar[str] = "train only the top_q fraction of tokens by entropy"
     stage: ClassVar[str] = "rollout"
     exchange: ClassVar[str | None] = "tokens"
+    masks: ClassVar[tuple[str, ...]] = ("keep",)
+    reads: ClassVar[tuple[str, ...] | None] = ("entropy",)
     quadrants: ClassVar[dict[str, str]] = {"all": "drops (low-entropy positions)"}
     knob: ClassVar[str | None] = "top_q"
     knob_raises_entropy: ClassVar[int] = -1
@@ -100,6 +102,8 @@ class GradMask(Method):
     summary: ClassVar[str] = "train only tokens with chosen sign(A) and sign(S) (4-condition ablation)"
     stage: ClassVar[str] = "rollout"
     exchange: ClassVar[str | None] = "local"
+    masks: ClassVar[tuple[str, ...]] = ("keep",)
+    reads: ClassVar[tuple[str, ...] | None] = ("s_star", "s_centered")  # s_field picks one
     quadrants: ClassVar[dict[str, str]] = {"all": "drops (by sign(A), sign(S))"}
 
     sample_sign: str = param("positive", "samples whose tokens are masked by S: A>0 or A<0",

@@ -87,6 +87,7 @@ class Entrocraft(Method):
     summary: ClassVar[str] = "hold H in a moving band: above it train on correct rollouts only, below on wrong only"
     stage: ClassVar[str] = "rollout"
     exchange: ClassVar[str | None] = "local"
+    reads: ClassVar[tuple[str, ...] | None] = ("entropy",)  # observe: the batch entropy
     quadrants: ClassVar[dict[str, str]] = {"neg_sneg": "zeroes A<0 when H is above the band; raw −1 below it",
                                            "neg_spos": "zeroes A<0 when H is above the band; raw −1 below it",
                                            "pos_spos": "zeroes A>0 when H is below the band; raw +1 above it",

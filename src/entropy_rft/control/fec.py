@@ -103,6 +103,8 @@ class FlexibleEntropyControl(Method):
     summary: ClassVar[str] = "clip bounds linear in the token's probability, scheduled over training (ID/DID/OD)"
     stage: ClassVar[str] = "minibatch"
     exchange: ClassVar[str | None] = "tokens"
+    masks: ClassVar[tuple[str, ...]] = ("eps_low", "eps_high")
+    reads: ClassVar[tuple[str, ...] | None] = ("entropy",)  # observe: the batch entropy
     quadrants: ClassVar[dict[str, str]] = {
         "pos_spos": "changes the clip: upper bound H(p) while raising entropy",
         "pos_sneg": "changes the clip: upper bound H(p) while raising entropy",

@@ -65,6 +65,8 @@ class EntropyAdvantage(Method):
     summary: ClassVar[str] = "add ψ = min(alpha·H_detached, |A|/kappa) to each token's advantage"
     stage: ClassVar[str] = "rollout"
     exchange: ClassVar[str | None] = "local"
+    masks: ClassVar[tuple[str, ...]] = ("adv_shift",)
+    reads: ClassVar[tuple[str, ...] | None] = ("entropy",)
     knob: ClassVar[str | None] = "alpha"
     knob_raises_entropy: ClassVar[int] = 1
     quadrants: ClassVar[dict[str, str]] = {
@@ -129,6 +131,7 @@ class AdaptiveEntropy(Method):
     knob_raises_entropy: ClassVar[int] = 1
     quadrants: ClassVar[dict[str, str]] = {"all": "adds gradient through H (coefficient from its own controller)"}
     engines: ClassVar[tuple[str, ...]] = ("native",)
+    reads: ClassVar[tuple[str, ...] | None] = ("entropy",)  # observe: the batch entropy
 
     coef: float = param(1e-3, "entropy coefficient, initial value (TRL entropy_coef); the knob", ge=0)
     target: float | str | None = param(0.2, "entropy target in nats (TRL entropy_target) or '0.9x' (times the "
@@ -319,6 +322,8 @@ class EntropicControl(Method):
                               "vs negative samples")
     stage: ClassVar[str] = "rollout"
     exchange: ClassVar[str | None] = "local"
+    masks: ClassVar[tuple[str, ...]] = ("weight_select",)
+    reads: ClassVar[tuple[str, ...] | None] = ("entropy", "logp")
     knob: ClassVar[str | None] = "pos_weight"
     knob_raises_entropy: ClassVar[int] = -1
     quadrants: ClassVar[dict[str, str]] = {"pos_spos": "reweights (+alpha on p > high_prob)",

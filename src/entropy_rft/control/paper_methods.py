@@ -74,6 +74,8 @@ class ClipB(Method):
     summary: ClassVar[str] = "drop A<0 tokens with S − mean(S) < −mu·std(S) (released one-sided ClipB)"
     stage: ClassVar[str] = "rollout"
     exchange: ClassVar[str | None] = "s_star_mean_std"
+    masks: ClassVar[tuple[str, ...]] = ("keep",)
+    reads: ClassVar[tuple[str, ...] | None] = ("s_star",)
     quadrants: ClassVar[dict[str, str]] = {"neg_spos": "drops (S far below its mean)",
                                            "neg_sneg": "drops (S far below its mean)"}
     knob: ClassVar[str | None] = "mu"
@@ -106,6 +108,8 @@ class ClipBPaper(_TwoSidedMu, Method):
     summary: ClassVar[str] = "keep tokens with S − mean(S) in [−mu_low·std, mu_high·std] (two-sided ClipB)"
     stage: ClassVar[str] = "rollout"
     exchange: ClassVar[str | None] = "s_star_mean_std"
+    masks: ClassVar[tuple[str, ...]] = ("keep",)
+    reads: ClassVar[tuple[str, ...] | None] = ("s_star",)
     quadrants: ClassVar[dict[str, str]] = {"all": "drops (S in a tail)"}
     knob: ClassVar[str | None] = "mu"
     knob_raises_entropy: ClassVar[int] = -1
@@ -161,6 +165,8 @@ class ClipV(Method):
     summary: ClassVar[str] = "drop A<=0 tokens with S_c < −mu·std(S_c), A<0 ones capped (released ClipV)"
     stage: ClassVar[str] = "rollout"
     exchange: ClassVar[str | None] = "s_centered_std_top_k"
+    masks: ClassVar[tuple[str, ...]] = ("keep",)
+    reads: ClassVar[tuple[str, ...] | None] = ("s_centered",)
     quadrants: ClassVar[dict[str, str]] = {"neg_sneg": "drops (S_c < −mu·std)"}
     knob: ClassVar[str | None] = "mu"
     knob_raises_entropy: ClassVar[int] = -1
@@ -195,6 +201,8 @@ class ClipVPaper(_TwoSidedMu, Method):
     summary: ClassVar[str] = "keep tokens with S_c in [−mu_low·std(S_c), mu_high·std(S_c)] (two-sided ClipV)"
     stage: ClassVar[str] = "rollout"
     exchange: ClassVar[str | None] = "s_centered_std_top_k"
+    masks: ClassVar[tuple[str, ...]] = ("keep",)
+    reads: ClassVar[tuple[str, ...] | None] = ("s_centered",)
     quadrants: ClassVar[dict[str, str]] = {"all": "drops (S_c in a tail)"}
     knob: ClassVar[str | None] = "mu"
     knob_raises_entropy: ClassVar[int] = -1
@@ -225,6 +233,8 @@ class ClipCov(Method):
     summary: ClassVar[str] = "zero the loss of ratio·N random tokens with lb < Cov(logp, A) < ub"
     stage: ClassVar[str] = "minibatch"
     exchange: ClassVar[str | None] = "covariance_random_pick"
+    masks: ClassVar[tuple[str, ...]] = ("zeroed",)
+    reads: ClassVar[tuple[str, ...] | None] = ()
     quadrants: ClassVar[dict[str, str]] = {"pos_spos": "zeroes (high Cov: likely tokens, A>0)",
                                            "neg_sneg": "zeroes (high Cov: unlikely tokens, A<0)"}
     knob: ClassVar[str | None] = "ratio"
@@ -262,6 +272,8 @@ class KLCov(Method):
     summary: ClassVar[str] = "no ratio clip; coef·|logp − old_logp| on the top ratio·N tokens by Cov(logp, A)"
     stage: ClassVar[str] = "minibatch"
     exchange: ClassVar[str | None] = "covariance_top_k"
+    masks: ClassVar[tuple[str, ...]] = ("kl_cov_select",)
+    reads: ClassVar[tuple[str, ...] | None] = ()
     quadrants: ClassVar[dict[str, str]] = {"pos_spos": "adds a KL pull (top Cov)",
                                            "neg_sneg": "adds a KL pull (top Cov)", "all": "changes the clip (none)"}
     knob: ClassVar[str | None] = "ratio"

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, cast
 from torch import Tensor
 
 from entropy_rft.common.constraints import rule_words, type_hints, typed_problem
+from entropy_rft.control.carriage import carriage_problem
 from entropy_rft.control.exchange import exchange_problem
 from entropy_rft.core.loss_types import LossOverrides, Masks
 
@@ -97,6 +98,11 @@ class Method:
     # "local" (a per-token rule), "tokens" (gather them), or a statistic integrations.dist_select computes.
     # Inherited; build_method refuses a selecting method on TRL or verl that declares none (exchange_problem).
     exchange: ClassVar[str | None] = None
+    # The Masks fields its selection hook (by its stage) sets, and the TokenStats fields its rollout hooks read
+    # (None: not said, so it runs only where every statistic is measured). build_method refuses a method an engine
+    # it names would not carry or measure (control.carriage); the hooks are held to ``masks`` while they run.
+    masks: ClassVar[tuple[str, ...]] = ()
+    reads: ClassVar[tuple[str, ...] | None] = None
 
     def __post_init__(self) -> None:
         self.check_params()
@@ -276,9 +282,10 @@ def _fields(cls: type[Method]) -> tuple[dataclasses.Field[Any], ...]:
 
 def build_method(name: str, **params: Any) -> Method:
     """Build a configured method. Unknown names and parameters, bad values, and a selection that declares no
-    ``exchange`` across ranks (``control.exchange.exchange_problem``) raise ValueError."""
+    ``exchange`` across ranks (``control.exchange.exchange_problem``), and one that sets or reads what an engine it
+    names does not carry (``control.carriage.carriage_problem``) raise ValueError."""
     cls = get_method_class(name)
-    if (problem := exchange_problem(cls)) is not None:
+    if (problem := exchange_problem(cls) or carriage_problem(cls)) is not None:
         raise ValueError(problem)
     accepted = [f.name for f in _fields(cls)]
     for p in params:
@@ -320,5 +327,7 @@ def method_info(name: str) -> dict[str, Any]:
         "algorithms": list(cls.algorithms),
         "allows_group_filter": cls.allows_group_filter,
         "exchange": cls.exchange,
+        "masks": list(cls.masks),
+        "reads": None if cls.reads is None else list(cls.reads),
         "doc": (cls.__doc__ or "").strip(),
     }

@@ -9,11 +9,13 @@ ranks, ``integrations.dist``) and scatters the result back to its micro-batches.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
+from entropy_rft.control.carriage import checked_masks
 from entropy_rft.control.registry import Masks, Method
 from entropy_rft.core.loss import agg_weights, ppo_clipped_mask
 
@@ -54,7 +56,8 @@ def select_minibatch(
         if logp is None:
             raise ValueError(f"method {method.name!r} selects per minibatch: pass the current log-probs")
         clipped = ppo_clipped_mask(logp, old_logp, advantages, mask, eps_low, eps_high)
-        selected = method.minibatch_masks(logp, old_logp, advantages, mask, clipped=clipped, generator=generator)
+        selected = checked_masks(method, method.minibatch_masks(logp, old_logp, advantages, mask, clipped=clipped,
+                                                                generator=generator))
     return combine_selection(selected, mask, keep)
 
 
@@ -66,7 +69,7 @@ def combine_selection(selected: Masks, mask: Tensor, keep: Tensor | None) -> Min
     if selected.keep is not None:
         kept = selected.keep if kept is None else kept & selected.keep
     counted = mask if kept is None else mask & kept
-    masks = Masks(kept, selected.zeroed, selected.kl_cov_select, eps_low=selected.eps_low, eps_high=selected.eps_high)
+    masks = replace(selected, keep=kept)
     return MinibatchSelection(masks, counted, selected)
 
 

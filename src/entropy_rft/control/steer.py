@@ -83,6 +83,8 @@ class Steer(Method):
                               "down where its estimated entropy change |Ω| is large")
     stage: ClassVar[str] = "rollout"
     exchange: ClassVar[str | None] = "tokens"
+    masks: ClassVar[tuple[str, ...]] = ("adv_shift",)
+    reads: ClassVar[tuple[str, ...] | None] = ("entropy", "logp")
     knob: ClassVar[str | None] = "token_weight_min"
     knob_raises_entropy: ClassVar[int] = -1
     quadrants: ClassVar[dict[str, str]] = {q: "reweights by λ(|Ω|), down where |Ω| is large"

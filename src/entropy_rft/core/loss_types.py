@@ -17,7 +17,7 @@ field name. The aggregation modes' names and their shape rule are checked here (
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal, NamedTuple, get_args
 
@@ -36,6 +36,7 @@ __all__ = [
     "LossOutputs",
     "LossOverrides",
     "LossSettings",
+    "MASK_FIELDS",
     "Masks",
     "PendingMetrics",
     "check_agg",
@@ -60,6 +61,18 @@ class Masks:
     weight_select: Tensor | None = None  # tokens of EntroPIC's sample-weight adjustment (p > threshold)
     eps_low: Tensor | None = None  # float, per-token clip widths replacing the loss's (Flexible Entropy Control)
     eps_high: Tensor | None = None
+
+    def map(self, fn: Callable[[Tensor], Tensor | None]) -> Masks:
+        """The same masks with ``fn`` applied to each one that is set (a rank's rows, a micro-batch's, a
+        width cut back); unset ones stay None."""
+        return Masks(**{f.name: None if (v := getattr(self, f.name)) is None else fn(v) for f in fields(self)})
+
+    def set_fields(self) -> tuple[str, ...]:
+        """The names of the masks that are set, in field order."""
+        return tuple(f.name for f in fields(self) if getattr(self, f.name) is not None)
+
+
+MASK_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(Masks))
 
 
 def _check_eps(value: Any, name: str) -> None:

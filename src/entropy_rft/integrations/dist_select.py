@@ -53,6 +53,7 @@ from entropy_rft.control._common import (
     count_for_ratio,
     droppable,
 )
+from entropy_rft.control.carriage import checked_masks
 from entropy_rft.control.exchange import exchange_problem
 from entropy_rft.control.masks import (
     CLIP_V_SIGNS,
@@ -340,7 +341,7 @@ def dist_rollout_masks(method: Method, stats: TokenStats, advantages: Tensor, ma
     ``tokens`` (80/20: the caller gathers)."""
     how = declared_exchange(method)
     if how == "local":  # per-token rules: no batch statistic
-        return method.rollout_masks(stats, advantages, mask)
+        return checked_masks(method, method.rollout_masks(stats, advantages, mask))
     return None if how == "tokens" else ROLLOUT_EXCHANGES[how](method, stats, advantages, mask)
 
 
@@ -354,7 +355,8 @@ def dist_minibatch_masks(method: Method, logp: Tensor, advantages: Tensor, mask:
     if how == "local":
         if old_logp is None:
             raise ValueError(f"method {method.name!r} selects on each rank's rows: pass old_logp")
-        return method.minibatch_masks(logp, old_logp, advantages, mask, clipped=clipped, generator=generator)
+        return checked_masks(method, method.minibatch_masks(logp, old_logp, advantages, mask, clipped=clipped,
+                                                            generator=generator))
     return None if how == "tokens" else MINIBATCH_EXCHANGES[how](method, logp, advantages, mask, clipped, generator)
 
 

@@ -34,12 +34,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from entropy_rft import control
 from entropy_rft.config.trl import grpo_config
-from entropy_rft.control import Masks, Method
+from entropy_rft.control.registry import Method, build_method
 from entropy_rft.core import dynamics
 from entropy_rft.core.loss import compute_policy_loss
-from entropy_rft.core.loss_types import LossInputs
+from entropy_rft.core.loss_types import LossInputs, Masks
 from entropy_rft.integrations import window
 from entropy_rft.integrations._compat import TRL_MAX_EXCLUSIVE, TRL_MIN, check_trl_version  # noqa: F401
 from entropy_rft.integrations.stats_forward import (
@@ -126,7 +125,7 @@ class EntropyControlGRPOTrainer(GRPOTrainer):
                  **kwargs: Any) -> None:
         if isinstance(method, Method) and method_params:
             raise ValueError("pass method_params only with a method name, not with a built Method")
-        self.method = method if isinstance(method, Method) else control.build_method(method, **(method_params or {}))
+        self.method = method if isinstance(method, Method) else build_method(method, **(method_params or {}))
         if (refused := method_refusal(self.method)) is not None:  # a built Method skips build_method's own checks
             raise ValueError(refused)
         if not dynamics_metrics and self.method.stage != "static":

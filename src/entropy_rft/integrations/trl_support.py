@@ -27,8 +27,8 @@ from typing import Any, cast
 
 import torch
 
-from entropy_rft.control import Method
 from entropy_rft.control.exchange import exchange_problem
+from entropy_rft.control.registry import Method
 from entropy_rft.core.dynamics import TokenStats
 from entropy_rft.core.loss import clip_regions
 from entropy_rft.core.loss_types import UNSET, Agg, LossSettings

@@ -19,7 +19,7 @@ from entropy_rft.common.numerics import numerics_record
 from entropy_rft.common.threads import apply_threads
 from entropy_rft.config.schema import config_to_dict
 from entropy_rft.config.trl import grpo_config, loss_overrides, step_factor
-from entropy_rft.control import Method
+from entropy_rft.control.registry import Method
 from entropy_rft.integrations.trl import EntropyControlGRPOTrainer
 from entropy_rft.integrations.trl_logging import ErftLog
 from entropy_rft.integrations.trl_task import prompt_dataset, task_reward_func

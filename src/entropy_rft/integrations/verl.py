@@ -75,9 +75,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from entropy_rft import control
-from entropy_rft.control import Masks, Method, MinibatchSelection, select_minibatch
-from entropy_rft.control.selection import combine_selection
+from entropy_rft.control.registry import Method, build_method, get_method_class, on_register
+from entropy_rft.control.selection import MinibatchSelection, combine_selection, select_minibatch
 from entropy_rft.core.loss import compute_policy_loss, ppo_clipped_mask
 from entropy_rft.core.loss_types import LossInputs, LossSettings, ratio_clip
 from entropy_rft.integrations._compat import require_version
@@ -133,7 +132,7 @@ def configure(method: str, seed: int = 0, **params: Any) -> Method:
     Unconfigured methods use their defaults. ``seed`` seeds the generator of Clip-Cov's random pick; it must
     be the same on every rank (the worker passes ``actor_rollout_ref.actor.data_loader_seed``).
     """
-    m = control.build_method(method, **params)
+    m = build_method(method, **params)
     _METHODS[method] = m
     _GENERATOR[method] = torch.Generator().manual_seed(int(seed) + 2)
     return m
@@ -157,7 +156,7 @@ def method_for_loss(method: str, config: Any) -> Method:
     current = m.params()
     params = {**current, **params_from_verl_keys(config, method)}
     if params != current:
-        m = _METHODS[method] = control.build_method(method, **params)  # the generator keeps its seed and draws
+        m = _METHODS[method] = build_method(method, **params)  # the generator keeps its seed and draws
     return m
 
 
@@ -228,15 +227,12 @@ def _minibatch_selection(method: Method, logp: Tensor, old: Tensor, adv: Tensor,
     def local(x: Tensor | None) -> Tensor | None:
         return None if x is None else x[rows, :width]
 
-    def masks(m: Masks) -> Masks:
-        return Masks(local(m.keep), local(m.zeroed), local(m.kl_cov_select))
-
-    return MinibatchSelection(masks(sel.masks), local(sel.counted), masks(sel.method))
+    return MinibatchSelection(sel.masks.map(local), local(sel.counted), sel.method.map(local))
 
 
 def make_policy_loss(method_name: str):
     """verl policy-loss function for entropy-rft method ``method_name`` (verl's PolicyLossFn signature)."""
-    control.get_method_class(method_name)  # unknown names fail here, listing the known ones
+    get_method_class(method_name)  # unknown names fail here, listing the known ones
 
     def erft_policy_loss(old_log_prob: Tensor, log_prob: Tensor, advantages: Tensor, response_mask: Tensor,
                          loss_agg_mode: str = "token-mean", config: Any = None,
@@ -260,15 +256,13 @@ def make_policy_loss(method_name: str):
                                "actor_rollout_ref.actor.calculate_entropy=True and use trainer_mode=erft_sync")
         settings = settings_from_config(config, method, loss_agg_mode)
         info = dict(config_value(config, "global_batch_info", {}) or {})
-        gen = None  # the selection rule is control.select_minibatch; only Clip-Cov draws from the generator
+        gen = None  # the selection rule is select_minibatch; only Clip-Cov draws from the generator
         if method.stage == "minibatch":
             gen = _GENERATOR.setdefault(method_name, torch.Generator().manual_seed(2))
         masks, counted, _ = _minibatch_selection(method, log_prob, old_log_prob, advantages, mask,
                                                  None if extras.keep is None else extras.keep.bool(), settings, gen,
                                                  info)
-        out = compute_policy_loss(LossInputs(log_prob, old_log_prob, advantages, mask,
-                                             Masks(keep=masks.keep, zeroed=masks.zeroed,
-                                                   kl_cov_select=masks.kl_cov_select),
+        out = compute_policy_loss(LossInputs(log_prob, old_log_prob, advantages, mask, masks,
                                              entropy=extras.entropy if method.needs_entropy_grad() else None),
                                   settings)
         metrics = {k: v for k, v in out.metrics().items() if v is not None}  # read in one transfer
@@ -301,7 +295,7 @@ def _register(cls: type[Method]) -> None:
         _REGISTERED[n] = name
 
 
-control.on_register(_register)  # every method registered now (name order) and each one registered later
+on_register(_register)  # every method registered now (name order) and each one registered later
 
 
 # ----------------------------------------------------------------------------- layer 2: erft_ppo_loss

@@ -12,7 +12,8 @@ from typing import Any, cast
 import torch
 from torch import Tensor
 
-from entropy_rft.control import Method, microbatch_loss_scale
+from entropy_rft.control.registry import Method
+from entropy_rft.control.selection import microbatch_loss_scale
 from entropy_rft.core.loss import AGG_MODES, aggregation_weights
 from entropy_rft.core.loss_types import Agg, LossOverrides, LossSettings
 

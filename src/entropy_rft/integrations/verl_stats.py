@@ -10,7 +10,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from entropy_rft.control import Method
+from entropy_rft.control.carriage import checked_masks
+from entropy_rft.control.registry import Method
 from entropy_rft.core import dynamics
 from entropy_rft.integrations.dist import all_gather_rows, rank_and_world
 from entropy_rft.integrations.dist_select import dist_rollout_masks
@@ -73,6 +74,6 @@ def rollout_keep(method: Method, stats: dict[str, Tensor], advantages: Tensor, m
     logp = torch.zeros_like(g["entropy"])  # not used by any rollout-stage rule
     st = dynamics.TokenStats(entropy=g["entropy"], logp=logp, s_star=g["s_star"],
                              s_expected=g["s_expected"], s_centered=g["s_centered"])
-    keep = method.rollout_masks(st, g_adv, g_mask).keep
+    keep = checked_masks(method, method.rollout_masks(st, g_adv, g_mask)).keep
     keep = g_mask if keep is None else keep & g_mask
     return keep[rows, : mask.shape[-1]]

@@ -22,7 +22,6 @@ single-process one, bit for bit.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections import defaultdict
 from collections.abc import Mapping
@@ -31,11 +30,12 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from entropy_rft.control import Masks, Method, MinibatchSelection, microbatch_loss_scale, select_minibatch
-from entropy_rft.control.selection import combine_selection
+from entropy_rft.control.carriage import checked_masks
+from entropy_rft.control.registry import Method
+from entropy_rft.control.selection import MinibatchSelection, combine_selection, microbatch_loss_scale, select_minibatch
 from entropy_rft.core.dynamics import TokenStats
 from entropy_rft.core.loss import agg_weights, aggregation_weights, ppo_clipped_mask
-from entropy_rft.core.loss_types import LossSettings, check_agg, ratio_clip
+from entropy_rft.core.loss_types import MASK_FIELDS, LossSettings, Masks, check_agg, ratio_clip
 from entropy_rft.core.metrics import stats_metrics
 from entropy_rft.integrations.dist import all_gather_rows, all_reduce_sum, rank_and_world
 from entropy_rft.integrations.dist_select import (
@@ -110,7 +110,7 @@ class GlobalBatch(NamedTuple):
 
 def _local_masks(m: Masks, rows: slice, width: int) -> Masks:
     """This rank's ``rows`` of every mask of ``m``, cut back to its own ``width``."""
-    return Masks(**{f.name: _local_rows(getattr(m, f.name), rows, width) for f in dataclasses.fields(Masks)})
+    return m.map(lambda x: x[rows, :width])
 
 
 def global_rollout_batch(method: Method, stats: TokenStats, adv: Tensor, mask: Tensor) -> GlobalBatch:
@@ -130,7 +130,8 @@ def global_rollout_batch(method: Method, stats: TokenStats, adv: Tensor, mask: T
             g_stats = map_stats(lambda x: all_gather_rows(x, 0.0)[0], stats)
             g_adv, rows = all_gather_rows(adv, 0.0)
             g_mask, _ = all_gather_rows(mask, False)
-            found = _local_masks(method.rollout_masks(g_stats, g_adv, g_mask), rows, mask.shape[1])
+            found = _local_masks(checked_masks(method, method.rollout_masks(g_stats, g_adv, g_mask)), rows,
+                                 mask.shape[1])
         masks = found
     return GlobalBatch(stats, adv, mask, masks)
 
@@ -214,7 +215,8 @@ def global_minibatch_selection(method: Method, cur: list[Tensor] | None, old: li
         return _split_rows(_local_rows(x, rows, width), mask)
 
     def split_masks(m: Masks) -> list[Masks]:
-        return [Masks(k, z, s) for k, z, s in zip(split(m.keep), split(m.zeroed), split(m.kl_cov_select))]
+        cols = [split(getattr(m, name)) for name in MASK_FIELDS]
+        return [Masks(**dict(zip(MASK_FIELDS, vals))) for vals in zip(*cols)]
 
     return [MinibatchSelection(*x) for x in zip(split_masks(sel.masks), split(sel.counted), split_masks(sel.method))]
 

@@ -101,7 +101,7 @@ PRESET = "preset"
 
 def knob_of(name: str) -> str | None:
     """The method's strength knob (None: none, grad_mask); unknown names list the registered ones."""
-    from entropy_rft.control import get_method_class
+    from entropy_rft.control.registry import get_method_class
 
     try:
         return get_method_class(name).knob
@@ -118,7 +118,7 @@ def expand_variants(methods: str, targets: str | None) -> list[Variant]:
     target are kept as written.
     """
     from entropy_rft.common.comma_lists import comma_items
-    from entropy_rft.control import available_methods
+    from entropy_rft.control.registry import available_methods
 
     entries = comma_items(methods, "--methods", "none,clip_v")
     if "all" in entries:

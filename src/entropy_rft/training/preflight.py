@@ -387,6 +387,7 @@ def build_task(name: str, params: dict | None = None, *, flag: str = "--task / c
     """``tasks.build_task(name, **params)`` with one-line errors: an unknown name lists the known tasks, an
     unknown parameter the accepted ones, and a data file that is missing, malformed or not UTF-8 is named."""
     from entropy_rft import tasks
+    from entropy_rft.tasks.base import Task
 
     params = dict(params or {})
     known = ", ".join(tasks.available_tasks())
@@ -425,7 +426,7 @@ def build_task(name: str, params: dict | None = None, *, flag: str = "--task / c
         raise UserError(f"task {name!r}: bad {params_flag} ({e}){_which(params, str(e), params_flag)}") from None
     except (ValueError, KeyError, LookupError) as e:
         raise UserError(f"task {name!r}: {e}{_which(params, str(e), params_flag)}") from None
-    if not isinstance(task, tasks.Task):
+    if not isinstance(task, Task):
         raise UserError(f"task {name!r} built a {type(task).__name__}, not an entropy_rft Task; point "
                         f"{flag} at a Task subclass or a factory returning one")
     return task

@@ -13,7 +13,7 @@ from typing import Any
 
 from torch import Tensor
 
-from entropy_rft.control import Method
+from entropy_rft.control.registry import Method
 from entropy_rft.core.dynamics import TokenStats
 from entropy_rft.core.loss_types import LossSettings
 from entropy_rft.policy.rollout import RolloutBatch

@@ -24,11 +24,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from entropy_rft import control
 from entropy_rft.common.metric_names import eval_prefix
+from entropy_rft.control.carriage import checked_masks
+from entropy_rft.control.registry import Method
+from entropy_rft.control.selection import MinibatchSelection, microbatch_loss_scale, select_minibatch
 from entropy_rft.core import advantages as adv_lib
 from entropy_rft.core.loss import agg_weights, compute_policy_loss, value_loss
-from entropy_rft.core.loss_types import LossInputs, LossOutputs, Masks, read_metrics
+from entropy_rft.core.loss_types import LossInputs, LossOutputs, read_metrics
 from entropy_rft.core.metrics import approx_kl, masked_mean
 from entropy_rft.core.tensor_checks import broadcast_advantages
 from entropy_rft.policy import evaluation
@@ -43,7 +45,7 @@ from entropy_rft.training.state import Run, check_prompts, checkpoint_state, loa
 # ----------------------------------------------------------------------------- config-derived pieces
 
 
-def loss_rule(run: Run, method: control.Method | None = None) -> Rule:
+def loss_rule(run: Run, method: Method | None = None) -> Rule:
     """``method`` (default: the run's) and the loss's settings as they stand now: the run's (``Run.loss``) with the
     method's own at its current knob (coef / eps_high, which the autopilot moves: ``Method.loss_overrides``),
     validated here, once per update."""
@@ -174,7 +176,7 @@ def select(run: Run, s: Scored, old: OldPolicy) -> Selection:
         # whether the method, at its knob as set, drops a token of this batch (methods with a knob train with the
         # engine's advantages, so the masks are asked with those)
         def acts() -> bool:
-            keep = run.method.rollout_masks(old.stats, old.adv, s.mask).keep
+            keep = checked_masks(run.method, run.method.rollout_masks(old.stats, old.adv, s.mask)).keep
             return keep is not None and bool((s.mask & ~keep.bool()).any())
 
         control_m = run.autopilot.update(run.step, masked_mean(old.stats.entropy, s.rollout.response_mask),
@@ -182,7 +184,7 @@ def select(run: Run, s: Scored, old: OldPolicy) -> Selection:
     else:
         control_m = run.method.observe(old.stats, s.mask, run.loss.agg)
     own = run.method.rollout_advantages(s.rewards, old.adv, s.mask)  # a method that is its own estimator
-    masks = run.method.rollout_masks(old.stats, old.adv if own is None else own, s.mask)
+    masks = checked_masks(run.method, run.method.rollout_masks(old.stats, old.adv if own is None else own, s.mask))
     shift = masks.adv_shift
     if own is not None:  # the method's advantages enter the loss as a shift of the engine's
         swap = torch.where(s.mask, own - broadcast_advantages(old.adv, s.mask), 0.0)
@@ -260,7 +262,7 @@ def update_minibatch(run: Run, s: Scored, old: OldPolicy, sel: Selection, rule: 
     first, mb = minibatch_selection(run, s, old, sel, rule, idx, live, single=len(micro) == 1)
     if zeroed is not None and mb.masks.zeroed is not None:
         zeroed[idx] |= mb.masks.zeroed & s.mask[idx]
-    # with accumulation, the minibatch's aggregation weights, for control.microbatch_loss_scale
+    # with accumulation, the minibatch's aggregation weights, for microbatch_loss_scale
     weights = agg_weights(mb.counted, rule.settings.agg) if len(micro) > 1 else None
 
     run.optim.zero_grad(set_to_none=True)
@@ -288,7 +290,7 @@ def update_minibatch(run: Run, s: Scored, old: OldPolicy, sel: Selection, rule: 
 
 
 def minibatch_selection(run: Run, s: Scored, old: OldPolicy, sel: Selection, rule: Rule, idx: torch.Tensor,
-                        live: PolicyOut | None, single: bool) -> tuple[PolicyOut | None, control.MinibatchSelection]:
+                        live: PolicyOut | None, single: bool) -> tuple[PolicyOut | None, MinibatchSelection]:
     """The one selection rule (``control.select_minibatch``) over the minibatch ``idx``: Clip-Cov / KL-Cov select
     over all its rows from their current log-probs. With one micro-batch (``single``) its forward with grad is
     taken here (or ``live``'s rows) and returned for the loss; with accumulation a minibatch-level method
@@ -302,12 +304,12 @@ def minibatch_selection(run: Run, s: Scored, old: OldPolicy, sel: Selection, rul
         with torch.no_grad():
             cur = forward(run, s.rollout.select(idx)).logp
     st = rule.settings
-    mb = control.select_minibatch(cur if rule.minibatch_masks else None, old.logp[idx], old.adv[idx], s.mask[idx],
+    mb = select_minibatch(cur if rule.minibatch_masks else None, old.logp[idx], old.adv[idx], s.mask[idx],
                                   _rows(sel.keep, idx), rule.method, st.eps_low, st.eps_high, run.gens["method"])
     return first, mb
 
 
-def micro_loss(run: Run, s: Scored, old: OldPolicy, sel: Selection, rule: Rule, mb: control.MinibatchSelection,
+def micro_loss(run: Run, s: Scored, old: OldPolicy, sel: Selection, rule: Rule, mb: MinibatchSelection,
                weights: torch.Tensor | None, mi: torch.Tensor, local: torch.Tensor, out: PolicyOut
                ) -> tuple[torch.Tensor, LossOutputs, torch.Tensor | None]:
     """The loss of the micro-batch ``mi`` (the batch's rows; ``local``: the same rows within the minibatch) from
@@ -316,15 +318,14 @@ def micro_loss(run: Run, s: Scored, old: OldPolicy, sel: Selection, rule: Rule, 
     critic's share. Returns it, the policy loss's outputs and the critic loss (None without one)."""
     a = run.cfg.algo
     m = mb.masks
-    masks = Masks(keep=_rows(m.keep, local), zeroed=_rows(m.zeroed, local),
-                  kl_cov_select=_rows(m.kl_cov_select, local), adv_shift=_rows(sel.adv_shift, mi),
-                  weight_select=_rows(sel.weight_select, mi), eps_low=_rows(m.eps_low, local),
-                  eps_high=_rows(m.eps_high, local))
+    # the minibatch's masks at these rows, with the rollout stage's advantage shift and weight selection
+    masks = replace(m.map(lambda x: x[local]), adv_shift=_rows(sel.adv_shift, mi),
+                    weight_select=_rows(sel.weight_select, mi))
     lo = compute_policy_loss(LossInputs(out.logp, old.logp[mi], old.adv[mi], s.mask[mi], masks,
                                         _rows(old.ref_logp, mi), out.entropy), rule.settings)
     loss = lo.loss
     if weights is not None:  # re-weight so the accumulated gradient equals the whole minibatch's loss
-        loss = loss * control.microbatch_loss_scale(weights[local], mb.counted[local], rule.settings.agg)
+        loss = loss * microbatch_loss_scale(weights[local], mb.counted[local], rule.settings.agg)
     vloss = None
     if run.value_head is not None:
         assert old.returns is not None  # PPO's value targets come with the value head

@@ -19,10 +19,10 @@ import numpy as np
 import torch
 import yaml
 
-from entropy_rft import control
 from entropy_rft.common.threads import apply_threads
 from entropy_rft.config.schema import Config, autopilot_gains, config_to_dict
 from entropy_rft.control.autopilot import Autopilot, parse_target
+from entropy_rft.control.registry import Method, build_method
 from entropy_rft.core.loss_types import Agg, KLEstimator, LossSettings
 from entropy_rft.rundir import checkpoints
 from entropy_rft.tasks import build_task
@@ -89,9 +89,9 @@ class ValueHead(torch.nn.Module):
         return self.net(hidden.detach().float()).squeeze(-1)
 
 
-def run_method(cfg: Config) -> control.Method:
+def run_method(cfg: Config) -> Method:
     """The run's method, built from ``cfg.method`` (the one place the native engine builds it)."""
-    return control.build_method(cfg.method.name, **cfg.method_params())
+    return build_method(cfg.method.name, **cfg.method_params())
 
 
 def engine_loss_settings(cfg: Config) -> LossSettings:
@@ -119,8 +119,8 @@ class Run:
     task: Task
     train_set: list[Example]
     val_set: list[Example]
-    method: control.Method  # its knob moves (autopilot) and a controller method keeps its own state
-    vanilla: control.Method  # the reference of the counterfactual and the weight lens
+    method: Method  # its knob moves (autopilot) and a controller method keeps its own state
+    vanilla: Method  # the reference of the counterfactual and the weight lens
     autopilot: Autopilot | None  # with method.entropy_target
     optim: torch.optim.Optimizer
     sched: torch.optim.lr_scheduler.LambdaLR
@@ -132,7 +132,7 @@ class Run:
     fitting_prompts: set[tuple] = field(default_factory=set)  # prompts checked against the context, once each
 
 
-def build_run(cfg: Config, out: Path, start_step: int = 0, method: control.Method | None = None) -> Run:
+def build_run(cfg: Config, out: Path, start_step: int = 0, method: Method | None = None) -> Run:
     """Load the policy, split the task, check the prompts, build the method, the optimizer and the RNGs.
 
     A prompt that cannot fit the context with the response budget is refused here (UserError), before any
@@ -168,7 +168,7 @@ def build_run(cfg: Config, out: Path, start_step: int = 0, method: control.Metho
                   cfg.rollout.max_new_tokens, fitting)
     method = run_method(cfg) if method is None else method  # None: not built by the request's check
     method.set_horizon(cfg.train.max_steps)  # a rule that moves over training (Entrocraft's band)
-    vanilla = control.build_method("none")
+    vanilla = build_method("none")
     target = parse_target(cfg.method.entropy_target)
     autopilot = None if target is None else Autopilot(method, target, autopilot_gains(cfg), cfg.train.max_steps)
     params = [p for p in model.parameters() if p.requires_grad]
@@ -222,7 +222,7 @@ def checkpoint_state(run: Run) -> dict[str, Any]:
     return st
 
 
-def method_state(method: control.Method) -> dict[str, Any]:
+def method_state(method: Method) -> dict[str, Any]:
     st: dict[str, Any] = {"knob": method.get_knob()} if method.knob else {}
     own = method.state_dict()  # a controller method's own state (adaptive_entropy, entropic)
     if own:

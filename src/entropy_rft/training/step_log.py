@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
-from entropy_rft import control
 from entropy_rft.config.schema import Config
+from entropy_rft.control.lens import lens_attribution, loss_gradient, weight_lens
 from entropy_rft.core.loss import ppo_clipped_mask
 from entropy_rft.core.loss_types import LossInputs, LossSettings, Masks
 from entropy_rft.core.metrics import stats_metrics
@@ -98,8 +98,8 @@ def lens_metrics(s: Scored, old: OldPolicy, probed: Probed, trained: torch.Tenso
     ΔH of the method's change in token weights (``lensw/``, ``weight_lens_metrics``)."""
     agg = rule.settings.agg
     clipped = ppo_clipped_mask(probed.logp, old.logp, old.adv, s.mask, rule.settings.eps_low, rule.settings.eps_high)
-    out = control.lens_attribution(trained, old.adv, old.stats.s_centered, s.mask, agg=agg)
-    out.update({k.replace("lens/", "lens_ppo/"): v for k, v in control.lens_attribution(
+    out = lens_attribution(trained, old.adv, old.stats.s_centered, s.mask, agg=agg)
+    out.update({k.replace("lens/", "lens_ppo/"): v for k, v in lens_attribution(
         ~clipped, old.adv, old.stats.s_centered, s.mask, agg=agg).items()})
     if sel is not None and upd is not None and vanilla is not None:
         out.update(weight_lens_metrics(s, old, probed, rule, sel, upd, vanilla))
@@ -120,11 +120,11 @@ def weight_lens_metrics(s: Scored, old: OldPolicy, probed: Probed, rule: Rule, s
     Not token weights and so not in it: the entropy bonus (gradient through H), the reference KL (the same in
     both) and KL-Cov's |log-ratio| pull (selected per minibatch)."""
     masks = Masks(keep=sel.keep, zeroed=upd.zeroed, adv_shift=sel.adv_shift, weight_select=sel.weight_select)
-    g_m = control.loss_gradient(LossInputs(probed.logp, old.logp, old.adv, s.mask, masks),
+    g_m = loss_gradient(LossInputs(probed.logp, old.logp, old.adv, s.mask, masks),
                                 token_weight_settings(rule.settings))
-    g_v = control.loss_gradient(LossInputs(probed.logp, old.logp, old.adv, s.mask),
+    g_v = loss_gradient(LossInputs(probed.logp, old.logp, old.adv, s.mask),
                                 token_weight_settings(vanilla.settings))
-    return control.weight_lens(g_m, g_v, old.adv, old.stats.s_centered, s.mask)
+    return weight_lens(g_m, g_v, old.adv, old.stats.s_centered, s.mask)
 
 
 def truncated_frac(rb: RolloutBatch, eos_id: int) -> float:
