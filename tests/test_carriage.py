@@ -41,7 +41,8 @@ def _batch(seed: int = 0):
 
 # Parameters at which each selecting built-in acts on this small batch (the defaults of a few are tuned for
 # ~10^5 tokens and would select nothing here).
-ACTING = {"clip_b": {"mu": 0.2}, "clip_v": {"mu": 0.5, "max_frac": None}, "clip_cov": {"ratio": 0.05}, "kl_cov": {"ratio": 0.05}}
+ACTING = {"clip_b": {"mu": 0.2}, "clip_v": {"mu": 0.5, "max_frac": None}, "clip_cov": {"ratio": 0.05},
+          "kl_cov": {"ratio": 0.05}}
 
 
 def _select(method, stats, adv, mask, logp) -> Masks:
