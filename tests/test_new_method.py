@@ -81,12 +81,24 @@ def test_every_builtin_that_selects_declares_its_exchange():
     assert control.method_info("clip_cov")["exchange"] == "covariance_random_pick"
 
 
-def test_the_exchanges_are_the_ones_dist_select_computes():
-    from entropy_rft.integrations.dist_select import MINIBATCH_EXCHANGES, ROLLOUT_EXCHANGES
+def test_a_statistic_exchange_runs_the_methods_own_rule_with_the_ranks_reductions():
+    """Each statistic of EXCHANGES is some built-in's, whose hook takes ``reduce`` (dist_select calls it with its
+    global reductions: the rule has one home, control.masks); a hook that takes none is refused in one line."""
+    from entropy_rft.control.exchange import STATISTICS
 
-    assert set(EXCHANGES) == {"local", "tokens"} | set(ROLLOUT_EXCHANGES) | set(MINIBATCH_EXCHANGES)
-    assert all(EXCHANGES[n][0] == ("rollout",) for n in ROLLOUT_EXCHANGES)
-    assert all(EXCHANGES[n][0] == ("minibatch",) for n in MINIBATCH_EXCHANGES)
+    used = {control.get_method_class(n).exchange for n in control.available_methods()}
+    assert set(STATISTICS) <= used and set(EXCHANGES) == {"local", "tokens", *STATISTICS}
+
+    @dataclass
+    class NoReduce(ClipB):  # ClipB's exchange over a rule of its own that cannot take the ranks' reductions
+        name: ClassVar[str] = "test_no_reduce"
+        exchange: ClassVar[str | None] = "s_star_mean_std"
+
+        def rollout_masks(self, stats, advantages, mask):
+            return control.Masks(keep=mask.bool())
+
+    msg = exchange_problem(NoReduce)
+    assert msg is not None and "\n" not in msg and "its rollout_masks takes no reduce=" in msg
 
 
 def test_a_selecting_method_that_declares_no_exchange_is_refused_in_one_line_at_build():

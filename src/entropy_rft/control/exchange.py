@@ -9,29 +9,30 @@ redefines the rule the declaration describes; ``control.build_method`` raises it
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
-__all__ = ["EXCHANGES", "exchange_problem", "rule_hook"]
+__all__ = ["EXCHANGES", "STATISTICS", "exchange_problem", "rule_hook"]
 
-# name -> (the stages it fits, what travels between ranks and what the method's class provides for it). The
-# statistics are computed by ``integrations.dist_select`` (one function each, a test keeps the two lists equal).
+# name -> (the stages it fits, what travels between ranks and whose rule it is). The statistics' reductions over
+# every rank are ``integrations.dist_select.GLOBAL``; the rules are ``control.masks``'s.
 EXCHANGES: dict[str, tuple[tuple[str, ...], str]] = {
     "local": (("rollout", "minibatch"), "nothing: the rule reads each token alone and draws no random numbers, "
                                         "so every rank runs it on its own rows"),
     "tokens": (("rollout", "minibatch"), "every rank's tokens, all-gathered: the rule runs on the concatenation "
                                          "(always right, O(N) bytes per rank; 80/20's quantile)"),
     "s_star_mean_std": (("rollout",), "float64 sums for the mean and std of S: ClipB's rule "
-                                      "(``control.clip_b_mask`` with the class's ``thresholds()`` and "
-                                      "``advantage_sign``)"),
+                                      "(``control.masks.clip_b_mask``)"),
     "s_centered_std_top_k": (("rollout",), "float64 sums for the std of S_c, and the cap's top-k candidates: "
-                                           "ClipV's rule (``control.clip_v_mask`` with ``thresholds()``, "
-                                           "``advantage_sign`` and ``max_frac``)"),
+                                           "ClipV's rule (``control.masks.clip_v_mask``)"),
     "covariance_random_pick": (("minibatch",), "float64 sums for the covariance's means, and the candidate counts: "
-                                               "Clip-Cov's rule (``control.clip_cov_mask`` with ``ratio``, ``lb``, "
-                                               "``ub``, ``exclude_clipped``)"),
+                                               "Clip-Cov's rule (``control.masks.clip_cov_mask``)"),
     "covariance_top_k": (("minibatch",), "float64 sums for the covariance's means, and the top-k candidates: "
-                                         "KL-Cov's rule (``control.kl_cov_select`` with ``ratio``)"),
+                                         "KL-Cov's rule (``control.masks.kl_cov_select``)"),
 }
+# The exchanges of batch statistics: the method's own hook runs on each rank's rows with the ranks' reductions,
+# ``hook(..., reduce=integrations.dist_select.GLOBAL)`` (``control.reductions``), so its hook takes ``reduce``.
+STATISTICS = tuple(n for n in EXCHANGES if n not in ("local", "tokens"))
 
 _DISTRIBUTED = ("trl", "verl")
 
@@ -67,4 +68,7 @@ def exchange_problem(cls: type[Any], on_ranks: bool = False) -> str | None:
             and issubclass(rule, declarer):
         return (f"{where}: {rule.__name__} redefines {hook} below {declarer.__name__}, whose exchange {how!r} "
                 f"describes the rule it replaces; set exchange = {choices} on {rule.__name__}")
+    if how in STATISTICS and "reduce" not in inspect.signature(getattr(cls, hook)).parameters:
+        return (f"{where}: exchange {how!r} runs {hook} with every rank's reductions, but its {hook} takes no "
+                f"reduce=: pass it to the control.masks rule (as ClipB does), or set exchange = \"tokens\"")
     return None

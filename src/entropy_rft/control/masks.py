@@ -1,8 +1,10 @@
 """Pure token-mask functions for entropy control. Every function returns a bool tensor shaped like ``mask``.
 
 Padding (``mask == False``) is never kept, never selected and never enters a statistic. Means and stds are
-population statistics over the valid tokens passed in. The exact rules are fixed in DESIGN.md ("Semantics
-of the mask functions"); papers.md restates the papers.
+population statistics over the valid tokens passed in. The batch-level rules (ClipB, ClipV, Clip-Cov, KL-Cov) take
+their reductions as ``reduce`` (``control.reductions``): this process's tokens by default, every rank's where an
+engine passes its global ones (``integrations.dist_select.GLOBAL``), so each rule is written once. The exact rules
+are fixed in DESIGN.md ("Semantics of the mask functions"); papers.md restates the papers.
 """
 
 from __future__ import annotations
@@ -23,9 +25,8 @@ from entropy_rft.control._common import (
     check_sign,
     count_for_ratio,
     droppable,
-    masked_mean_std,
-    token_covariance,
 )
+from entropy_rft.control.reductions import LOCAL, Reductions
 
 __all__ = [
     "clip_b_mask",
@@ -72,6 +73,8 @@ def clip_b_mask(
     mu_low: float | None,
     mu_high: float | None,
     advantage_sign: str,
+    *,
+    reduce: Reductions = LOCAL,
 ) -> Tensor:
     """ClipB keep-mask (Wang et al. 2026, arXiv 2602.03392, batch-level entropy-discriminator clipping).
 
@@ -82,7 +85,7 @@ def clip_b_mask(
     advantage_sign="negative"`` (A < 0 strictly).
     """
     adv, mask = _check_common(s_star, "s_star", advantages, mask, mu_low, mu_high, advantage_sign)
-    mean, std, n = masked_mean_std(s_star, mask)
+    mean, std, n = reduce.mean_std(s_star, mask)
     if n == 0:
         return mask.clone()
     d = s_star.detach().to(torch.float64) - mean
@@ -107,6 +110,8 @@ def clip_v_mask(
     mu_high: float | None,
     advantage_sign: str,
     max_frac: float | None = None,
+    *,
+    reduce: Reductions = LOCAL,
 ) -> Tensor:
     """ClipV keep-mask (Wang et al. 2026, arXiv 2602.03392, vocabulary-level clipping).
 
@@ -126,7 +131,7 @@ def clip_v_mask(
                               CLIP_V_SIGNS)
     if max_frac is not None:
         check_fraction(max_frac, "max_frac")
-    _, std, n = masked_mean_std(s_centered, mask)
+    _, std, n = reduce.mean_std(s_centered, mask)
     if n == 0 or (advantage_sign == "released" and float(std) < RELEASED_MIN_STD):
         return mask.clone()
     x = s_centered.detach().to(torch.float64)
@@ -134,12 +139,7 @@ def clip_v_mask(
     high = mu_high * std if mu_high is not None else None
     viol, excess = _violation(x, low, high)
     k = max(int(max_frac * n), 1) if max_frac is not None else None
-    return mask & ~clip_v_drop(viol & mask, excess, adv, advantage_sign, k, _local_top_k)
-
-
-def _local_top_k(excess: Tensor, k: int) -> Tensor:
-    """Indices of the k largest values, ties to the earlier position (all of them when there are <= k)."""
-    return torch.sort(excess, descending=True, stable=True).indices[:k]
+    return mask & ~clip_v_drop(viol & mask, excess, adv, advantage_sign, k, reduce.top_k)
 
 
 def clip_v_drop(viol: Tensor, excess: Tensor, adv: Tensor, advantage_sign: str, k: int | None,
@@ -168,6 +168,8 @@ def clip_cov_mask(
     ub: float,
     generator: torch.Generator | None = None,
     exclude: Tensor | None = None,
+    *,
+    reduce: Reductions = LOCAL,
 ) -> Tensor:
     """Clip-Cov keep-mask; False marks a token whose loss is zeroed (Cui et al. 2025, arXiv 2505.22617).
 
@@ -187,25 +189,22 @@ def clip_cov_mask(
         raise ValueError(f"lb must be < ub, got lb={lb!r}, ub={ub!r}")
     exclude = check_bool_like(exclude, mask, "exclude")
     adv = broadcast_advantages(advantages, mask)
-    n = int(mask.sum())
+    cov, n = reduce.covariance(logp, adv, mask)
     k = count_for_ratio(ratio, n)
     if k == 0:
         return mask.clone()
-    cov = token_covariance(logp, adv, mask)
     cand = mask & (cov > lb) & (cov < ub)
     if exclude is not None:
         cand &= ~exclude
     idx = cand.flatten().nonzero().squeeze(-1)
-    if idx.numel() > k:
-        dev = generator.device if generator is not None else torch.device("cpu")
-        perm = torch.randperm(idx.numel(), generator=generator, device=dev).to(idx.device)
-        idx = idx[perm[:k]]
+    idx = idx[reduce.pick(idx.numel(), k, generator, idx.device)]
     picked = torch.zeros(mask.numel(), dtype=torch.bool, device=mask.device)
     picked[idx] = True
     return mask & ~picked.view(mask.shape)
 
 
-def kl_cov_select(logp: Tensor, advantages: Tensor, mask: Tensor, ratio: float) -> Tensor:
+def kl_cov_select(logp: Tensor, advantages: Tensor, mask: Tensor, ratio: float, *,
+                  reduce: Reductions = LOCAL) -> Tensor:
     """KL-Cov selected-mask (Cui et al. 2025, arXiv 2505.22617).
 
     Selects the top max(int(ratio·N), 1) valid tokens by cov_t = (logp_t − mean logp)(A_t − mean A)
@@ -216,14 +215,13 @@ def kl_cov_select(logp: Tensor, advantages: Tensor, mask: Tensor, ratio: float) 
     check_like(logp, mask, "logp")
     check_fraction(ratio, "ratio")
     adv = broadcast_advantages(advantages, mask)
-    k = count_for_ratio(ratio, int(mask.sum()))
+    cov, n = reduce.covariance(logp, adv, mask)
+    k = count_for_ratio(ratio, n)
     sel = torch.zeros(mask.numel(), dtype=torch.bool, device=mask.device)
     if k == 0:
         return sel.view(mask.shape)
-    cov = token_covariance(logp, adv, mask).flatten()
     idx = mask.flatten().nonzero().squeeze(-1)
-    order = torch.sort(cov[idx], descending=True, stable=True).indices
-    sel[idx[order[:k]]] = True
+    sel[idx[reduce.top_k(cov.flatten()[idx], k)]] = True
     return sel.view(mask.shape)
 
 

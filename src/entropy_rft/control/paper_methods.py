@@ -17,6 +17,7 @@ from torch import Tensor
 
 from entropy_rft.control._common import ADVANTAGE_SIGNS
 from entropy_rft.control.masks import CLIP_V_SIGNS, clip_b_mask, clip_cov_mask, clip_v_mask, kl_cov_select
+from entropy_rft.control.reductions import LOCAL, Reductions
 from entropy_rft.control.registry import LossOverrides, Masks, Method, param, register_method
 
 if TYPE_CHECKING:
@@ -39,7 +40,7 @@ class _TwoSidedMu:
         return float(sides.pop())
 
     def thresholds(self) -> tuple[float | None, float | None]:
-        """(mu_low, mu_high) of the rule (the exchanges of ``integrations.dist_select`` read them too)."""
+        """(mu_low, mu_high) of the rule."""
         return self.mu_low, self.mu_high
 
     def _apply_knob(self, value: float) -> None:
@@ -86,12 +87,13 @@ class ClipB(Method):
                                 choices=ADVANTAGE_SIGNS)
 
     def thresholds(self) -> tuple[float | None, float | None]:
-        """(mu_low, mu_high) of the rule: one-sided, below the mean (the exchanges of ``integrations.dist_select``
-        read them too)."""
+        """(mu_low, mu_high) of the rule: one-sided, below the mean."""
         return self.mu, None
 
-    def rollout_masks(self, stats: TokenStats, advantages: Tensor, mask: Tensor) -> Masks:
-        return Masks(keep=clip_b_mask(stats.s_star, advantages, mask, *self.thresholds(), self.advantage_sign))
+    def rollout_masks(self, stats: TokenStats, advantages: Tensor, mask: Tensor, *,
+                      reduce: Reductions = LOCAL) -> Masks:
+        return Masks(keep=clip_b_mask(stats.s_star, advantages, mask, *self.thresholds(), self.advantage_sign,
+                                      reduce=reduce))
 
 
 @register_method
@@ -118,8 +120,10 @@ class ClipBPaper(_TwoSidedMu, Method):
     mu_high: float | None = param(2.5, "upper threshold in stds of S (None = unbounded)", ge=0)
     advantage_sign: str = param("any", "which tokens may be dropped", choices=ADVANTAGE_SIGNS)
 
-    def rollout_masks(self, stats: TokenStats, advantages: Tensor, mask: Tensor) -> Masks:
-        return Masks(keep=clip_b_mask(stats.s_star, advantages, mask, *self.thresholds(), self.advantage_sign))
+    def rollout_masks(self, stats: TokenStats, advantages: Tensor, mask: Tensor, *,
+                      reduce: Reductions = LOCAL) -> Masks:
+        return Masks(keep=clip_b_mask(stats.s_star, advantages, mask, *self.thresholds(), self.advantage_sign,
+                                      reduce=reduce))
 
 
 def tiny_cap_message(name: str, max_frac: float | None, n_tokens: int) -> str | None:
@@ -177,14 +181,14 @@ class ClipV(Method):
                                 "cap, the authors' code); negative = A<0 strictly", choices=CLIP_V_SIGNS)
 
     def thresholds(self) -> tuple[float | None, float | None]:
-        """(mu_low, mu_high) of the rule: one-sided, below 0 (the exchanges of ``integrations.dist_select`` read
-        them too)."""
+        """(mu_low, mu_high) of the rule: one-sided, below 0."""
         return self.mu, None
 
-    def rollout_masks(self, stats: TokenStats, advantages: Tensor, mask: Tensor) -> Masks:
-        warn_tiny_cap(self, int(mask.sum()))
+    def rollout_masks(self, stats: TokenStats, advantages: Tensor, mask: Tensor, *,
+                      reduce: Reductions = LOCAL) -> Masks:
+        warn_tiny_cap(self, reduce.count(mask))
         return Masks(keep=clip_v_mask(stats.s_centered, advantages, mask, *self.thresholds(), self.advantage_sign,
-                                      self.max_frac))
+                                      self.max_frac, reduce=reduce))
 
 
 @register_method
@@ -212,10 +216,11 @@ class ClipVPaper(_TwoSidedMu, Method):
     advantage_sign: str = param("any", "which tokens may be dropped", choices=ADVANTAGE_SIGNS)
     max_frac: float | None = param(None, "cap on the dropped fraction; None = no cap", ge=0, le=1)
 
-    def rollout_masks(self, stats: TokenStats, advantages: Tensor, mask: Tensor) -> Masks:
-        warn_tiny_cap(self, int(mask.sum()))
+    def rollout_masks(self, stats: TokenStats, advantages: Tensor, mask: Tensor, *,
+                      reduce: Reductions = LOCAL) -> Masks:
+        warn_tiny_cap(self, reduce.count(mask))
         return Masks(keep=clip_v_mask(stats.s_centered, advantages, mask, *self.thresholds(), self.advantage_sign,
-                                      self.max_frac))
+                                      self.max_frac, reduce=reduce))
 
 
 @register_method
@@ -250,10 +255,11 @@ class ClipCov(Method):
             raise ValueError(f"lb must be < ub, got lb={self.lb!r}, ub={self.ub!r}")
 
     def minibatch_masks(self, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, *,
-                        clipped: Tensor | None = None, generator: torch.Generator | None = None) -> Masks:
+                        clipped: Tensor | None = None, generator: torch.Generator | None = None,
+                        reduce: Reductions = LOCAL) -> Masks:
         exclude = clipped if self.exclude_clipped else None
         keep = clip_cov_mask(logp.detach(), advantages, mask, self.ratio, self.lb, self.ub,
-                             generator=generator, exclude=exclude)
+                             generator=generator, exclude=exclude, reduce=reduce)
         return Masks(zeroed=mask & ~keep)
 
 
@@ -287,5 +293,6 @@ class KLCov(Method):
         return LossOverrides(eps_low=None, eps_high=None, kl_cov_coef=float(self.coef))
 
     def minibatch_masks(self, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, *,
-                        clipped: Tensor | None = None, generator: torch.Generator | None = None) -> Masks:
-        return Masks(kl_cov_select=kl_cov_select(logp.detach(), advantages, mask, self.ratio))
+                        clipped: Tensor | None = None, generator: torch.Generator | None = None,
+                        reduce: Reductions = LOCAL) -> Masks:
+        return Masks(kl_cov_select=kl_cov_select(logp.detach(), advantages, mask, self.ratio, reduce=reduce))

@@ -1,8 +1,10 @@
 """Global selections without gathering every token: ClipB, ClipV (with its cap), Clip-Cov and KL-Cov on the
 batch of all ranks, from O(k + world) numbers per rank instead of every token's score.
 
-Each function equals its ``control.masks`` rule applied to the concatenation of all ranks' rows (in rank
-order, as ``integrations.dist.all_gather_rows`` builds it), and returns this rank's part:
+The rules are ``control.masks``'s own, run on each rank's rows with the ranks' reductions (``GLOBAL``, a
+``control.reductions.Reductions``: the method's hook is called with ``reduce=``), so no rule is restated here.
+Each reduction returns what the local one returns on the concatenation of all ranks' rows (in rank order, as
+``integrations.dist.all_gather_rows`` builds it), and the rule returns this rank's part:
 
 - **Means and stds** (ClipB's m and s, ClipV's s_c, the covariance's means): float64 partial sums per rank
   (sum and count, then, two-pass, the sum of squared deviations about the global mean), all-gathered and
@@ -22,8 +24,8 @@ order, as ``integrations.dist.all_gather_rows`` builds it), and returns this ran
 
 A score that sits within float64 rounding of a threshold, or two scores that differ only in the last bits of
 the means they subtract, could order differently from the single-process run; exact ties cannot.
-Without a process group (one process) every function calls the ``control.masks`` rule itself, so single-
-process numbers are unchanged bit for bit.
+Without a process group (one process) the rules run with ``control.reductions.LOCAL`` (``reductions()``), so
+single-process numbers are unchanged bit for bit.
 
 Bytes each rank sends per call, besides a few numbers (sums, counts): top-k 16·min(k, max_r n_r), random
 pick 0 (docs/trl.md tabulates them per step).
@@ -31,64 +33,40 @@ pick 0 (docs/trl.md tabulates them per step).
 Which of these a method's selection uses is the method's own declaration, ``Method.exchange`` (a class
 variable, inherited; ``control.exchange.EXCHANGES``), read by ``dist_rollout_masks`` and
 ``dist_minibatch_masks``: ``local`` (each rank's rows as they are), ``tokens`` (the caller gathers), or one of
-the statistics of ``ROLLOUT_EXCHANGES`` / ``MINIBATCH_EXCHANGES``. No method class is named here.
+the statistics (``control.exchange.STATISTICS``: the hook with ``reduce=GLOBAL``). No method class is named here.
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 import torch
 import torch.distributed as torch_dist
 from torch import Tensor
 
-from entropy_rft.control._common import (
-    as_mask,
-    broadcast_advantages,
-    check_bool_like,
-    check_fraction,
-    check_like,
-    check_mu,
-    check_sign,
-    count_for_ratio,
-    droppable,
-)
+from entropy_rft.control._common import as_mask, broadcast_advantages
 from entropy_rft.control.carriage import checked_masks
 from entropy_rft.control.exchange import exchange_problem
-from entropy_rft.control.masks import (
-    CLIP_V_SIGNS,
-    RELEASED_MIN_STD,
-    _violation,
-    clip_b_mask,
-    clip_cov_mask,
-    clip_v_drop,
-    clip_v_mask,
-    kl_cov_select,
-)
-from entropy_rft.control.paper_methods import warn_tiny_cap
+from entropy_rft.control.reductions import LOCAL, Reductions
 from entropy_rft.control.registry import Masks, Method
 from entropy_rft.core import theory
 from entropy_rft.core.dynamics import TokenStats
 from entropy_rft.integrations.dist import rank_and_world
 
 __all__ = [
-    "MINIBATCH_EXCHANGES",
-    "ROLLOUT_EXCHANGES",
+    "GLOBAL",
     "declared_exchange",
-    "dist_clip_b_mask",
-    "dist_clip_cov_mask",
-    "dist_clip_v_mask",
-    "dist_kl_cov_select",
     "dist_minibatch_masks",
     "dist_rollout_masks",
     "dist_stats_metrics",
     "gather_small",
+    "global_count",
+    "global_covariance",
     "global_mean_std",
     "global_random_pick",
     "global_sum",
     "global_top_k",
     "rank_counts",
     "rank_offsets",
+    "reductions",
 ]
 
 
@@ -183,58 +161,19 @@ def global_random_pick(n: int, k: int, generator: torch.Generator | None, device
     return perm[(perm >= offset) & (perm < offset + n)] - offset
 
 
-# ----------------------------------------------------------------------------- the rules, over all ranks
+# ----------------------------------------------------------------------------- the rules' reductions, over all ranks
 
 
-def dist_clip_b_mask(s_star: Tensor, advantages: Tensor, mask: Tensor, mu_low: float | None,
-                     mu_high: float | None, advantage_sign: str) -> Tensor:
-    """``control.clip_b_mask`` on the batch of all ranks; this rank's rows (mean and std: ``global_mean_std``)."""
-    if rank_and_world()[1] == 1:
-        return clip_b_mask(s_star, advantages, mask, mu_low, mu_high, advantage_sign)
-    mask = as_mask(mask)
-    check_like(s_star, mask, "s_star")
-    check_mu(mu_low, "mu_low")
-    check_mu(mu_high, "mu_high")
-    check_sign(advantage_sign)
-    adv = broadcast_advantages(advantages, mask)
-    mean, std, n = global_mean_std(s_star, mask)
-    if n == 0:
-        return mask.clone()
-    d = s_star.detach().to(torch.float64) - mean
-    viol, _ = _violation(d, -mu_low * std if mu_low is not None else None,
-                         mu_high * std if mu_high is not None else None)
-    return mask & ~(viol & mask & droppable(adv, advantage_sign))
+def global_count(mask: Tensor) -> int:
+    """The valid tokens of every rank (one float64 sum)."""
+    return int(global_sum(mask.sum().reshape(1))[0])
 
 
-def dist_clip_v_mask(s_centered: Tensor, advantages: Tensor, mask: Tensor, mu_low: float | None,
-                     mu_high: float | None, advantage_sign: str, max_frac: float | None = None) -> Tensor:
-    """``control.clip_v_mask`` on the batch of all ranks; this rank's rows. s_c from ``global_mean_std``; the
-    cap keeps the K = max(int(max_frac·N), 1) violators farthest past their threshold (``global_top_k``)."""
-    if rank_and_world()[1] == 1:
-        return clip_v_mask(s_centered, advantages, mask, mu_low, mu_high, advantage_sign, max_frac)
-    mask = as_mask(mask)
-    check_like(s_centered, mask, "s_centered")
-    check_mu(mu_low, "mu_low")
-    check_mu(mu_high, "mu_high")
-    check_sign(advantage_sign, allowed=CLIP_V_SIGNS)
-    if max_frac is not None:
-        check_fraction(max_frac, "max_frac")
-    adv = broadcast_advantages(advantages, mask)
-    _, std, n = global_mean_std(s_centered, mask)
-    if n == 0 or (advantage_sign == "released" and float(std) < RELEASED_MIN_STD):
-        return mask.clone()
-    x = s_centered.detach().to(torch.float64)
-    viol, excess = _violation(x, -mu_low * std if mu_low is not None else None,
-                              mu_high * std if mu_high is not None else None)
-    k = max(int(max_frac * n), 1) if max_frac is not None else None
-    return mask & ~clip_v_drop(viol & mask, excess, adv, advantage_sign, k, global_top_k)
-
-
-def _global_covariance(logp: Tensor, adv: Tensor, mask: Tensor) -> tuple[Tensor, int]:
-    """``control._common.token_covariance`` with the means over all ranks (one round of float64 sums), and
-    the global number of valid tokens."""
+def global_covariance(logp: Tensor, advantages: Tensor, mask: Tensor) -> tuple[Tensor, int]:
+    """``control._common.token_covariance`` with the means over all ranks (one round of float64 sums), and the
+    global number of valid tokens."""
     lp = logp.detach().to(torch.float64)
-    a = adv.detach().to(torch.float64)
+    a = broadcast_advantages(advantages, mask).detach().to(torch.float64)
     s = global_sum(torch.stack([lp[mask].sum(), a[mask].sum(),
                                 torch.tensor(float(mask.sum()), dtype=torch.float64, device=mask.device)]))
     n = int(s[2])
@@ -244,47 +183,16 @@ def _global_covariance(logp: Tensor, adv: Tensor, mask: Tensor) -> tuple[Tensor,
     return torch.where(mask, cov, torch.zeros_like(cov)), n
 
 
-def dist_clip_cov_mask(logp: Tensor, advantages: Tensor, mask: Tensor, ratio: float, lb: float, ub: float,
-                       generator: torch.Generator | None = None, exclude: Tensor | None = None) -> Tensor:
-    """``control.clip_cov_mask`` on the batch of all ranks; this rank's rows. The covariance's means from
-    float64 sums, the pick from the exchanged candidate counts (``global_random_pick``)."""
-    if rank_and_world()[1] == 1:
-        return clip_cov_mask(logp, advantages, mask, ratio, lb, ub, generator, exclude)
-    mask = as_mask(mask)
-    check_like(logp, mask, "logp")
-    check_fraction(ratio, "ratio")
-    if not lb < ub:
-        raise ValueError(f"lb must be < ub, got lb={lb!r}, ub={ub!r}")
-    exclude = check_bool_like(exclude, mask, "exclude")
-    cov, n = _global_covariance(logp, broadcast_advantages(advantages, mask), mask)
-    k = count_for_ratio(ratio, n)
-    if k == 0:
-        return mask.clone()
-    cand = mask & (cov > lb) & (cov < ub)
-    if exclude is not None:
-        cand &= ~exclude
-    idx = cand.flatten().nonzero().squeeze(-1)
-    idx = idx[global_random_pick(idx.numel(), k, generator, idx.device)]
-    picked = torch.zeros(mask.numel(), dtype=torch.bool, device=mask.device)
-    picked[idx] = True
-    return mask & ~picked.view(mask.shape)
+# The reductions of ``control.reductions`` over every rank's tokens: a rule of ``control.masks`` run with them on
+# each rank's rows is the rule on the concatenated batch (the module docstring).
+GLOBAL = Reductions(count=global_count, mean_std=global_mean_std, top_k=global_top_k, covariance=global_covariance,
+                    pick=global_random_pick)
 
 
-def dist_kl_cov_select(logp: Tensor, advantages: Tensor, mask: Tensor, ratio: float) -> Tensor:
-    """``control.kl_cov_select`` on the batch of all ranks; this rank's rows (``global_top_k`` by cov)."""
-    if rank_and_world()[1] == 1:
-        return kl_cov_select(logp, advantages, mask, ratio)
-    mask = as_mask(mask)
-    check_like(logp, mask, "logp")
-    check_fraction(ratio, "ratio")
-    cov, n = _global_covariance(logp, broadcast_advantages(advantages, mask), mask)
-    k = count_for_ratio(ratio, n)
-    sel = torch.zeros(mask.numel(), dtype=torch.bool, device=mask.device)
-    if k == 0:
-        return sel.view(mask.shape)
-    idx = mask.flatten().nonzero().squeeze(-1)
-    sel[idx[global_top_k(cov.flatten()[idx], k)]] = True
-    return sel.view(mask.shape)
+def reductions() -> Reductions:
+    """``GLOBAL`` on several ranks; ``control.reductions.LOCAL`` in one process (single-process numbers unchanged
+    bit for bit)."""
+    return GLOBAL if rank_and_world()[1] > 1 else LOCAL
 
 
 # ----------------------------------------------------------------------------- methods and batch metrics
@@ -298,66 +206,33 @@ def declared_exchange(method: Method) -> str:
     return str(method.exchange)
 
 
-def _clip_b_rule(method: Any, stats: TokenStats, advantages: Tensor, mask: Tensor) -> Masks:
-    """``s_star_mean_std``: ``clip_b_mask`` with the method's ``thresholds()`` and ``advantage_sign``."""
-    low, high = method.thresholds()
-    return Masks(keep=dist_clip_b_mask(stats.s_star, advantages, mask, low, high, method.advantage_sign))
-
-
-def _clip_v_rule(method: Any, stats: TokenStats, advantages: Tensor, mask: Tensor) -> Masks:
-    """``s_centered_std_top_k``: ``clip_v_mask`` with the method's ``thresholds()``, ``advantage_sign`` and
-    ``max_frac``; the tiny-cap warning counts the global batch's tokens."""
-    if method.max_frac is not None:
-        warn_tiny_cap(method, int(global_sum(as_mask(mask).sum().reshape(1))[0]))
-    low, high = method.thresholds()
-    return Masks(keep=dist_clip_v_mask(stats.s_centered, advantages, mask, low, high, method.advantage_sign,
-                                       method.max_frac))
-
-
-def _clip_cov_rule(method: Any, logp: Tensor, advantages: Tensor, mask: Tensor, clipped: Tensor | None,
-                   generator: torch.Generator | None) -> Masks:
-    """``covariance_random_pick``: ``clip_cov_mask`` with the method's ``ratio``, ``lb``, ``ub`` and
-    ``exclude_clipped``."""
-    keep = dist_clip_cov_mask(logp.detach(), advantages, mask, method.ratio, method.lb, method.ub,
-                              generator=generator, exclude=clipped if method.exclude_clipped else None)
-    return Masks(zeroed=mask & ~keep)
-
-
-def _kl_cov_rule(method: Any, logp: Tensor, advantages: Tensor, mask: Tensor, clipped: Tensor | None,
-                 generator: torch.Generator | None) -> Masks:
-    """``covariance_top_k``: ``kl_cov_select`` with the method's ``ratio``."""
-    return Masks(kl_cov_select=dist_kl_cov_select(logp.detach(), advantages, mask, method.ratio))
-
-
-# The statistics of control.exchange.EXCHANGES, by stage (tests/test_dist_select.py keeps the two lists equal).
-ROLLOUT_EXCHANGES = {"s_star_mean_std": _clip_b_rule, "s_centered_std_top_k": _clip_v_rule}
-MINIBATCH_EXCHANGES = {"covariance_random_pick": _clip_cov_rule, "covariance_top_k": _kl_cov_rule}
-
-
 def dist_rollout_masks(method: Method, stats: TokenStats, advantages: Tensor, mask: Tensor) -> Masks | None:
     """``method.rollout_masks`` of this rank's rows on the batch of all ranks, as the method's ``exchange``
     declares: ``local``, its own rule on this rank's rows as they are (grad_mask, ...); a statistic
-    (``ROLLOUT_EXCHANGES``: ClipB, ClipV and their subclasses) from sums and top-k candidates; None for
-    ``tokens`` (80/20: the caller gathers)."""
+    (``control.exchange.STATISTICS``: ClipB, ClipV and their subclasses), its own rule with the ranks'
+    reductions (``reductions()``); None for ``tokens`` (80/20: the caller gathers)."""
     how = declared_exchange(method)
-    if how == "local":  # per-token rules: no batch statistic
-        return checked_masks(method, method.rollout_masks(stats, advantages, mask))
-    return None if how == "tokens" else ROLLOUT_EXCHANGES[how](method, stats, advantages, mask)
+    if how == "tokens":
+        return None
+    extra = {} if how == "local" else {"reduce": reductions()}
+    return checked_masks(method, method.rollout_masks(stats, advantages, mask, **extra))
 
 
 def dist_minibatch_masks(method: Method, logp: Tensor, advantages: Tensor, mask: Tensor, clipped: Tensor | None,
                          generator: torch.Generator | None, old_logp: Tensor | None = None) -> Masks | None:
     """``method.minibatch_masks`` of this rank's rows on the minibatch of all ranks, as the method's ``exchange``
-    declares: a statistic (``MINIBATCH_EXCHANGES``: Clip-Cov, KL-Cov and their subclasses) from sums, counts and
-    top-k candidates; ``local``, its own rule on this rank's rows (``old_logp`` needed); None for ``tokens``
-    (the caller gathers)."""
+    declares: a statistic (Clip-Cov, KL-Cov and their subclasses), its own rule with the ranks' reductions;
+    ``local``, its own rule on this rank's rows (``old_logp`` needed); None for ``tokens`` (the caller
+    gathers)."""
     how = declared_exchange(method)
-    if how == "local":
-        if old_logp is None:
-            raise ValueError(f"method {method.name!r} selects on each rank's rows: pass old_logp")
-        return checked_masks(method, method.minibatch_masks(logp, old_logp, advantages, mask, clipped=clipped,
-                                                            generator=generator))
-    return None if how == "tokens" else MINIBATCH_EXCHANGES[how](method, logp, advantages, mask, clipped, generator)
+    if how == "tokens":
+        return None
+    if how == "local" and old_logp is None:
+        raise ValueError(f"method {method.name!r} selects on each rank's rows: pass old_logp")
+    extra = {} if how == "local" else {"reduce": reductions()}
+    old = old_logp if old_logp is not None else logp  # a statistic's rule reads the current log-probs only
+    return checked_masks(method, method.minibatch_masks(logp, old, advantages, mask, clipped=clipped,
+                                                        generator=generator, **extra))
 
 
 def dist_stats_metrics(st: TokenStats, adv: Tensor, mask: Tensor) -> dict[str, float | None]:
