@@ -265,6 +265,39 @@ def test_a_composing_methods_settings_reach_trl_through_its_config_and_follow_th
     assert (trainer.epsilon_low, trainer.epsilon_high) == (want["eps_low"], want["eps_high"])
 
 
+def test_our_loss_follows_a_knob_moved_after_init(policy_dir, tmp_path):
+    """Issue 78: the loss's settings are TRL's (set once) with the method's own on top at every loss call, so a
+    knob moved after __init__ (set_knob: a resume, a controller) reaches our loss too, not only TRL's; erft train's
+    own fields (loss_base: a side left unclipped) sit under the method's, which keeps the side it sets."""
+    trainer = make_trainer(policy_dir, "ce_gppo", {}, tmp_path, loss_type="bnpo")
+    assert not trainer.delegates and trainer.loss_settings.ce_beta_high == 1.0
+    trainer.method.set_knob(0.4)
+    assert trainer.loss_settings.ce_beta_high == 0.4 and trainer.loss_kwargs["ce_beta_high"] == 0.4
+    inputs = delegated_inputs(trainer, seed=5, shift=0.4)
+
+    def grad(beta):  # CE-GPPO's term has value 0 and gradient −β·(1 + ε)·A·∇log π past the clip
+        trainer.method.set_knob(beta)
+        trainer.model.zero_grad()
+        trainer._compute_loss(trainer.model, dict(inputs)).backward()
+        return torch.cat([p.grad.flatten() for p in trainer.model.parameters() if p.grad is not None])
+
+    assert not torch.equal(grad(0.4), grad(1.0))  # the new β reached the loss
+
+    from datasets import Dataset
+    from trl import GRPOConfig
+
+    model, tok = load_policy(str(policy_dir))
+    args = GRPOConfig(output_dir=str(tmp_path / "trl2"), use_cpu=True, bf16=False, report_to=[],
+                      per_device_train_batch_size=8, num_generations=4)
+    kw = dict(model=model, reward_funcs=lambda completions, **k: [0.0] * len(completions), args=args,
+              train_dataset=Dataset.from_dict({"prompt": ["123>7:"] * 8}), processing_class=tok, agg="token-mean",
+              loss_base={"eps_high": None, "ref_kl_estimator": "k1"})
+    plain = erft_trl.EntropyControlGRPOTrainer(method="none", **kw)
+    assert plain.loss_settings.eps_high is None and plain.loss_settings.ref_kl_estimator == "k1"
+    higher = erft_trl.EntropyControlGRPOTrainer(method="clip_higher", **kw)
+    assert higher.loss_settings.eps_high == 0.28 and higher.loss_settings.eps_low == 0.2
+
+
 LOSS_TYPES = [{"loss_type": t} for t in ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo")] + [
     {"loss_type": "grpo", "importance_sampling_level": "sequence"}]
 

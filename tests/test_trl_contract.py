@@ -171,8 +171,9 @@ def test_the_subclass_attributes_are_its_own():
     ours = set(re.findall(r"self\.(\w+)(?:\s*:[^=\n]+)?\s*=[^=]", inspect.getsource(EntropyControlGRPOTrainer)))
     ours |= set(re.findall(r"setattr\(self, (\w+)", inspect.getsource(EntropyControlGRPOTrainer)))
     ours.discard("attr")  # setattr(self, attr, ...): the knob attributes, named in KNOB_ATTRIBUTES
-    assert {"method", "delegates", "_hook", "loss_settings", "_entropy_bonus_enabled"} <= ours, ours
+    assert {"method", "delegates", "_hook", "_loss_base", "_entropy_bonus_enabled"} <= ours, ours
     theirs = inspect.getsource(GRPOTrainer) + inspect.getsource(transformers.Trainer)
+    assert not re.search(r"\bloss_settings\b", theirs)  # the subclass's property
     shared = {a for a in ours if re.search(rf"self\.{a}\b", theirs)}
     assert shared == set(KNOB_ATTRIBUTES) & ours, sorted(shared)
 
@@ -218,7 +219,7 @@ def test_the_argument_binding_takes_args_by_name_or_position(monkeypatch):
     cfg = GRPOConfig(output_dir="unused", use_cpu=True, report_to=[], epsilon=0.3)
     for args, kwargs in (((), {"model": "m", "args": cfg}), (("m", None, cfg), {})):
         assert bound_arguments(sig, args, kwargs)["args"] is cfg
-    method = erft_trl.control.build_method("clip_higher", eps_low=0.1, eps_high=0.4)
+    method = erft_trl.build_method("clip_higher", eps_low=0.1, eps_high=0.4)
     ours = config_for_trl(method, cfg, "m", delegated=True)
     assert (ours.epsilon, ours.epsilon_high, cfg.epsilon, cfg.epsilon_high) == (0.1, 0.4, 0.3, None)
     assert config_for_trl(method, cfg, "m", delegated=False) is cfg

@@ -128,10 +128,10 @@ def test_default_config_warns_about_each_native_only_measurement():
         assert sum(name in w for w in warnings) == 1, name
 
 
-def test_loss_overrides_take_the_clip_off_unless_the_method_sets_it():
+def test_loss_base_takes_the_clip_off_a_side_the_config_leaves_unclipped():
     cfg = cfg_of(**{"algo.eps_high": "null", "algo.ref_kl_estimator": "k1"})
-    assert trl_settings.loss_overrides(cfg, {}) == {"ref_kl_estimator": "k1", "eps_high": None}
-    assert trl_settings.loss_overrides(cfg, {"eps_high": 0.28}) == {"ref_kl_estimator": "k1"}
+    assert trl_settings.loss_base(cfg) == {"ref_kl_estimator": "k1", "eps_high": None}
+    assert trl_settings.loss_base(cfg_of()) == {"ref_kl_estimator": "k3"}  # both sides clipped: TRL's epsilons
 
 
 def test_check_is_one_line_and_lets_trl_validate_values():

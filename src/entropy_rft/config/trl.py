@@ -143,14 +143,13 @@ def report_to(cfg: Any) -> list[str]:
     return [] if want == ["none"] else want
 
 
-def loss_overrides(cfg: Any, method_kwargs: dict[str, Any]) -> dict[str, Any]:
-    """``policy_loss`` settings erft honours beyond what GRPOConfig can say: no ratio clip on a side
-    (``algo.eps_low/eps_high: null``; TRL's epsilon is a number) unless the method sets that side, and the
-    reference-KL estimator."""
+def loss_base(cfg: Any) -> dict[str, Any]:
+    """The loss settings erft's config says beyond what GRPOConfig can say, by ``LossSettings`` field: no ratio
+    clip on a side (``algo.eps_low/eps_high: null``; TRL's epsilon is a number), and the reference-KL estimator.
+    The trainer takes them over TRL's (``EntropyControlGRPOTrainer(loss_base=...)``) and puts the method's own on
+    top at every loss call, so a method that sets a side keeps it."""
     out: dict[str, Any] = {"ref_kl_estimator": cfg.algo.ref_kl_estimator}
-    for side in ("eps_low", "eps_high"):
-        if getattr(cfg.algo, side) is None and side not in method_kwargs:
-            out[side] = None
+    out.update({side: None for side in ("eps_low", "eps_high") if getattr(cfg.algo, side) is None})
     return out
 
 

@@ -28,6 +28,7 @@ import contextlib
 import inspect
 import warnings
 from collections.abc import Iterator, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -104,7 +105,8 @@ class EntropyControlGRPOTrainer(GRPOTrainer):
     - ``method_params``: parameters for ``control.build_method`` when ``method`` is a name;
     - ``agg``: loss aggregation (token-mean, seq-mean-token-mean, seq-mean-token-sum-norm); default from
       ``args.loss_type`` (dapo/bnpo: token-mean, grpo: seq-mean-token-mean, dr_grpo: sum-norm);
-    - ``dual_clip``: dual-clip constant c > 1, or None;
+    - ``dual_clip``: dual-clip constant c > 1, or None; ``loss_base``: other ``LossSettings`` fields over TRL's
+      (erft train's: no clip on a side, the reference-KL estimator), the method's own on top at each loss call;
     - ``dynamics_metrics``: log the generation batch's statistics (``dynamics/*``, ``entropy/mean``, ...;
       default True). False skips the statistics altogether, so a method that needs none of them (``none``,
       ``clip_higher``, ``entropy_bonus``) costs exactly what stock GRPOTrainer costs; other methods refuse it.
@@ -122,6 +124,7 @@ class EntropyControlGRPOTrainer(GRPOTrainer):
 
     def __init__(self, *args: Any, method: str | Method = "none", method_params: dict[str, Any] | None = None,
                  agg: str | None = None, dual_clip: float | None = None, dynamics_metrics: bool = True,
+                 loss_base: dict[str, Any] | None = None,
                  **kwargs: Any) -> None:
         if isinstance(method, Method) and method_params:
             raise ValueError("pass method_params only with a method name, not with a built Method")
@@ -146,7 +149,7 @@ class EntropyControlGRPOTrainer(GRPOTrainer):
         # the method's, checked above on the caller's config (the config TRL holds carries the method's own)
         if not self.delegates and (bad := refusals(self.method, self.args, getattr(self.model, "config", None))):
             raise ValueError("EntropyControlGRPOTrainer does not support: " + "; ".join(bad))
-        self.loss_settings = trl_loss_settings(self.method, self, agg, dual_clip)  # once, as TRL settled them
+        self._loss_base = replace(trl_loss_settings(self, agg, dual_clip), **(loss_base or {}))  # as TRL settled
         self.method_generator = torch.Generator().manual_seed(int(self.args.seed) + 2)
         self.step_metrics = window.StepMetrics()  # our metrics row of the current erft step
         ga, gen_every = self.args.gradient_accumulation_steps, self.args.steps_per_generation * self.num_iterations
@@ -156,6 +159,8 @@ class EntropyControlGRPOTrainer(GRPOTrainer):
                           "so Clip-Cov/KL-Cov select and the loss is normalised per micro-batch (still over all "
                           "processes)", stacklevel=2)
 
+    loss_settings = property(lambda self: self.method.loss_overrides().apply(self._loss_base), doc="The loss's "
+                             "settings now: TRL's with the method's own on top, a knob moved since __init__ included")
     loss_kwargs = property(lambda self: self.loss_settings.kwargs(), doc="``loss_settings`` as keywords, to read")
 
     def _apply_knob_to_trl(self) -> None:

@@ -38,17 +38,17 @@ AGG_FOR_LOSS_TYPE = {"dapo": "token-mean", "bnpo": "token-mean", "grpo": "seq-me
                      "dr_grpo": "seq-mean-token-sum-norm"}
 
 
-def trl_loss_settings(method: Method, trainer: Any, agg: str | None, dual_clip: float | None) -> LossSettings:
-    """The loss's settings of a TRL trainer, built once when it is set up: TRL's clip (``epsilon_low``,
+def trl_loss_settings(trainer: Any, agg: str | None, dual_clip: float | None) -> LossSettings:
+    """The loss's settings of a TRL trainer as TRL set it up (built once): TRL's clip (``epsilon_low``,
     ``epsilon_high``), the aggregation (``agg``, or the one of TRL's ``loss_type``: ``AGG_FOR_LOSS_TYPE``), the dual
-    clip, TRL's reference KL (``beta``, k3, ratio-weighted with ``use_bias_correction_kl``), then the method's own
-    (``Method.loss_overrides``)."""
+    clip, TRL's reference KL (``beta``, k3, ratio-weighted with ``use_bias_correction_kl``). The method's own
+    (``Method.loss_overrides``) go on top at each loss call (``EntropyControlGRPOTrainer.loss_settings``)."""
     beta = float(trainer.beta)
-    return method.loss_overrides().apply(LossSettings(
+    return LossSettings(
         eps_low=trainer.epsilon_low, eps_high=trainer.epsilon_high, dual_clip=dual_clip,
         agg=cast(Agg, agg or AGG_FOR_LOSS_TYPE.get(trainer.loss_type, "token-mean")), ref_kl_coef=beta,
         ref_kl_estimator="k3",
-        ref_kl_ratio_weighted=bool(trainer.beta and getattr(trainer.args, "use_bias_correction_kl", False))))
+        ref_kl_ratio_weighted=bool(trainer.beta and getattr(trainer.args, "use_bias_correction_kl", False)))
 
 
 def trl_knobs(method: Method) -> dict[str, float]:

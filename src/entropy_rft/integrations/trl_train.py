@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +17,7 @@ from trl import GRPOConfig
 from entropy_rft.common.numerics import numerics_record
 from entropy_rft.common.threads import apply_threads
 from entropy_rft.config.schema import config_to_dict
-from entropy_rft.config.trl import grpo_config, loss_overrides, step_factor
+from entropy_rft.config.trl import grpo_config, loss_base, step_factor
 from entropy_rft.control.registry import Method
 from entropy_rft.integrations.trl import EntropyControlGRPOTrainer
 from entropy_rft.integrations.trl_logging import ErftLog
@@ -100,11 +99,9 @@ def train_trl(cfg, out: str | Path, resume: bool = False, method: Method | None 
         model=model, reward_funcs=reward, args=args,
         train_dataset=prompt_dataset(train_set, tok), processing_class=tok,
         method=cfg.method.name if method is None else method,
-        method_params=cfg.method_params() if method is None else None, agg=cfg.algo.agg, dual_clip=cfg.algo.dual_clip)
+        method_params=cfg.method_params() if method is None else None, agg=cfg.algo.agg, dual_clip=cfg.algo.dual_clip,
+        loss_base=loss_base(cfg))
     apply_threads(cfg.train.threads, trainer.model, cfg.model.device)  # 0: automatic (entropy_rft.common.threads)
-    # what GRPOConfig cannot say (no clip on a side, the KL estimator), by name onto the trainer's settings
-    own = trainer.method.loss_overrides().kwargs()
-    trainer.loss_settings = replace(trainer.loss_settings, **loss_overrides(cfg, own))
     log = ErftLog(trainer, cfg, out, k, purge_step=start + 1 if resume else None, on_row=on_row)
     trainer.add_callback(log)
     trainer.token_view = log  # the token view of its rows (probe.view_every)
