@@ -27,6 +27,26 @@ import status  # noqa: E402
 MIB = 1 << 20
 
 
+def test_the_allocation_is_one_file_and_the_kits_limits_follow_from_it(tmp_path):
+    """The lease's allowance (device time, a command's limit, a call's tree and carry, what $OUT returns) is
+    benchmarks/lease/allocation.json; the kit's limits are derived from it, so a new allocation is one file."""
+    committed = json.loads((ROOT / "benchmarks" / "lease" / "allocation.json").read_text())
+    assert plans.CALL_DEADLINE_S == committed["command_limit_s"] - 90 < plans.CALL_TIMEOUT_S < committed[
+        "command_limit_s"]
+    assert (committed["tree_and_carry_mib"] - 4) * plans.MIB == plans.CARRY_LIMIT
+    want = (committed["out_max_files"], committed["out_max_file_mib"] * plans.MIB)
+    assert want == (plans.OUT_MAX_FILES, plans.OUT_MAX_FILE)
+    small = {**committed, "command_limit_s": 300, "tree_and_carry_mib": 32}
+    (tmp_path / "a.json").write_text(json.dumps(small))
+    a = plans.Allocation.read(tmp_path / "a.json")
+    assert (a.call_deadline_s(), a.call_timeout_s(), a.carry_limit()) == (210, 270, 28 * plans.MIB)
+    for bad in ({k: v for k, v in committed.items() if k != "out_max_files"}, {**committed, "out_max_depth": 1.5},
+                {**committed, "device_time_s": True}):
+        (tmp_path / "b.json").write_text(json.dumps(bad))
+        with pytest.raises(ValueError, match=r"b\.json: (out_max_files|out_max_depth|device_time_s) must be"):
+            plans.Allocation.read(tmp_path / "b.json")
+
+
 @pytest.fixture(scope="module")
 def micro_model(tmp_path_factory) -> Path:
     return make_micro_policy(tmp_path_factory.mktemp("micro") / "policy")

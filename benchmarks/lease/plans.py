@@ -2,9 +2,10 @@
 
 A lease gives 15 minutes of device time in all (the machine's start, every call, every idle wait), at most 10
 minutes a command, at most 8 files of 16 MiB back from ``$OUT``, and 64 MiB of working tree and carry a call
-(the device tool's README). So every call here ends by itself within ``CALL_DEADLINE_S`` (8.5 minutes), every
-section writes its files to ``$OUT`` as it ends (a stopped call still returns what it finished), and every call's
-carry stays under ``CARRY_LIMIT`` together with the working tree (tests/test_lease.py checks both).
+(the device tool's README; ``allocation.json`` holds these figures, and the limits below follow from it). So
+every call here ends by itself within ``CALL_DEADLINE_S`` (8.5 minutes), every section writes its files to
+``$OUT`` as it ends (a stopped call still returns what it finished), and every call's carry stays under
+``CARRY_LIMIT`` together with the working tree (tests/test_lease.py checks both).
 
 ``PLANS`` lists ``kernels`` (issue 33) and ``realm`` (issue 34: every run of the 15 still missing, seeds first,
 as many as the lease's pace and the device's memory allow; issue 64). A lease runs ``status.next_plan``:
@@ -14,15 +15,60 @@ first left a section unfinished. docs/lease.md is the page for whoever holds a l
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 MIB = 1 << 20
-CALL_DEADLINE_S = 510  # 8.5 min: each call's command ends by itself within this
-CALL_TIMEOUT_S = 570  # the device tool's timeout_s for a call: the deadline plus a margin, under its 600 s cap
-CARRY_LIMIT = 60 * MIB  # working tree + carry of one call (the tool's limit is 64 MiB)
-OUT_MAX_FILES, OUT_MAX_FILE, OUT_MAX_TOTAL, OUT_MAX_DEPTH = 8, 16 * MIB, 64 * MIB, 2
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """What one lease allows, as ``allocation.json`` (beside this file) says: the device time in all, one command's
+    limit, the working tree and carry of a call, and what comes back from ``$OUT``. The kit's limits below are
+    derived from it, so a changed allocation is one file."""
+
+    device_time_s: float
+    command_limit_s: float
+    tree_and_carry_mib: float
+    out_max_files: int
+    out_max_file_mib: float
+    out_max_total_mib: float
+    out_max_depth: int
+
+    @classmethod
+    def read(cls, path: Path) -> Allocation:
+        """The allocation in ``path``; ValueError naming the file and the field that is missing or not a number."""
+        data = json.loads(path.read_text())
+        values = {}
+        for name, kind in cls.__annotations__.items():
+            v = data.get(name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0 or (kind == "int" and v != int(v)):
+                raise ValueError(f"{path}: {name} must be a number > 0{' (whole)' if kind == 'int' else ''}, got {v!r}")
+            values[name] = int(v) if kind == "int" else float(v)
+        return cls(**values)
+
+    def call_deadline_s(self) -> int:
+        """Each call's command ends by itself within this: 90 s under the command limit (the export and the
+        return of ``$OUT`` after the last section)."""
+        return int(self.command_limit_s) - 90
+
+    def call_timeout_s(self) -> int:
+        """The device tool's ``timeout_s`` for a call: the deadline plus a margin, under the command limit."""
+        return int(self.command_limit_s) - 30
+
+    def carry_limit(self) -> int:
+        """Working tree + carry of one call, in bytes: 4 MiB under the tool's limit."""
+        return int((self.tree_and_carry_mib - 4) * MIB)
+
+
+ALLOCATION = Allocation.read(Path(__file__).with_name("allocation.json"))
+CALL_DEADLINE_S = ALLOCATION.call_deadline_s()  # 8.5 min at a 10-minute command limit
+CALL_TIMEOUT_S = ALLOCATION.call_timeout_s()
+CARRY_LIMIT = ALLOCATION.carry_limit()
+OUT_MAX_FILES, OUT_MAX_DEPTH = ALLOCATION.out_max_files, ALLOCATION.out_max_depth
+OUT_MAX_FILE, OUT_MAX_TOTAL = int(ALLOCATION.out_max_file_mib * MIB), int(ALLOCATION.out_max_total_mib * MIB)
 REALM_METHODS = ("none", "clip_b", "clip_v", "clip_cov", "kl_cov")
 REALM_SEEDS = 3
 REALM_CONFIG = "configs/smollm2-gpu.yaml"
