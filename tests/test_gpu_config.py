@@ -13,6 +13,7 @@ import yaml
 from entropy_rft.config.loading import load_config
 from entropy_rft.launch.sweep import worker_threads
 from entropy_rft.rundir.files import read_jsonl
+from entropy_rft.rundir.finished import SHIPPED
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "smollm2-gpu.yaml"
@@ -64,7 +65,7 @@ def test_run_gpu_at_tiny_sizes_ships_small_files_and_resumes(smollm2_cache, tmp_
             *sum((["--set", s] for s in TINY), [])]
     assert drv.main(argv) == 0
     for name in RUNS:
-        assert sorted(p.name for p in (results / name).iterdir()) == sorted(drv.SHIPPED)
+        assert sorted(p.name for p in (results / name).iterdir()) == sorted(SHIPPED)
         rows = read_jsonl(results / name / "metrics.jsonl")
         assert [r["step"] for r in rows if "entropy/mean" in r] == [1]
         assert sum("eval/pass@1" in r for r in rows) >= 2

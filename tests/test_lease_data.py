@@ -96,7 +96,7 @@ def test_only_a_runs_shipped_files_are_collected_and_a_foreign_member_refuses_th
 
 
 def plans_shipped() -> list[str]:
-    from run_files import SHIPPED
+    from entropy_rft.rundir.finished import SHIPPED
 
     return list(SHIPPED)
 
@@ -290,7 +290,7 @@ def test_shrink_writes_only_what_a_wave_may_shrink(tmp_path, sets, words):
 
 def test_nothing_the_device_returns_lands_outside_the_shipped_files(tmp_path):
     """Every member name a tar may hold is one of the 15 runs' four files or environment.json."""
-    from run_files import SHIPPED
+    from entropy_rft.rundir.finished import SHIPPED
 
     root = tmp_path / "repo"
     root.mkdir()

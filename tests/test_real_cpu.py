@@ -14,6 +14,7 @@ from pathlib import Path
 
 from entropy_rft.config.loading import load_config
 from entropy_rft.rundir.files import FAULT_ENV, read_jsonl
+from entropy_rft.rundir.finished import SHIPPED
 from micro import make_micro_policy, micro_overrides
 from test_determinism import stable
 from test_gpu_config import _driver
@@ -75,7 +76,7 @@ def test_a_stopped_cpu_sweep_resumes_where_it_stopped(tmp_path, monkeypatch, cap
                          *sum((["--set", s] for s in sets), [])])
 
     # an earlier sitting finished GRPO and committed it; the machine was then stopped
-    assert sweep("none") == 0 and sorted(p.name for p in (results / "none-s0").iterdir()) == sorted(drv.SHIPPED)
+    assert sweep("none") == 0 and sorted(p.name for p in (results / "none-s0").iterdir()) == sorted(SHIPPED)
     grpo = (results / "none-s0" / "metrics.jsonl").read_bytes()
     (tmp_path / "runs").rename(tmp_path / "sitting-1")
 

@@ -27,6 +27,9 @@ from pathlib import Path
 import pytest
 
 from entropy_rft.common.processes import session_members
+from entropy_rft.launch import results as results_export
+from entropy_rft.launch import sessions
+from entropy_rft.rundir import finished as run_files
 from entropy_rft.rundir.files import FAULT_ENV, read_jsonl
 from micro import make_micro_policy, micro_overrides
 from test_determinism import stable
@@ -35,8 +38,6 @@ ROOT = Path(__file__).resolve().parents[1]
 CPU_CONFIG = ROOT / "configs" / "smollm2-cpu.yaml"
 TESTS = Path(__file__).resolve().parent
 GPU = ROOT / "benchmarks" / "gpu"
-sys.path.insert(0, str(GPU))
-import run_files  # noqa: E402
 
 STEPS = 6
 
@@ -111,8 +112,6 @@ def test_a_run_is_finished_only_when_its_rows_prove_it(tmp_path):
 # --- the export ----------------------------------------------------------------------------------------------------
 
 def test_the_export_rewrites_no_unchanged_file_and_writes_through_no_link(tmp_path):
-    import results_export
-
     src = _hand_run(tmp_path / "runs" / "none-s0")
     (src / "samples.jsonl").write_text('{"prompt": "p"}\n')
     dst = tmp_path / "results" / "none-s0"
@@ -147,7 +146,7 @@ def test_a_full_disk_leaves_the_committed_copy_whole(tmp_path):
     old = (dst / "metrics.jsonl").read_bytes()
     limit = len(old) + 64
     assert (src / "metrics.jsonl").stat().st_size > limit
-    code = (f"import resource, signal, sys; sys.path.insert(0, {str(GPU)!r}); import results_export; "
+    code = ("import resource, signal, sys; from entropy_rft.launch import results as results_export; "
             "signal.signal(signal.SIGXFSZ, signal.SIG_IGN); "
             f"resource.setrlimit(resource.RLIMIT_FSIZE, ({limit}, resource.RLIM_INFINITY)); "
             f"done, line = results_export.try_export(results_export.Path({str(tmp_path / 'runs')!r}), "
@@ -161,9 +160,7 @@ def test_a_full_disk_leaves_the_committed_copy_whole(tmp_path):
 
 def test_the_last_resort_reaches_every_process_of_the_sweep(tmp_path):
     """A run worker in a process group of its own that does not stop on SIGTERM (a run deep in a long step): the
-    last resort after --stop-wait-s (sessions.stop_session) still kills it."""
-    import sessions
-
+    last resort after --stop-wait-s (launch.sessions.stop_session) still kills it."""
     pidfile = tmp_path / "worker.pid"
     worker = ("import os, signal, time; os.setpgrp(); signal.signal(signal.SIGTERM, signal.SIG_IGN); "
               f"open({str(pidfile)!r}, 'w').write(str(os.getpid())); time.sleep(600)")

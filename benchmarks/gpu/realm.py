@@ -8,15 +8,15 @@ resumable across sittings).
 
 0. One writer (issue 73): the driver holds ``--results`` and ``--runs`` (erft's lock, ``.erft.lock``) for its whole
    life; a second driver is refused in one line naming the first's process. The committed runs are checked
-   before anything trains (``results_export.check_results``): a link under ``--results`` is refused; a run whose
-   ``run.json`` says finished but whose rows do not prove it (``run_files.missing``: a copy cut short, rows
+   before anything trains (``launch.results.check_results``): a link under ``--results`` is refused; a run whose
+   ``run.json`` says finished but whose rows do not prove it (``rundir.finished.missing``: a copy cut short, rows
    missing) is restored from a finished copy in ``--runs``, or refused in one line naming the file. Runs an
    earlier driver's sweep is still stopping are waited for (up to ``--stop-wait-s``).
 1. Every finished run committed under ``--results`` (proven from its rows) is copied into ``--runs``, so
    ``erft compare`` keeps it instead of training it again (a new lease starts from a bare machine).
 2. ``erft compare --methods none,clip_b,clip_v,clip_cov,kl_cov --seeds 3 --jobs N`` into ``--runs`` (a scratch
    folder: checkpoints and token records stay there), in a session of its own that ends with the driver however
-   the driver ends (``sessions.start_session``: the kernel sends it SIGTERM; its workers die with it the same
+   the driver ends (``launch.sessions.start_session``: the kernel sends it SIGTERM; its workers die with it the same
    way). At ``--deadline-s``, or on SIGINT/SIGTERM/SIGHUP, it gets SIGTERM: each run saves a checkpoint and stops
    (a later call resumes it); after ``--stop-wait-s`` SIGKILL reaches every process of the session.
 3. The shipped files of each finished run go to ``--results/<run>/`` (every ``--export-every-s`` while the runs
@@ -58,9 +58,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.append(str(ROOT / "src"))  # a checkout without the package installed (an installed one comes first)
-from results_export import Refused, _say, check_results, log_call, restore, try_export  # noqa: E402
-from run_files import SHIPPED, finished  # noqa: E402, F401  (SHIPPED: the files a run ships; finished: proven)
-from sessions import wait_for_runs  # noqa: E402
+from entropy_rft.launch.results import Refused, _say, check_results, log_call, restore, try_export  # noqa: E402
+from entropy_rft.launch.sessions import wait_for_runs  # noqa: E402
+from entropy_rft.rundir.finished import finished  # noqa: E402  (one definition: proven from the rows)
 
 METHODS = "none,clip_b,clip_v,clip_cov,kl_cov"
 SUMMARY = ("summary.md", "summary.json")
@@ -100,7 +100,7 @@ def run_compare(args: argparse.Namespace) -> tuple[int, str | None]:
     later call resumes them), and SIGKILL to every process of the session after ``--stop-wait-s``. Every
     ``--export-every-s`` the finished runs are exported; a failed export is said in one line and tried again,
     and training goes on. Returns compare's exit status (3: runs are left) and the last export's failure."""
-    from sessions import start_session, stop_session
+    from entropy_rft.launch.sessions import start_session, stop_session
 
     cmd = [sys.executable, "-m", "entropy_rft.cli", "compare", "--config", args.config, "--methods", args.methods,
            "--seeds", str(args.seeds), "--jobs", str(args.jobs), "--out", str(args.runs)]
@@ -246,7 +246,7 @@ def sitting(args: argparse.Namespace, argv: list[str], t0: float) -> int:
     say = lambda text: print(text, flush=True)  # noqa: E731 - the one way this driver speaks
     for line in check_results(args.results, args.runs):
         say(f"run_gpu: {line}")
-    still = wait_for_runs(args.runs, args.stop_wait_s, say)
+    still = wait_for_runs(args.runs, args.stop_wait_s, lambda text: say(f"run_gpu: {text}"))
     if still:
         raise Refused(f"{len(still)} run(s) in {_say(str(args.runs))} are still held by an earlier sweep "
                       f"({', '.join(f'{n}: {w}' for n, w in still[:3])}): wait for it to end or stop it")

@@ -45,9 +45,9 @@ from pace import (
     runs_to_keep,
     still_fits,
 )
-from sessions import kill_session, start_session
 
 from entropy_rft.common.processes import signal_session
+from entropy_rft.launch.sessions import kill_session, start_session
 
 POLL_S = 0.5
 UNLIMITED = 1 << 30  # the runs a device whose free memory could not be read is taken to hold
@@ -399,7 +399,7 @@ def finish(wave: Wave, runners: list[Runner], settings: dict, share: int) -> int
                 tail = log.read_text(errors="replace").splitlines()[-8:] if log.is_file() else []
                 wave.say(f"wave: {r.name} failed (exit {rc}); the end of its log:\n" + "\n".join(tail))
         r.look(time.monotonic())
-    from run_files import finished as run_finished
+    from entropy_rft.rundir.finished import finished as run_finished
 
     finished = [r.name for r in runners if r.ended == "finished" and run_finished(r.folder)]
     wave.data["started"] = [r.name for r in runners]

@@ -31,7 +31,7 @@ from checks import (
 from plans import KERNEL_PARTS, KERNEL_RESULTS, REALM_RESULTS, ROOT, Plan, realm_run_names
 
 sys.path.insert(0, str(ROOT / "benchmarks" / "gpu"))
-from run_files import SHIPPED, claims_finished, missing  # noqa: E402  (the files a run ships; proven finished)
+from entropy_rft.rundir.finished import SHIPPED, claims_finished, missing  # noqa: E402  (what a run ships; finished)
 
 # The task check of the first lease that trains (issue 34): the base model's figures at the step-0 evaluation
 TASK_PASS1 = (0.05, 0.3)

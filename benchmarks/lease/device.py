@@ -36,8 +36,8 @@ from plans import (
     realm_run_names,
 )
 
-sys.path.insert(0, str(ROOT / "benchmarks" / "gpu"))
-from run_files import SHIPPED  # noqa: E402  (the files a run ships: one list)
+sys.path.append(str(ROOT / "src"))  # the lent machine has no install (an installed package comes first)
+from entropy_rft.rundir.finished import SHIPPED  # noqa: E402  (the files a run ships: one list)
 
 # configs/smollm2-gpu.yaml at tiny sizes on the CPU (tests/test_gpu_config.py's sizes)
 REHEARSAL_SETS = ("model.device=cpu", "rollout.prompts_per_step=1", "rollout.group_size=2",

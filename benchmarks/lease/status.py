@@ -9,8 +9,7 @@ from pathlib import Path
 from checks import LeaseDataError, check_lease_file, visible
 from plans import KERNEL_RESULTS, PLANS, REALM_CONFIG, REALM_RESULTS, ROOT, Plan, realm_run_names
 
-sys.path.insert(0, str(ROOT / "benchmarks" / "gpu"))
-from run_files import finished  # noqa: E402  (one definition of a finished run)
+from entropy_rft.rundir.finished import finished  # noqa: E402  (one definition of a finished run; checks puts src/ on the path)
 
 
 def missing_runs(root: Path = ROOT) -> list[str]:

@@ -1,6 +1,7 @@
-"""The results side of the comparison's driver (``realm.py``; issue 73): committed runs are checked before anything
-trains, and finished runs are exported into ``--results`` so that no copy is ever torn, nothing is written through a
-link, and a failed export is one line. ``environment.json``, the driver's log of its calls, is written the same way.
+"""The results side of a resumable sweep (the driver of ``make run-real-cpu`` and ``make run-gpu``,
+benchmarks/gpu/realm.py; issue 73): committed runs are checked before anything trains, and finished runs are
+exported into a results folder so that no copy is ever torn, nothing is written through a link, and a failed export
+is one line. ``environment.json``, the driver's log of its calls, is written the same way.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import os
 import shutil
 from pathlib import Path
 
-from run_files import SHIPPED, claims_finished, finished, missing
+from entropy_rft.rundir.finished import SHIPPED, claims_finished, finished, missing
 
 
 class Refused(Exception):
@@ -35,7 +36,7 @@ def links_under(folder: Path) -> list[Path]:
 def check_results(results: Path, runs: Path) -> list[str]:
     """The committed runs under ``results`` before anything trains (issue 73): a link under ``results`` is refused
     (the export would write through it); a run whose ``run.json`` says finished but whose rows do not prove it
-    (:func:`run_files.missing`: a copy cut short, rows missing) is restored from a finished copy in ``runs`` when
+    (:func:`rundir.finished.missing`: a copy cut short, rows missing) is restored from a finished copy in ``runs`` when
     there is one, else refused. Returns the lines of what was restored; raises :class:`Refused`."""
     if not results.is_dir():
         return []

@@ -1,7 +1,8 @@
-"""The processes of the comparison's drivers (``realm.py``, ``realm_wave.py``; issue 73): each ``erft compare`` in a
-session of its own that ends with the driver, however the driver ends; a stop that reaches every process of that
-session (``erft compare``'s run workers are each in a process group of their own); a start that waits for the runs
-an earlier driver's sweep is still stopping. Linux's interfaces through ``entropy_rft.common.processes``."""
+"""The processes of a resumable sweep's driver (benchmarks/gpu/realm.py and its paced wave; issue 73): each
+``erft compare`` in a session of its own that ends with the driver, however the driver ends; a stop that reaches
+every process of that session (``erft compare``'s run workers are each in a process group of their own); a start
+that waits for the runs an earlier driver's sweep is still stopping. Linux's interfaces through
+``entropy_rft.common.processes``."""
 
 from __future__ import annotations
 
@@ -69,9 +70,9 @@ def wait_for_runs(runs: Path, wait_s: float, say) -> list[tuple[str, str]]:
     """Wait up to ``wait_s`` for the runs in ``runs`` that another process still holds (an earlier driver's sweep
     stopping with checkpoints, after that driver was killed) to be released, saying so once. Returns those still
     held (empty: the folder is free)."""
-    held = held_runs(runs)
+    held = held_runs(runs)  # said without a prefix: ``say`` adds the driver's
     if held:
-        say(f"run_gpu: waiting up to {wait_s:.0f} s for {len(held)} run(s) an earlier sweep is stopping "
+        say(f"waiting up to {wait_s:.0f} s for {len(held)} run(s) an earlier sweep is stopping "
             f"({', '.join(f'{n}: {w}' for n, w in held[:3])})")
     end = time.monotonic() + wait_s
     while held and time.monotonic() < end:

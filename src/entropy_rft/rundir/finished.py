@@ -1,6 +1,7 @@
-"""A run folder as the comparison's drivers see it (``realm.py``, ``realm_wave.py``, the lease kit): the files a run
-ships, and whether it finished, proven from its rows (issue 73). The standard library and PyYAML only (every
-environment that runs erft has it); the lowest layer of benchmarks/ (its README)."""
+"""A run folder as a resumable sweep sees it (``launch.results``, the drivers of benchmarks/gpu and the lease kit):
+the files a run ships, and whether it finished, proven from its rows (issue 73): the one definition of a finished
+run that a sweep exports or keeps. The standard library and PyYAML only (every environment that runs erft has it,
+the GPU image too)."""
 
 from __future__ import annotations
 
