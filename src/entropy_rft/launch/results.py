@@ -62,7 +62,7 @@ def check_results(results: Path, runs: Path) -> list[str]:
 def restore(results: Path, runs: Path) -> list[str]:
     """Copy each finished run of ``results`` (proven from its rows) into ``runs`` unless ``runs`` holds it
     finished already."""
-    restored = []
+    restored: list[str] = []
     if not results.is_dir():
         return restored
     for src in sorted(p for p in results.iterdir() if p.is_dir() and finished(p)):
