@@ -326,3 +326,33 @@ def test_a_failed_export_is_one_line_and_training_goes_on(micro, tmp_path):
     again = _sweep(micro, tmp_path)
     assert again.returncode == 0, _lines(again)
     assert stable(read_jsonl(committed / "metrics.jsonl")) == stable(micro["rows"])
+
+
+# --- the same driver from erft compare (issue 78) ------------------------------------------------------------------
+
+
+def test_erft_compare_with_results_is_the_same_driver(micro, tmp_path):
+    """``erft compare --results DIR`` runs the package's driver (launch.resumable): the finished run's shipped files
+    in DIR with the rows of the clean sweep, a log entry per sitting, and a second sitting keeps the run and trains
+    nothing. Its own flags are refused without --results, and --results cannot be --out."""
+    def erft(*extra: str) -> subprocess.CompletedProcess:
+        cmd = [sys.executable, "-m", "entropy_rft.cli", "compare", "--config", str(CPU_CONFIG), "--methods", "none",
+               "--seeds", "1", "--jobs", "2", *sum((["--set", s] for s in micro["sets"]), []), *extra]
+        return subprocess.run(cmd, env=micro["env"], capture_output=True, text=True, timeout=900)
+
+    results, runs = tmp_path / "results", tmp_path / "runs"
+    first = erft("--out", str(runs), "--results", str(results), "--export-every-s", "1", "--no-report")
+    assert first.returncode == 0, _lines(first)
+    assert "erft compare: 1 run(s) finished in" in first.stdout and "complete" in first.stdout
+    assert sorted(p.name for p in (results / "none-s0").iterdir()) == sorted(run_files.SHIPPED)
+    assert stable(read_jsonl(results / "none-s0" / "metrics.jsonl")) == stable(micro["rows"])
+    assert (results / "summary.md").is_file() and not (results / "report").exists()  # --no-report
+    again = erft("--out", str(tmp_path / "bare"), "--results", str(results), "--no-report")
+    assert again.returncode == 0, _lines(again)
+    assert "erft compare: kept 1 run(s) already in" in again.stdout and "none-s0" in again.stdout
+    log = json.loads((results / "environment.json").read_text())
+    assert [e["complete"] for e in log] == [True, True] and log[0]["runs_finished"] == 1
+    for extra, words in ((["--out", str(runs), "--deadline-s", "5"], "add --results DIR"),
+                         (["--out", str(runs), "--results", str(runs)], "--results must be another folder")):
+        bad = erft(*extra)
+        assert bad.returncode != 0 and words in bad.stderr, _lines(bad)

@@ -53,6 +53,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="Config override (repeatable).")
     p.add_argument("--out", required=True, help="Folder: one run directory per method and seed, summaries on top.")
     p.add_argument("--overwrite", action="store_true", help="Restart runs that exist instead of resuming them.")
+    g = p.add_argument_group("a sweep over many sittings (launch.resumable)")
+    g.add_argument("--results", help="Folder the finished runs are committed to (their shipped files: metrics, "
+                   "config, run.json, samples), exported while the others train; a later call keeps them and trains "
+                   "only what is missing, resuming stopped runs from their checkpoints in --out.")
+    g.add_argument("--deadline-s", type=float, help="With --results: stop the runs after this long (each saves a "
+                   "checkpoint; exit 3: call again to go on). Default: none.")
+    g.add_argument("--stop-wait-s", type=float, default=60.0, help="With --results: after a stop's SIGTERM, wait "
+                   "this long for the runs' checkpoints, then SIGKILL (default 60).")
+    g.add_argument("--export-every-s", type=float, default=60.0, help="With --results: export the finished runs "
+                   "this often while the others train (default 60).")
+    g.add_argument("--no-report", action="store_true", help="With --results: leave out erft report when every "
+                   "run is finished.")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -61,6 +73,10 @@ def run(args: argparse.Namespace) -> int:
     each saves a checkpoint (``sweep.train_all``); after them, the summary is left as it was."""
     from entropy_rft.launch import sweep
 
+    if getattr(args, "results", None) is not None:
+        return _resumable(args)
+    if getattr(args, "deadline_s", None) is not None or getattr(args, "no_report", False):
+        raise UserError("--deadline-s and --no-report belong to a sweep over sittings: add --results DIR")
     try:
         with sweep.stop_raises():
             out, variants, plans = _prepare(args)
@@ -76,6 +92,37 @@ def run(args: argparse.Namespace) -> int:
                                 "the same command to continue")
         return _say_stopped(s.signum, " after the runs ended, before the summary was written; rerun the same "
                             "command to write it (the runs are kept)")
+
+
+def _resumable(args: argparse.Namespace) -> int:
+    """``--results``: this sweep as one sitting of ``launch.resumable.drive``, which runs the same ``erft compare``
+    (without the sitting's flags) in a session of its own, exports what finishes and stops it at the deadline."""
+    import sys
+
+    from entropy_rft.launch.resumable import Driver, drive
+
+    results, out = Path(args.results), Path(args.out)
+    if results.resolve() == out.resolve():
+        raise UserError("--results must be another folder than --out: --out holds the runs as they train "
+                        "(checkpoints too), --results what is committed of the finished ones")
+    if args.overwrite:
+        raise UserError("--overwrite with --results would train again the runs --results keeps; leave one out")
+    for flag, value, low in (("--deadline-s", args.deadline_s, 0.0), ("--export-every-s", args.export_every_s, 0.0)):
+        if value is not None and not value > low:
+            raise UserError(f"{flag} must be a number of seconds > 0, got {value}")
+    if not args.stop_wait_s >= 0:
+        raise UserError(f"--stop-wait-s must be a number of seconds >= 0, got {args.stop_wait_s}")
+    cmd = [sys.executable, "-m", "entropy_rft.cli", "compare", "--methods", args.methods, "--out", str(out),
+           "--jobs", str(args.jobs), "--seeds", str(args.seeds)]
+    for flag, value in (("--entropy-targets", args.entropy_targets), ("--seed", args.seed),
+                        ("--max-steps", args.max_steps), ("--config", args.config), ("--model", args.model)):
+        if value is not None:
+            cmd += [flag, str(value)]
+    for item in args.set:
+        cmd += ["--set", item]
+    deadline = float("inf") if args.deadline_s is None else args.deadline_s
+    return drive(Driver(results=results, runs=out, compare=cmd, deadline_s=deadline, stop_wait_s=args.stop_wait_s,
+                        export_every_s=args.export_every_s, report=not args.no_report, argv=cmd[4:]))
 
 
 def _prepare(args: argparse.Namespace) -> tuple[Path, list, list]:
