@@ -38,6 +38,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.append(str(ROOT / "src"))  # a checkout without the package installed (an installed one comes first)
+from entropy_rft.cli.flags import add_sitting_flags  # noqa: E402  (the sitting's flags, as erft compare's)
 from entropy_rft.launch.resumable import Driver, compare_env, drive  # noqa: E402  (the driver: one sitting)
 from entropy_rft.rundir.finished import finished  # noqa: E402  (one definition: proven from the rows)
 
@@ -99,14 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--jobs", type=int, default=5)
     p.add_argument("--max-steps", type=int)
-    p.add_argument("--deadline-s", type=float, default=540.0, help="Stop the runs after this long (a lease's "
-                   "command must end within 10 minutes: the default leaves time for the export).")
-    p.add_argument("--stop-wait-s", type=float, default=60.0, help="After the deadline's SIGTERM, wait this long "
-                   "for the runs to stop (each saves a checkpoint unless train.checkpoints is false), then SIGKILL.")
-    p.add_argument("--export-every-s", type=float, default=60.0, help="While the runs train, copy the shipped files "
-                   "of each run that finished into --results this often.")
-    p.add_argument("--no-report", action="store_true", help="Leave out erft report when every run is finished "
-                   "(a lease wave: the report of all waves is made afterwards, on a CPU).")
+    add_sitting_flags(p, deadline_s={"default": 540.0, "help": "Stop the runs after this long (a lease's command "
+                                     "must end within 10 minutes: the default leaves time for the export)."})
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--paced", action="store_true", help="Train every unfinished run, seeds first, as a wave that "
                    "keeps only the runs that can finish by --deadline-s at their measured pace and that the device's "

@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from entropy_rft.cli.flags import add_sitting_flags
 from entropy_rft.common.errors import UserError
 
 NAME = "compare"
@@ -57,14 +58,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--results", help="Folder the finished runs are committed to (their shipped files: metrics, "
                    "config, run.json, samples), exported while the others train; a later call keeps them and trains "
                    "only what is missing, resuming stopped runs from their checkpoints in --out.")
-    g.add_argument("--deadline-s", type=float, help="With --results: stop the runs after this long (each saves a "
-                   "checkpoint; exit 3: call again to go on). Default: none.")
-    g.add_argument("--stop-wait-s", type=float, default=60.0, help="With --results: after a stop's SIGTERM, wait "
-                   "this long for the runs' checkpoints, then SIGKILL (default 60).")
-    g.add_argument("--export-every-s", type=float, default=60.0, help="With --results: export the finished runs "
-                   "this often while the others train (default 60).")
-    g.add_argument("--no-report", action="store_true", help="With --results: leave out erft report when every "
-                   "run is finished.")
+    add_sitting_flags(g)  # --deadline-s, --stop-wait-s, --export-every-s, --no-report: with --results only
 
 
 def run(args: argparse.Namespace) -> int:

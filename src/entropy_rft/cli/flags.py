@@ -1,7 +1,8 @@
 """The flags several commands share, declared once: the sampling flags (``erft eval``, ``erft filter``, and
 ``--temperature``, ``--seed``, ``--device`` of ``erft probe``), ``--task-param`` (also ``erft export-verl``), their
-parsing and their checks. A command adds the ones it takes, in the order its ``--help`` lists them, and says in
-its own words only what differs for it (a default, a help text)."""
+parsing and their checks; the flags of a sweep over sittings (``erft compare --results``, benchmarks/gpu/realm.py).
+A command adds the ones it takes, in the order its ``--help`` lists them, and says in its own words only what
+differs for it (a default, a help text)."""
 
 from __future__ import annotations
 
@@ -28,6 +29,26 @@ SAMPLING_FLAGS: dict[str, dict[str, Any]] = {
     "--threads": {"type": int, "default": 0,
                   "help": "CPU threads (0: automatic, entropy_rft.common.threads: 1 for small models)."},
 }
+
+
+# The clock of a sweep over sittings (launch.resumable.Driver); a command gives what it says differently.
+SITTING_FLAGS: dict[str, dict[str, Any]] = {
+    "--deadline-s": {"type": float, "help": "Stop the runs after this long (each saves a checkpoint; exit 3: call "
+                                            "again to go on). Default: none."},
+    "--stop-wait-s": {"type": float, "default": 60.0, "help": "After a stop's SIGTERM, wait this long for the runs' "
+                                                              "checkpoints, then SIGKILL (default 60)."},
+    "--export-every-s": {"type": float, "default": 60.0, "help": "Export the finished runs this often while the "
+                                                                 "others train (default 60)."},
+    "--no-report": {"action": "store_true", "help": "Leave out erft report when every run is finished."},
+}
+
+
+def add_sitting_flags(p: argparse.ArgumentParser | Any, **own: dict[str, Any]) -> None:
+    """Add :data:`SITTING_FLAGS` to ``p`` (a parser or an argument group); ``own`` as ``add_sampling_flags``'."""
+    for flag, kw in SITTING_FLAGS.items():
+        p.add_argument(flag, **{**kw, **own.pop(flag.lstrip("-").replace("-", "_"), {})})
+    if own:
+        raise TypeError(f"add_sitting_flags: {sorted(own)} given but not added")
 
 
 def add_sampling_flags(p: argparse.ArgumentParser, *flags: str, **own: dict[str, Any]) -> None:
