@@ -148,6 +148,16 @@ def test_a_method_that_sets_a_field_an_engine_does_not_carry_is_refused_on_that_
         _built(_Shift, masks=("zeroed",), engines=("native",))
 
 
+def test_a_built_method_handed_to_trls_trainer_is_held_to_the_same_carriage():
+    """A Method built by hand skips build_method; the TRL trainer's own refusal (method_refusal, run before any
+    weight is read) says the same line."""
+    from entropy_rft.integrations.trl_support import method_refusal
+
+    msg = method_refusal(_Shift())
+    assert msg is not None and "would train as GRPO on trl" in msg
+    assert method_refusal(control.build_method("clip_v")) is None
+
+
 def test_a_method_that_reads_what_an_engine_does_not_measure_is_refused():
     with pytest.raises(ValueError, match=r"'test_shift' reads logp, which the verl engine does not measure"):
         _built(_Shift, masks=("keep",), reads=("entropy", "logp"), engines=("native", "verl"))

@@ -27,6 +27,7 @@ from typing import Any, cast
 
 import torch
 
+from entropy_rft.control.carriage import carriage_problem
 from entropy_rft.control.exchange import exchange_problem
 from entropy_rft.control.registry import Method
 from entropy_rft.core.dynamics import TokenStats
@@ -109,11 +110,13 @@ def composes_with_trl(method: Method) -> bool:
 
 def method_refusal(method: Method) -> str | None:
     """Why the trainer cannot run ``method``, in one line: its loss terms are not in TRL's loss path (``engines``),
-    or its selection declares nothing to exchange across processes (``control.exchange``); None when it can."""
+    or its selection declares nothing to exchange across processes (``control.exchange``), or it sets or reads what
+    an engine it names does not carry (``control.carriage``: a built method skips ``build_method``'s check); None
+    when it can."""
     if "trl" not in method.engines:
         return (f"method {method.name!r} runs on engine {', '.join(method.engines)} only (its terms are not in this "
                 "trainer's loss path); use another method or erft's native engine")
-    return exchange_problem(type(method))
+    return exchange_problem(type(method)) or carriage_problem(type(method))
 
 
 def grpo_settings(method: Method, args: Any) -> dict[str, float]:
