@@ -261,6 +261,10 @@ def test_the_numerics_probe_names_the_first_entry_that_differs_per_section():
     assert fwd[0] == "000 model.embed_tokens" and fwd[-2].endswith(" model") and fwd[-1] == "loss"
     assert [k.split()[0] for k in fwd[:-1]] == [f"{i:03d}" for i in range(len(fwd) - 1)]
     assert set(secs["backward"]) >= {n for n in secs["adamw"]} and list(secs["sft"]) == ["loss 000", "weights"]
+    from entropy_rft.training.sft import DEFAULT_BUILD
+
+    assert secs["batch"]["shape"].startswith(f"{DEFAULT_BUILD['batch_size']}x")  # the build's batch, padded
+    assert set(secs["batch"]) == {"input ids", "labels", "shape"}
     here = {"sections": {"gemm": {"a": "1", "b": "2"}, **secs}}
     other = copy.deepcopy(here)
     for key in (fwd[5], fwd[9]):

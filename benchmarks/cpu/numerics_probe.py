@@ -8,6 +8,8 @@ script hashes the chain's links, each in isolation, in a pinned process on one t
 - ``gemm``: 150 random float32 matrix products (MKL's SGEMM), and ``bmm``: 40 batched ones;
 - ``elementwise``: ATen's unary and softmax kernels on fixed inputs;
 - ``random``: torch's generators (``randn``, ``rand``, ``multinomial``) and the default policy's initial weights;
+- ``batch``: the SFT batch itself (token ids and labels: Python's generator and the tokenizer, no float maths), so
+  that a difference in ``forward`` is the maths', not its input's;
 - ``forward``: the output of every module of the default policy (recipe architecture, seed 0) on one SFT batch
   of the build, in call order, then the loss; ``backward``: every parameter's gradient; ``adamw``: the weights
   after one step of the build's optimizer;
@@ -42,7 +44,7 @@ from typing import Any  # noqa: E402
 
 import torch  # noqa: E402
 
-SECTIONS = ("gemm", "bmm", "elementwise", "random", "forward", "backward", "adamw", "sft")
+SECTIONS = ("gemm", "bmm", "elementwise", "random", "batch", "forward", "backward", "adamw", "sft")
 
 
 def digest(t: torch.Tensor | float) -> str:
@@ -120,7 +122,7 @@ def random_section() -> dict[str, str]:
 
 
 def model_sections(sft_steps: int) -> dict[str, dict[str, str]]:
-    """forward/backward/adamw on one batch of the build, then ``sft_steps`` SFT steps of the recipe."""
+    """The build's first batch, forward/backward/adamw on it, then ``sft_steps`` SFT steps of the recipe."""
     from transformers import LlamaForCausalLM
 
     from entropy_rft.models.scratch import build_char_tokenizer, llama_config
@@ -152,6 +154,7 @@ def model_sections(sft_steps: int) -> dict[str, dict[str, str]]:
                 order[0] += 1
         return record
 
+    batch = {"input ids": digest(ids.float()), "labels": digest(labels.float()), "shape": "x".join(map(str, ids.shape))}
     handles = [m.register_forward_hook(hook(n)) for n, m in model.named_modules()]
     model.train()
     loss = model(input_ids=ids, labels=labels).loss
@@ -171,7 +174,7 @@ def model_sections(sft_steps: int) -> dict[str, dict[str, str]]:
     losses = train_sft(model, tokenizer, task, seed=0, steps=sft_steps, progress=False, **recipe)
     sft = {f"loss {i:03d}": digest(v) for i, v in enumerate(losses)}
     sft["weights"] = digest(torch.cat([p.detach().flatten() for p in model.parameters()]))
-    return {"forward": forward, "backward": backward, "adamw": adamw, "sft": sft}
+    return {"batch": batch, "forward": forward, "backward": backward, "adamw": adamw, "sft": sft}
 
 
 def probe(sft_steps: int) -> dict[str, Any]:
@@ -180,7 +183,10 @@ def probe(sft_steps: int) -> dict[str, Any]:
     mm, bmm = gemm_section()
     sections = {"gemm": mm, "bmm": bmm, "elementwise": elementwise_section(), "random": random_section(),
                 **model_sections(sft_steps)}
-    return {"cpu": cpu_description(), "torch": torch.__version__, "cpu_numerics": numerics_record(),
+    libraries = [line.strip() for line in torch.__config__.show().splitlines()
+                 if any(w in line for w in ("Math Kernel", "MKL-DNN", "oneDNN", "CPU capability"))]
+    return {"cpu": cpu_description(), "torch": torch.__version__, "libraries": libraries,
+            "cpu_numerics": numerics_record(),
             "sft_steps": sft_steps, "sections": sections}
 
 
