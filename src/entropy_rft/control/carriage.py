@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import fields
 from typing import Any
 
+from entropy_rft.control.exchange import rule_hook
 from entropy_rft.core.dynamics import TokenStats
 from entropy_rft.core.loss_types import MASK_FIELDS, Masks
 
@@ -47,9 +48,6 @@ STATS_CARRIED: dict[str, frozenset[str]] = {
     "trl": frozenset(STATS_FIELDS),
     "verl": frozenset(STATS_FIELDS) - {"logp"},
 }
-
-_HOOKS = {"rollout": "rollout_masks", "minibatch": "minibatch_masks"}
-
 
 def _overrides(cls: type[Any], hook: str) -> bool:
     """Whether ``cls`` has a ``hook`` of its own: the class that defines it nearest ``cls`` is not the one that
@@ -79,7 +77,7 @@ def carriage_problem(cls: type[Any]) -> str | None:
     if reads is not None and (bad := [r for r in reads if r not in STATS_FIELDS]):
         return (f"{who}: reads names {', '.join(map(repr, bad))}, not a TokenStats field; TokenStats has "
                 f"{', '.join(STATS_FIELDS)}")
-    hook = _HOOKS.get(cls.stage)
+    hook = rule_hook(cls.stage)
     if hook is None and masks:
         return f"{who} is static (no selection hook runs) but declares masks {', '.join(masks)}: set masks = ()"
     if hook is not None and _overrides(cls, hook) and not masks:

@@ -199,9 +199,7 @@ def _sitting(d: Driver, train: Callable[[Driver], tuple[int, str | None]], t0: f
     return 0 if complete else (rc if rc not in (0, None) else INCOMPLETE)
 
 
-def compare_env(src: Path | None = None) -> dict[str, str]:
-    """This environment, with ``src`` first on PYTHONPATH when given (a checkout without the package installed:
-    the lent GPU machine)."""
-    if src is None:
-        return dict(os.environ)
+def compare_env(src: Path) -> dict[str, str]:
+    """This environment with ``src`` first on PYTHONPATH (a checkout without the package installed: the lent GPU
+    machine)."""
     return {**os.environ, "PYTHONPATH": os.pathsep.join([str(src), os.environ.get("PYTHONPATH", "")])}
