@@ -167,7 +167,7 @@ def test_masks_and_loss_equal_native(policy_dir, tmp_path, method):
         clipped = ppo_clipped_mask(cur.logp.detach(), nat_old.logp, adv_tok, cmask, kw["eps_low"], kw["eps_high"])
         masks = m.minibatch_masks(cur.logp.detach(), nat_old.logp, adv_tok, cmask, clipped=clipped,
                                   generator=torch.Generator().manual_seed(3 + 2))
-        win = inputs["erft_window"].masks[0]
+        win = trainer._generation.window.masks[0]
         for f in ("keep", "zeroed", "kl_cov_select"):
             a, b = getattr(win, f), getattr(masks, f)
             assert (a is None) == (b is None) and (a is None or torch.equal(a, b)), f
@@ -341,7 +341,7 @@ def test_clip_cov_is_trls_own_loss_with_zero_advantages(policy_dir, tmp_path, cf
     adv = inputs["advantages"]
     ours = loss_and_grad(trainer._compute_loss, model, inputs)
     assert inputs["advantages"] is adv
-    zeroed = inputs["erft_window"].masks[0].zeroed
+    zeroed = trainer._generation.window.masks[0].zeroed
     assert zeroed is not None and 0 < int(zeroed.sum()) < int(inputs["completion_mask"].sum())
     by_hand = torch.where(zeroed, 0.0, adv[:, None].expand(zeroed.shape))
     want = loss_and_grad(lambda m, x: GRPOTrainer._compute_loss(trainer, m, x), model,
@@ -356,10 +356,9 @@ def test_clip_cov_is_trls_own_loss_with_zero_advantages(policy_dir, tmp_path, cf
 def test_a_loss_leaves_trls_micro_batch_as_it_found_it(policy_dir, tmp_path, method, params, monkeypatch):
     """During and after a loss (TRL's own with Clip-Cov's zeroes, or erft's with KL-Cov's selection), every key of
     the buffered micro-batch holds the same tensor with the same values (TRL reuses it for its next iterations);
-    Clip-Cov's zeroes reach TRL's loss in a copy; the plug-in only adds its own keys (``trl_support.INPUT_KEYS``)."""
+    Clip-Cov's zeroes reach TRL's loss in a copy; the plug-in adds no key during a loss (its rows,
+    ``trl_support.RolloutRows``, are set with the generation batch; its window is the trainer's ``GenerationState``)."""
     from trl import GRPOTrainer
-
-    from entropy_rft.integrations.trl_support import INPUT_KEYS
 
     trainer = make_trainer(policy_dir, method, params, tmp_path)
     trainer.model.train()
@@ -376,7 +375,7 @@ def test_a_loss_leaves_trls_micro_batch_as_it_found_it(policy_dir, tmp_path, met
     monkeypatch.setattr(GRPOTrainer, "_compute_loss", watched)
     trainer._compute_loss(trainer.model, inputs).backward()
     assert seen == ([(True, True, 2)] if trainer.delegates else []), seen  # TRL read per-token zeroes from a copy
-    assert set(inputs) - set(before) <= set(INPUT_KEYS), set(inputs) - set(before)
+    assert set(inputs) == set(before), set(inputs) ^ set(before)
     for k, v in before.items():
         assert inputs[k] is v and torch.equal(v, values[k]), k
 
@@ -619,3 +618,45 @@ def test_zero3_path_hands_trl_the_folder_and_trains_the_same(policy_dir, tmp_pat
         return [{k: v for k, v in r.items() if not k.startswith(("time/", "perf/"))} for r in read_rows(out)]
 
     assert stable(tmp_path / "zero3") == stable(tmp_path / "loaded")
+
+
+@pytest.mark.parametrize("cfg", [{}, {"epsilon": 0.3}, {"epsilon": 0.1, "epsilon_high": 0.4},
+                                 {"beta": 0.04, "use_bias_correction_kl": True, "loss_type": "grpo"},
+                                 {"beta": 0.02, "loss_type": "dr_grpo"}],
+                         ids=["defaults", "epsilon", "both-sides", "beta-corrected-grpo", "beta-dr_grpo"])
+def test_the_plans_loss_base_is_what_trl_set_up(policy_dir, tmp_path, cfg):
+    """``trl_plan`` reads TRL's loss settings off the config before TRL runs (``config_loss_settings``); after
+    GRPOTrainer's own ``__init__`` they are the attributes TRL's loss reads (the peer's values, not ours)."""
+    from entropy_rft.integrations.trl_support import AGG_FOR_LOSS_TYPE
+
+    for method, params in (("none", {}), ("kl_cov", {"ratio": 0.2})):  # TRL's loss, and erft's
+        trainer = make_trainer(policy_dir, method, params, tmp_path, **cfg)
+        base = trainer.plan.loss_base
+        assert trainer.plan.delegated == (method == "none") and trainer.args is trainer.plan.args
+        assert (base.eps_low, base.eps_high) == (trainer.epsilon_low, trainer.epsilon_high), cfg
+        assert base.ref_kl_coef == trainer.beta and base.agg == AGG_FOR_LOSS_TYPE[trainer.loss_type]
+        assert base.ref_kl_ratio_weighted == bool(trainer.beta and trainer.args.use_bias_correction_kl)
+
+
+def test_a_plan_without_args_gives_trl_its_own_default_config(tmp_path):
+    """No ``args``: the config TRL receives is the one TRL would build (``GRPOConfig("<model>-GRPO")``; on this CPU
+    its bf16 default refuses, as stock GRPOTrainer's does, with TRL's own words); a composing method's clip goes into
+    a copy of the caller's config, which is never changed in place."""
+    from trl import GRPOConfig
+
+    from entropy_rft.integrations.trl_support import trl_plan
+
+    with pytest.raises(ValueError) as stock:
+        GRPOConfig("tiny-model-GRPO")
+    with pytest.raises(ValueError) as ours:
+        trl_plan(control.build_method("none"), None, "org/tiny-model")
+    assert str(ours.value) == str(stock.value)
+    args = GRPOConfig(str(tmp_path / "trl"), use_cpu=True, bf16=False, report_to=[])
+    plan = trl_plan(control.build_method("none"), args, "org/tiny-model")
+    assert plan.delegated and not plan.config_fields and plan.args is args
+    higher = trl_plan(control.build_method("clip_higher"), args, "org/tiny-model")
+    assert dict(higher.config_fields) == {"epsilon": 0.2, "epsilon_high": 0.28} and higher.args.epsilon_high == 0.28
+    assert args.epsilon_high is None and higher.args is not args and higher.loss_base.eps_high == 0.28
+    ours_loss = trl_plan(control.build_method("clip_higher"), args, "org/tiny-model", agg="token-mean")
+    assert not ours_loss.delegated and ours_loss.args is args and ours_loss.loss_base.eps_high == 0.2
+    assert ours_loss.loss_settings(control.build_method("clip_higher")).eps_high == 0.28  # the method's, per call

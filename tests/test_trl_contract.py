@@ -72,7 +72,7 @@ TRL_ATTRIBUTES: dict[str, list[tuple[str, str, str]]] = {
               ("GRPOTrainer", "_prepare_inputs",
                r"self\._buffered_inputs\[self\._step % self\.args\.steps_per_generation\]")],
     # the generation batch as steps_per_generation micro-batch dicts (None before the first generation and after
-    # a resume); erft reads the window's micro-batches from it and keeps its INPUT_KEYS in them
+    # a resume); erft reads the window's micro-batches and their RolloutRows from it
     "_buffered_inputs": [("GRPOTrainer", "__init__", r"self\._buffered_inputs = None"),
                          ("GRPOTrainer", "_prepare_inputs",
                           r"self\._buffered_inputs = \[unsplit_pixel_values_by_grid\(batch\) for batch in "
@@ -171,7 +171,7 @@ def test_the_subclass_attributes_are_its_own():
     ours = set(re.findall(r"self\.(\w+)(?:\s*:[^=\n]+)?\s*=[^=]", inspect.getsource(EntropyControlGRPOTrainer)))
     ours |= set(re.findall(r"setattr\(self, (\w+)", inspect.getsource(EntropyControlGRPOTrainer)))
     ours.discard("attr")  # setattr(self, attr, ...): the knob attributes, named in KNOB_ATTRIBUTES
-    assert {"method", "delegates", "_hook", "_loss_base", "_entropy_bonus_enabled"} <= ours, ours
+    assert {"method", "plan", "_hook", "_generation", "_entropy_bonus_enabled"} <= ours, ours
     theirs = inspect.getsource(GRPOTrainer) + inspect.getsource(transformers.Trainer)
     assert not re.search(r"\bloss_settings\b", theirs)  # the subclass's property
     shared = {a for a in ours if re.search(rf"self\.{a}\b", theirs)}
@@ -197,15 +197,25 @@ def test_config_fields_and_the_attributes_trls_loss_reads():
         assert f'"{key}"' in loss, key
 
 
-def test_trls_split_hands_a_0_dim_tensor_to_every_micro_batch():
-    """``erft_stats_from_training`` is a 0-dim tensor in the generation batch: TRL's shuffle leaves it, and its
-    split into micro-batches gives each the same tensor."""
+def test_trls_shuffle_and_split_carry_the_rollout_rows_with_their_rows():
+    """``RolloutRows`` rides in TRL's generation batch: TRL's shuffle permutes its tensors with the batch's rows, and
+    its split hands each micro-batch the rows it trains on (the plug-in reads them back with ``RolloutRows.of``)."""
     from trl.trainer.utils import shuffle_sequence_dict, split_tensor_dict
 
-    flag = torch.tensor(True)
-    batch = shuffle_sequence_dict({"prompt_ids": torch.arange(8)[:, None], "erft_stats_from_training": flag})
-    parts = split_tensor_dict(batch, 4)
-    assert len(parts) == 4 and all(p["erft_stats_from_training"] is flag for p in parts)
+    from entropy_rft.integrations.trl_support import RolloutRows
+
+    torch.manual_seed(0)
+    rows = torch.arange(8)
+    batch = {"prompt_ids": rows[:, None].repeat(1, 3)}
+    RolloutRows(rows[:, None].float().repeat(1, 5), (rows[:, None] % 2 == 0).repeat(1, 5)).put(batch)
+    parts = split_tensor_dict(shuffle_sequence_dict(batch), 4)
+    assert len(parts) == 4
+    for part in parts:
+        got = RolloutRows.of(part)
+        assert got is not None and got.old_logps.shape == (2, 5)
+        assert torch.equal(got.old_logps[:, 0].long(), part["prompt_ids"][:, 0])
+        assert torch.equal(got.keep[:, 0], part["prompt_ids"][:, 0] % 2 == 0)
+    assert RolloutRows.of({"prompt_ids": rows}) is None  # a batch the plug-in did not see (evaluation)
 
 
 def test_the_argument_binding_takes_args_by_name_or_position(monkeypatch):
@@ -213,16 +223,16 @@ def test_the_argument_binding_takes_args_by_name_or_position(monkeypatch):
     hands TRL a config with the method's clip at the caller's place, and leaves the caller's config as it was;
     a call TRL's signature refuses names TRL's parameters."""
     from entropy_rft.integrations import trl as erft_trl
-    from entropy_rft.integrations.trl_support import bound_arguments, config_for_trl, replace_argument
+    from entropy_rft.integrations.trl_support import bound_arguments, replace_argument, trl_plan
 
     sig = erft_trl._TRL_INIT
     cfg = GRPOConfig(output_dir="unused", use_cpu=True, report_to=[], epsilon=0.3)
     for args, kwargs in (((), {"model": "m", "args": cfg}), (("m", None, cfg), {})):
         assert bound_arguments(sig, args, kwargs)["args"] is cfg
     method = erft_trl.build_method("clip_higher", eps_low=0.1, eps_high=0.4)
-    ours = config_for_trl(method, cfg, "m", delegated=True)
+    ours = trl_plan(method, cfg, "m").args  # delegated: the method's clip in a copy of the caller's config
     assert (ours.epsilon, ours.epsilon_high, cfg.epsilon, cfg.epsilon_high) == (0.1, 0.4, 0.3, None)
-    assert config_for_trl(method, cfg, "m", delegated=False) is cfg
+    assert trl_plan(method, cfg, "m", agg="token-mean").args is cfg  # erft's loss: the caller's config as given
     assert replace_argument(sig, ("m", None, cfg), {}, "args", ours) == (("m", None, ours), {})
     assert replace_argument(sig, ("m",), {"args": cfg}, "args", ours) == (("m",), {"args": ours})
     assert replace_argument(sig, ("m",), {}, "args", ours) == (("m",), {"args": ours})

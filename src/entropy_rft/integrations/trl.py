@@ -1,25 +1,24 @@
-"""TRL integration: ``EntropyControlGRPOTrainer``, a ``trl.GRPOTrainer`` with entropy-rft's statistics,
-masks and loss.
-
-Thin by design: the maths comes from ``dynamics``, ``control`` and ``loss``, the policy forward from
-``integrations.stats_forward``, the selections over all processes from ``integrations.window``. This file
-adds only *where* TRL's pipeline gets them: ``_get_per_token_logps_and_entropies`` (log-probs and TokenStats),
-``_generate_and_score_completions`` (old-policy TokenStats, the rollout-stage masks once per generation
-batch) and ``_compute_loss`` (``compute_policy_loss``, the minibatch selection and loss scales once per optimizer
-step). docs/trl.md says what each hook does and the one configuration where selection stays per micro-batch.
+"""TRL integration: ``EntropyControlGRPOTrainer``, a ``trl.GRPOTrainer`` with entropy-rft's statistics, masks
+and loss. Thin by design: the maths comes from ``dynamics``, ``control`` and ``loss``, the policy forward from
+``integrations.stats_forward``, the selections over all processes from ``integrations.window``; this file adds
+only *where* TRL's pipeline gets them (docs/trl.md: what each hook does).
 
 A guest in TRL: no module, class or function of TRL is modified (``trl_script`` rebinds ``trl.GRPOTrainer`` for
 its run only). The subclass overrides those three hooks and ``_save_checkpoint`` / ``_load_rng_state``
-(tests/test_trl_contract.py pins each, with its parameters, against the installed TRL). A method's clip and
-entropy coefficient reach TRL through the ``GRPOConfig`` it receives (``trl_support.config_for_trl``); the one
-write into TRL's attributes is ``_apply_knob_to_trl``, for a knob that moves after TRL read its config. State
-between the hooks lives in two places, each with a visible start and end:
+(tests/test_trl_contract.py pins each, with its parameters, against the installed TRL). What the caller asked for is
+decided once, before TRL reads a weight, into ``self.plan`` (``trl_support.TrlPlan``): whose loss trains, the
+``GRPOConfig`` TRL receives (a composing method's clip and entropy coefficient in a copy of ``args``), the loss's
+base settings; the one write into TRL's attributes is ``_apply_knob_to_trl``, for a knob that moves after TRL read its
+config. State between the hooks lives in three typed places, each with a visible start and end:
 
-- per micro-batch, in TRL's own ``inputs`` dict (the generation batch TRL splits and buffers), under the keys of
-  ``trl_support.INPUT_KEYS``; TRL's own keys are set once, in ``_generate_and_score_completions`` (a drop as the
-  loss mask), and never during a loss (Clip-Cov's zero advantages go into a copy that TRL's loss reads);
-- per call of a hook that TRL's forward hook serves, in a ``trl_support.HookCall`` made when the hook starts and
-  dropped when it returns (``_serving``).
+- per row of a generation batch, ``trl_support.RolloutRows`` (the old log-probs and the keep mask) in TRL's own
+  ``inputs``, set in ``_generate_and_score_completions``, so TRL's shuffle and split carry them; TRL's own keys are
+  set once there too (a drop as the loss mask), and never during a loss (Clip-Cov's zero advantages go into a copy
+  that TRL's loss reads);
+- per generation batch, ``trl_support.GenerationState`` on the trainer (statistics deferred to the training
+  forwards, the optimizer window being trained), made anew with each training generation batch;
+- per call of a hook that TRL's forward hook serves, a ``trl_support.HookCall`` made when the hook starts and dropped
+  when it returns (``_serving``).
 """
 
 from __future__ import annotations
@@ -28,9 +27,8 @@ import contextlib
 import inspect
 import warnings
 from collections.abc import Iterator, Mapping
-from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor
@@ -52,20 +50,22 @@ from entropy_rft.integrations.trl_logging import record_view
 from entropy_rft.integrations.trl_support import (
     AGG_FOR_LOSS_TYPE,
     Capture,
+    GenerationState,
     HookCall,
+    RolloutRows,
     bound_arguments,
-    config_for_trl,
-    delegates_loss,
     has_active_dropout,
+    loss_mask,
     method_refusal,
     model_config_of,
+    model_inputs,
     quiet_pass,
     refusals,
     replace_argument,
     surrogate_settings,
     trl_knobs,
     trl_log_metrics,
-    trl_loss_settings,
+    trl_plan,
 )
 from entropy_rft.integrations.trl_task import prompt_dataset, task_reward_func
 from entropy_rft.policy.forward import supports_fused
@@ -92,8 +92,7 @@ if missing := [n for n in ("model", "args") if n not in _TRL_INIT.parameters]:
 
 
 def _hidden_states(core: Any, on: bool) -> contextlib.AbstractContextManager[list[Tensor]]:
-    """``captured_hidden(core)`` when ``on``, else a block that captures nothing."""
-    return captured_hidden(core) if on else contextlib.nullcontext([])
+    return captured_hidden(core) if on else contextlib.nullcontext([])  # on: capture; off: nothing
 
 
 class EntropyControlGRPOTrainer(GRPOTrainer):
@@ -106,17 +105,15 @@ class EntropyControlGRPOTrainer(GRPOTrainer):
     - ``agg``: loss aggregation (token-mean, seq-mean-token-mean, seq-mean-token-sum-norm); default from
       ``args.loss_type`` (dapo/bnpo: token-mean, grpo: seq-mean-token-mean, dr_grpo: sum-norm);
     - ``dual_clip``: dual-clip constant c > 1, or None; ``loss_base``: other ``LossSettings`` fields over TRL's
-      (erft train's: no clip on a side, the reference-KL estimator), the method's own on top at each loss call;
+      (erft train's: no clip on a side, the KL estimator); ``trainer.plan`` (``trl_support.trl_plan``) holds what
+      they decided;
     - ``dynamics_metrics``: log the generation batch's statistics (``dynamics/*``, ``entropy/mean``, ...;
       default True). False skips the statistics altogether, so a method that needs none of them (``none``,
       ``clip_higher``, ``entropy_bonus``) costs exactly what stock GRPOTrainer costs; other methods refuse it.
 
-    GRPOTrainer's arguments are taken by name, given positionally or by keyword as TRL's signature allows. The
-    ratio clip is ``args.epsilon`` / ``args.epsilon_high`` unless the method overrides it (clip-higher,
-    KL-Cov); a method that composes into TRL's own loss sets its clip or entropy coefficient in the
-    ``GRPOConfig`` TRL receives, a copy of ``args`` (``trainer.args`` shows the values that train). The
-    reference KL is ``args.beta`` with the k3 estimator, as TRL. Logs entropy-rft's metric names
-    (``entropy/mean``, ``dynamics/*``, ``control/*``, ``loss/*``, ``clip/*``, ``ratio/*``) next to TRL's.
+    GRPOTrainer's arguments are taken by name, positionally or by keyword as TRL's signature allows; its clip,
+    reference KL (k3) and loss type are TRL's unless the method overrides them (``trainer.args``: the values that
+    train). Logs entropy-rft's metric names (``entropy/mean``, ``dynamics/*``, ``control/*``, ``loss/*``, ...).
     """
 
     _entropy_bonus_enabled: bool  # TRL's switch of its entropy term (set in its __init__; see _apply_knob_to_trl)
@@ -138,18 +135,18 @@ class EntropyControlGRPOTrainer(GRPOTrainer):
         self.dynamics_metrics = bool(dynamics_metrics)
         named = bound_arguments(_TRL_INIT, args, kwargs)
         grpo_args, model = named.get("args"), named.get("model")
-        self.delegates = delegates_loss(self.method, agg, dual_clip)
-        if bad := refusals(self.method, grpo_args, model_config_of(model), self.delegates):  # before any weight
+        self.plan = trl_plan(self.method, grpo_args, model, agg, dual_clip, loss_base)
+        if bad := refusals(self.method, grpo_args, model_config_of(model), self.plan.delegated):  # before any weight
             raise ValueError("EntropyControlGRPOTrainer does not support: " + "; ".join(bad))
-        if (trl_args := config_for_trl(self.method, grpo_args, model, self.delegates)) is not grpo_args:
-            args, kwargs = replace_argument(_TRL_INIT, args, kwargs, "args", trl_args)
+        if self.plan.args is not grpo_args:
+            args, kwargs = replace_argument(_TRL_INIT, args, kwargs, "args", self.plan.args)
         self._hook = HookCall()  # the hook call TRL's forward hook serves (_serving); idle between them
+        self._generation = GenerationState()  # the plug-in's state of TRL's current generation batch
         super().__init__(*args, **kwargs)
-        # as TRL settled the config and the model; a delegated loss refuses only TRL's own entropy options beside
-        # the method's, checked above on the caller's config (the config TRL holds carries the method's own)
+        # as TRL settled the model; a delegated loss refuses only TRL's own entropy options beside the method's,
+        # checked above on the caller's config (the config TRL holds carries the method's own)
         if not self.delegates and (bad := refusals(self.method, self.args, getattr(self.model, "config", None))):
             raise ValueError("EntropyControlGRPOTrainer does not support: " + "; ".join(bad))
-        self._loss_base = replace(trl_loss_settings(self, agg, dual_clip), **(loss_base or {}))  # as TRL settled
         self.method_generator = torch.Generator().manual_seed(int(self.args.seed) + 2)
         self.step_metrics = window.StepMetrics()  # our metrics row of the current erft step
         ga, gen_every = self.args.gradient_accumulation_steps, self.args.steps_per_generation * self.num_iterations
@@ -159,21 +156,16 @@ class EntropyControlGRPOTrainer(GRPOTrainer):
                           "so Clip-Cov/KL-Cov select and the loss is normalised per micro-batch (still over all "
                           "processes)", stacklevel=2)
 
-    loss_settings = property(lambda self: self.method.loss_overrides().apply(self._loss_base), doc="The loss's "
-                             "settings now: TRL's with the method's own on top, a knob moved since __init__ included")
+    delegates = property(lambda self: self.plan.delegated, doc="Whether TRL's own loss trains (``TrlPlan``)")
+    loss_settings = property(lambda self: self.plan.loss_settings(self.method), doc="The loss's settings now: "
+                             "the plan's base with the method's own on top, a knob moved since __init__ included")
     loss_kwargs = property(lambda self: self.loss_settings.kwargs(), doc="``loss_settings`` as keywords, to read")
 
     def _apply_knob_to_trl(self) -> None:
-        """The method's current clip and entropy coefficient in TRL's loss, when TRL's loss is the one that trains
-        (delegated); written only where they differ from what TRL holds.
-
-        TRL reads ``GRPOConfig.epsilon`` / ``epsilon_high`` / ``entropy_coef`` once, in ``__init__``, into the
-        attributes its ``_compute_loss`` reads (``epsilon_low``, ``epsilon_high``, ``entropy_coef``,
-        ``_entropy_bonus_enabled``). The config TRL received carries the method's values (``config_for_trl``), so
-        in a run whose knob stays put nothing is written here but TRL's entropy switch for a coefficient of 0. The
-        public config cannot follow a knob that moves after TRL read it: a resume restores the checkpoint's knob
-        (``_load_rng_state``), and a caller may steer ``method.set_knob`` between steps (as an autopilot does);
-        TRL has no other way to take a new value, so it is written into its attributes."""
+        """The method's current clip and entropy coefficient in TRL's loss attributes, when TRL's loss trains
+        (delegated), written only where they differ. TRL reads its config once, in ``__init__``, and the config it
+        received carries the method's values (``TrlPlan.args``); a knob moved later (a resume, ``set_knob``) has no
+        other way in. TRL's entropy switch is turned on for a coefficient that starts at 0 (docs/trl.md)."""
         if not self.delegates:
             return
         knobs = trl_knobs(self.method)
@@ -181,9 +173,7 @@ class EntropyControlGRPOTrainer(GRPOTrainer):
             if getattr(self, attr) != value:
                 setattr(self, attr, value)
         if "entropy_coef" in knobs and not self._entropy_bonus_enabled:
-            # TRL switches its entropy term on for a configured coefficient != 0; the method owns the term at any
-            # coefficient, so a knob that starts at 0 can raise it (TRL keeps it on likewise in adaptive mode)
-            self._entropy_bonus_enabled = True
+            self._entropy_bonus_enabled = True  # TRL's own rule switches it on only for a configured coef != 0
 
     @contextlib.contextmanager
     def _serving(self, call: HookCall) -> Iterator[HookCall]:
@@ -227,23 +217,42 @@ class EntropyControlGRPOTrainer(GRPOTrainer):
     def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep,
                                            batch_size=None, compute_entropy=False, compute_aux_loss=False,
                                            **multimodal):
-        """TRL's hook, TRL's own computation (so method ``none`` trains as stock GRPOTrainer at any precision).
-        Only the old-policy pass of a generation batch (``_generate_and_score_completions``) adds our TokenStats,
-        from the same backbone pass (``_policy_stats``); the training forward never computes them."""
+        """TRL's hook, TRL's own computation (so method ``none`` trains as stock GRPOTrainer at any precision),
+        serving the hook call made by the TRL hook it runs in (``_serving``), one job each: the old-policy pass of a
+        generation batch also gives our TokenStats (``_old_policy_pass``), a delegated loss's training forward
+        keeps its log-probs (``_training_pass``); outside those, TRL's alone."""
+        serve = {Capture.OLD_POLICY_STATS: self._old_policy_pass,
+                 Capture.TRAINING_LOGPS: self._training_pass}.get(self._hook.capture, self._trl_pass)
+        return serve(model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size,
+                     compute_entropy=compute_entropy, compute_aux_loss=compute_aux_loss, **multimodal)
+
+    def _trl_pass(self, model, *args, **kwargs):  # TRL's own computation of the hook, nothing added
+        return super()._get_per_token_logps_and_entropies(model, *args, **kwargs)
+
+    def _old_policy_pass(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None,
+                         compute_entropy=False, compute_aux_loss=False, **multimodal):
+        """In ``_generate_and_score_completions``: TRL's no-grad old-policy pass of the policy, which also gives our
+        TokenStats from the same backbone pass (``_policy_stats``), kept in the hook call with its log-probs. A pass
+        of another model, with grad, an aux loss, multimodal input or dropout is TRL's alone (``_trl_pass``)."""
         call = self._hook
-        if (call.capture is Capture.OLD_POLICY_STATS and model is self.model and not torch.is_grad_enabled()
-                and not compute_aux_loss and all(v is None for v in multimodal.values())
-                and not has_active_dropout(model)):
-            logp, ent, call.stats = self._policy_stats(model, input_ids, attention_mask, logits_to_keep, batch_size,
-                                                       compute_entropy, quiet=False)
-            call.logp = logp
-            return logp, ent, None
-        out = super()._get_per_token_logps_and_entropies(
-            model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size,
-            compute_entropy=compute_entropy, compute_aux_loss=compute_aux_loss, **multimodal)
-        if call.capture is Capture.TRAINING_LOGPS and call.logp is None:  # TRL's training forward (delegated loss)
+        if (model is not self.model or torch.is_grad_enabled() or compute_aux_loss
+                or any(v is not None for v in multimodal.values()) or has_active_dropout(model)):
+            return self._trl_pass(model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size,
+                                  compute_entropy=compute_entropy, compute_aux_loss=compute_aux_loss, **multimodal)
+        logp, ent, call.stats = self._policy_stats(model, input_ids, attention_mask, logits_to_keep, batch_size,
+                                                   compute_entropy, quiet=False)
+        call.logp = logp
+        return logp, ent, None
+
+    def _training_pass(self, model, *args, **kwargs):
+        """In a delegated ``_compute_loss``: TRL's training forward, whose detached log-probs the hook call keeps
+        (its first pass: the loss's), and, for a minibatch selection, the selected tokens' advantages zeroed in the
+        micro-batch copy TRL's loss reads before TRL reads them (``_zero_selected``)."""
+        out = self._trl_pass(model, *args, **kwargs)
+        call = self._hook
+        if call.logp is None:
             call.logp = out[0].detach()
-            if call.select is not None:  # before TRL reads the advantages
+            if call.select is not None:
                 self._zero_selected(model, call.select, call.logp)
         return out
 
@@ -253,20 +262,9 @@ class EntropyControlGRPOTrainer(GRPOTrainer):
         old = inputs.get("old_per_token_logps")
         old = logp if old is None else old
         with torch.no_grad():
-            out = compute_policy_loss(LossInputs(logp, old, inputs["advantages"], self._loss_mask(inputs)),
+            out = compute_policy_loss(LossInputs(logp, old, inputs["advantages"], loss_mask(inputs)),
                                       surrogate_settings(self.loss_settings))
         self._record({k: v for k, v in out.metrics().items() if k.startswith(("ratio/", "clip/"))}, mode=None)
-
-    @staticmethod
-    def _loss_mask(inputs: dict[str, Any]) -> Tensor:
-        m, tool = inputs["completion_mask"], inputs.get("tool_mask")
-        return (m if tool is None else m * tool).bool()
-
-    @staticmethod
-    def _model_inputs(inputs: dict[str, Any]) -> tuple[Tensor, Tensor, int]:
-        ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
-        am = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1)
-        return ids, am, inputs["completion_ids"].shape[1]
 
     def _generate_and_score_completions(self, inputs):
         call = HookCall(Capture.OLD_POLICY_STATS if self.dynamics_metrics else Capture.NOTHING)
@@ -274,26 +272,27 @@ class EntropyControlGRPOTrainer(GRPOTrainer):
             out = super()._generate_and_score_completions(inputs)
         if not self.model.training:
             return out
-        mask, old = self._loss_mask(out), out.get("old_per_token_logps")
+        self._generation = GenerationState()
+        mask, old = loss_mask(out), out.get("old_per_token_logps")
         if not self.dynamics_metrics:  # a static method, no statistics: nothing beyond stock TRL's work
             # static methods select nothing per minibatch, so select_minibatch never reads these log-probs
-            out["erft_old_logps"] = torch.zeros(mask.shape, device=mask.device) if old is None else old
-            out["erft_keep"] = mask.clone()
+            RolloutRows(torch.zeros(mask.shape, device=mask.device) if old is None else old, mask.clone()).put(out)
             return out
         if old is not None and call.logp is old and call.stats is not None:  # TRL's old-policy pass gave them
             stats = call.stats
         elif self._defers_stats(old):  # on-policy: the statistics come from TRL's training forward
-            out["erft_old_logps"], out["erft_keep"] = torch.zeros(mask.shape, device=mask.device), mask.clone()
-            out["erft_stats_from_training"] = torch.tensor(True)  # 0-dim: TRL's split hands it to every micro-batch
+            RolloutRows(torch.zeros(mask.shape, device=mask.device), mask.clone()).put(out)
+            self._generation = GenerationState(True, [None] * self.args.steps_per_generation)
             return out
         else:  # TRL skipped its old-policy forward (on-policy step), or ran it with dropout: ours, once per
             # generation batch, in eval mode with the random streams forked (trl_support.quiet_pass); TRL's loss
             # keeps its own old-policy log-probs (absent on-policy: logp.detach())
-            own, _, stats = self._policy_stats(self.model, *self._model_inputs(out),
+            own, _, stats = self._policy_stats(self.model, *model_inputs(out),
                                                self.args.per_device_train_batch_size)
             old = own if old is None else old
-        out["erft_old_logps"] = old  # what the selections compare against (Clip-Cov, KL-Cov)
-        out["erft_keep"] = self._record_batch(stats, out["advantages"], mask, out["completion_ids"], out["prompt_ids"])
+        # old: what the selections compare against (Clip-Cov, KL-Cov)
+        RolloutRows(old, self._record_batch(stats, out["advantages"], mask, out["completion_ids"],
+                                            out["prompt_ids"])).put(out)
         if self.delegates and self.method.stage == "rollout":
             self._compose_keep(out)
         return out
@@ -331,13 +330,15 @@ class EntropyControlGRPOTrainer(GRPOTrainer):
         """One micro-batch's statistics from the hidden states of TRL's training forward, kept in its ``inputs``;
         the generation batch's metrics once its last micro-batch has trained (``_record_batch`` on the parts
         joined, in the buffer's order, which is the order they trained in: on-policy, each trains once)."""
-        ids, _, keep = self._model_inputs(inputs)
-        inputs["erft_stats"] = stats_from_hidden(core, hidden, ids, keep, self.temperature)
-        parts = self._buffered_inputs
-        if all("erft_stats" in p for p in parts):
-            stats = map_stats(lambda *x: torch.cat(x), *(p.pop("erft_stats") for p in parts))
+        ids, _, keep = model_inputs(inputs)
+        state, parts = self._generation, self._buffered_inputs
+        state.parts[self._step % self.args.steps_per_generation] = stats_from_hidden(core, hidden, ids, keep,
+                                                                                     self.temperature)
+        if all(part is not None for part in state.parts):
+            stats = map_stats(lambda *x: torch.cat(x), *cast(list[dynamics.TokenStats], state.parts))
+            state.parts = [None] * len(state.parts)
             self._record_batch(stats, torch.cat([p["advantages"] for p in parts]),
-                               torch.cat([self._loss_mask(p) for p in parts]),
+                               torch.cat([loss_mask(p) for p in parts]),
                                torch.cat([p["completion_ids"] for p in parts]),
                                torch.cat([p["prompt_ids"] for p in parts]))
 
@@ -345,8 +346,8 @@ class EntropyControlGRPOTrainer(GRPOTrainer):
         """The rollout-stage drops in TRL's own loss inputs (``trl_support.composes_with_trl``): the kept tokens
         are the loss mask (``tool_mask``; the attention mask stays ``completion_mask``) and the normaliser of the
         dapo/cispo/vespo losses counts them over all processes, as TRL counts its loss mask."""
-        keep = out["erft_keep"]
-        kept, valid = self.accelerator.reduce(torch.stack([keep.sum(), self._loss_mask(out).sum()]).float(), "sum")
+        keep = RolloutRows.on(out).keep
+        kept, valid = self.accelerator.reduce(torch.stack([keep.sum(), loss_mask(out).sum()]).float(), "sum")
         self._record(window.kept_fractions(torch.tensor([float(valid), float(kept), 0.0])), ours=False)
         out["tool_mask"] = keep.to(out["completion_mask"].dtype)
         out["num_items_in_batch"] = self.accelerator.gather(keep.sum()).sum()
@@ -366,20 +367,21 @@ class EntropyControlGRPOTrainer(GRPOTrainer):
 
     def _build_window(self, model, start: int, micro: list[dict[str, Any]], cur_here: Tensor | None) -> window.Window:
         """Minibatch-stage masks and loss scales of one optimizer step (global over ranks)."""
-        masks = [self._loss_mask(m) for m in micro]
+        masks = [loss_mask(m) for m in micro]
         gen_every = self.args.steps_per_generation * self.num_iterations
         cur = None
+        rows = [RolloutRows.on(m) for m in micro]
         if self.method.stage == "minibatch":
             if start % gen_every == 0:  # no update since generation: current log-probs are the old ones
-                cur = [m["erft_old_logps"] for m in micro]
+                cur = [r.old_logps for r in rows]
             elif len(micro) == 1 and cur_here is not None:
                 cur = [cur_here]
             else:
                 with torch.no_grad(), quiet_pass(model):
                     cur = [super(EntropyControlGRPOTrainer, self)._get_per_token_logps_and_entropies(
-                        model, *self._model_inputs(m))[0] for m in micro]
-        win = window.select_window(start, self.method, cur, [m["erft_old_logps"] for m in micro],
-                                   [m["advantages"] for m in micro], masks, [m["erft_keep"] for m in micro],
+                        model, *model_inputs(m))[0] for m in micro]
+        win = window.select_window(start, self.method, cur, [r.old_logps for r in rows],
+                                   [m["advantages"] for m in micro], masks, [r.keep for r in rows],
                                    self.loss_settings, self.method_generator, self.max_completion_length)
         if (start % gen_every) < self.args.steps_per_generation:  # first pass over this generation batch
             # TRL's log: this optimizer step's fractions (metrics.jsonl: the whole generation batch's)
@@ -395,8 +397,8 @@ class EntropyControlGRPOTrainer(GRPOTrainer):
         ``loss_settings`` (its metrics read in one transfer), and TRL's own log keys (``_record_trl_metrics``)."""
         if self.delegates:
             return self._compute_trl_loss(model, inputs)
-        mask = self._loss_mask(inputs)
-        logp, entropies, _ = self._get_per_token_logps_and_entropies(model, *self._model_inputs(inputs),
+        mask = loss_mask(inputs)
+        logp, entropies, _ = self._get_per_token_logps_and_entropies(model, *model_inputs(inputs),
                                                                      compute_entropy=True)
         masks, scale = self._selection(model, inputs, logp.detach())
         old = inputs.get("old_per_token_logps")
@@ -416,10 +418,10 @@ class EntropyControlGRPOTrainer(GRPOTrainer):
         the advantages) and goes into a copy of the micro-batch that TRL's loss reads: TRL's buffered micro-batch,
         which it reuses for its next iterations, stays as TRL made it."""
         self._apply_knob_to_trl()
-        training = self.model.training and "erft_keep" in inputs
+        training = self.model.training and RolloutRows.of(inputs) is not None
         view = dict(inputs)  # TRL's loss reads this one; the selected tokens' zero advantages are written here
         call = HookCall(Capture.TRAINING_LOGPS, select=view if training and self.method.stage == "minibatch" else None)
-        defer = training and bool(inputs.get("erft_stats_from_training", False))
+        defer = training and self._generation.stats_from_training
         core = self._core(model) if defer else None
         with self._serving(call), _hidden_states(core, defer) as hidden:
             loss = super()._compute_loss(model, view)
@@ -443,18 +445,16 @@ class EntropyControlGRPOTrainer(GRPOTrainer):
         """This micro-batch's masks and loss scale from its optimizer window's selection (rollout keep ∧
         minibatch selection, global over ranks); no selection in evaluation. ``logp``: the training forward's
         detached log-probs, the current policy's when the window is this micro-batch alone."""
-        if not (self.model.training and "erft_keep" in inputs):
+        if not (self.model.training and RolloutRows.of(inputs) is not None):
             return Masks(), 1.0
         win = self._window_inputs()
         if win is None:  # fallback: this micro-batch is the window (global over ranks)
             w = self._build_window(model, self._step, [inputs], logp)
             return w.selections[0].masks, w.scales[0] / self._grad_accum()
         start, micro = win  # inputs is micro[self._step - start]
-        built = inputs.get("erft_window")
+        built = self._generation.window
         if built is None or built.start != start:  # the window's first micro-batch (in this pass over the buffer)
-            built = self._build_window(model, start, micro, logp)
-            for m in micro:
-                m["erft_window"] = built
+            built = self._generation.window = self._build_window(model, start, micro, logp)
         j = self._step - start
         return built.selections[j].masks, built.scales[j]
 

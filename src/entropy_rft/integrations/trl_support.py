@@ -8,10 +8,12 @@ other methods (KL-Cov, CE-GPPO, EntroPIC, STEER) run entropy-rft's ``policy_loss
 surrogate (loss types grpo, bnpo, dr_grpo, dapo); on the other loss types and on sequence-level importance
 sampling they are refused in one line, naming the pair.
 
-Also the plug-in's own vocabulary in TRL's pipeline: the ``GRPOConfig`` fields a composing method sets
-(``grpo_settings``, ``config_for_trl``), GRPOTrainer's arguments by name (``bound_arguments``,
-``replace_argument``), the keys it adds to TRL's per-micro-batch ``inputs`` (``INPUT_KEYS``) and the state of one
-hook call (``HookCall``, ``Capture``).
+Also the plug-in's own vocabulary in TRL's pipeline: its plan (``TrlPlan``, made by ``trl_plan`` for
+``erft train --engine trl`` and the library alike: whose loss trains, the ``GRPOConfig`` TRL receives with the
+fields a composing method sets, the loss's base settings), GRPOTrainer's arguments by name (``bound_arguments``,
+``replace_argument``), what it adds to each row of TRL's generation batch (``RolloutRows``, the only keys it puts
+in TRL's ``inputs``), its state of the generation batch TRL trains on (``GenerationState``) and of one hook call
+(``HookCall``, ``Capture``).
 """
 
 from __future__ import annotations
@@ -21,9 +23,10 @@ import copy
 import enum
 import functools
 import inspect
-from collections.abc import Iterator
-from dataclasses import dataclass, replace
-from typing import Any, cast
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+from typing import Any, ClassVar, cast
 
 import torch
 
@@ -39,17 +42,56 @@ AGG_FOR_LOSS_TYPE = {"dapo": "token-mean", "bnpo": "token-mean", "grpo": "seq-me
                      "dr_grpo": "seq-mean-token-sum-norm"}
 
 
-def trl_loss_settings(trainer: Any, agg: str | None, dual_clip: float | None) -> LossSettings:
-    """The loss's settings of a TRL trainer as TRL set it up (built once): TRL's clip (``epsilon_low``,
-    ``epsilon_high``), the aggregation (``agg``, or the one of TRL's ``loss_type``: ``AGG_FOR_LOSS_TYPE``), the dual
-    clip, TRL's reference KL (``beta``, k3, ratio-weighted with ``use_bias_correction_kl``). The method's own
-    (``Method.loss_overrides``) go on top at each loss call (``EntropyControlGRPOTrainer.loss_settings``)."""
-    beta = float(trainer.beta)
+def config_loss_settings(args: Any, agg: str | None, dual_clip: float | None) -> LossSettings:
+    """The loss's settings as TRL sets its loss up from the ``GRPOConfig`` ``args`` (``GRPOTrainer.__init__``): the
+    clip (``epsilon``; ``epsilon_high``, which defaults to ``epsilon``), the aggregation (``agg``, or the one of TRL's
+    ``loss_type``: ``AGG_FOR_LOSS_TYPE``), the dual clip, TRL's reference KL (``beta``, k3, ratio-weighted with
+    ``use_bias_correction_kl``). tests/test_trl.py holds them to the attributes TRL's own ``__init__`` sets."""
+    beta = float(args.beta)
+    eps_high = args.epsilon_high if args.epsilon_high is not None else args.epsilon
     return LossSettings(
-        eps_low=trainer.epsilon_low, eps_high=trainer.epsilon_high, dual_clip=dual_clip,
-        agg=cast(Agg, agg or AGG_FOR_LOSS_TYPE.get(trainer.loss_type, "token-mean")), ref_kl_coef=beta,
-        ref_kl_estimator="k3",
-        ref_kl_ratio_weighted=bool(trainer.beta and getattr(trainer.args, "use_bias_correction_kl", False)))
+        eps_low=args.epsilon, eps_high=eps_high, dual_clip=dual_clip,
+        agg=cast(Agg, agg or AGG_FOR_LOSS_TYPE.get(args.loss_type, "token-mean")), ref_kl_coef=beta,
+        ref_kl_estimator="k3", ref_kl_ratio_weighted=bool(beta and getattr(args, "use_bias_correction_kl", False)))
+
+
+@dataclass(frozen=True)
+class TrlPlan:
+    """How ``EntropyControlGRPOTrainer`` trains a method, decided once from the caller's arguments before TRL reads
+    a weight (``trl_plan``; the same function for ``erft train --engine trl`` and the library)."""
+
+    delegated: bool  # TRL's own ``_compute_loss`` trains, the method composed into its inputs (``delegates_loss``)
+    args: Any  # the ``GRPOConfig`` TRL receives: the caller's (or TRL's default), or a copy with ``config_fields``
+    config_fields: Mapping[str, float]  # the GRPOConfig fields the method sets in ``args`` (``grpo_settings``)
+    loss_base: LossSettings  # TRL's loss as ``args`` sets it up, the caller's own fields on top
+
+    def loss_settings(self, method: Method) -> LossSettings:
+        """The loss's settings now: ``loss_base`` with the method's own on top, read at each loss call, so a knob
+        moved since the plan was made (a resume, an autopilot, ``set_knob``) is the one that trains."""
+        return method.loss_overrides().apply(self.loss_base)
+
+
+def default_grpo_config(model: Any) -> Any:
+    """The ``GRPOConfig`` TRL builds for a trainer given no ``args``, named after ``model`` as TRL names it."""
+    from trl import GRPOConfig
+    from trl.trainer.utils import get_config_model_id
+
+    name = model if isinstance(model, str) else get_config_model_id(model.config)
+    return GRPOConfig(f"{name.split('/')[-1]}-GRPO")
+
+
+def trl_plan(method: Method, args: Any, model: Any, agg: str | None = None, dual_clip: float | None = None,
+             loss_base: Mapping[str, Any] | None = None) -> TrlPlan:
+    """The trainer's plan for ``method``: whether TRL's loss trains (``delegates_loss``: the caller named none of
+    erft's loss settings, ``agg`` or ``dual_clip``, and the method composes), the ``GRPOConfig`` TRL receives
+    (``args``, TRL's default when None, or a copy with the method's clip or entropy coefficient when delegated:
+    ``config_for_trl``) and the loss's base settings (``config_loss_settings`` of that config, ``loss_base``'s
+    ``LossSettings`` fields on top: ``erft train``'s unclipped side and reference-KL estimator)."""
+    delegated = delegates_loss(method, agg, dual_clip)
+    fields = grpo_settings(method, args) if delegated else {}
+    trl_args = config_for_trl(fields, args if args is not None else default_grpo_config(model))
+    base = replace(config_loss_settings(trl_args, agg, dual_clip), **dict(loss_base or {}))
+    return TrlPlan(delegated, trl_args, MappingProxyType(dict(fields)), base)
 
 
 def trl_knobs(method: Method) -> dict[str, float]:
@@ -124,36 +166,25 @@ def grpo_settings(method: Method, args: Any) -> dict[str, float]:
     it, at the method's current values: ``epsilon`` and ``epsilon_high`` (its clip), ``entropy_coef`` (its entropy
     bonus); empty for the others. A side of the clip the method leaves alone keeps ``args``' value (TRL's
     ``epsilon_high`` defaults to ``epsilon``: that default is pinned when the method moves ``epsilon`` alone)."""
-    kw = method.loss_overrides().kwargs()
+    own = method.loss_overrides()
     out: dict[str, float] = {}
-    if "eps_low" in kw:
-        out["epsilon"] = float(kw["eps_low"])
-    if "eps_high" in kw:
-        out["epsilon_high"] = float(kw["eps_high"])
-    elif "eps_low" in kw and _get(args, "epsilon_high") is None:
+    for attr, value in (("epsilon", own.eps_low), ("epsilon_high", own.eps_high), ("entropy_coef", own.entropy_coef)):
+        if value is not UNSET and value is not None:
+            out[attr] = float(value)
+    if "epsilon" in out and "epsilon_high" not in out and _get(args, "epsilon_high") is None:
         out["epsilon_high"] = float(_get(args, "epsilon", 0.2))
-    if "entropy_coef" in kw:
-        out["entropy_coef"] = float(kw["entropy_coef"])
     return out
 
 
-def config_for_trl(method: Method, args: Any, model: Any, delegated: bool) -> Any:
+def config_for_trl(fields: Mapping[str, float], args: Any) -> Any:
     """The ``GRPOConfig`` TRL receives: ``args`` itself, or, for a method that composes into TRL's loss through
-    TRL's options (``grpo_settings``; ``delegated``: the loss is TRL's), a copy of it with the method's values,
-    so that TRL sets its loss up from them as from any config. No ``args``: TRL's default config, built as TRL
-    builds it from ``model``."""
-    settings = grpo_settings(method, args) if delegated else {}
-    if not settings:
+    TRL's options (``fields``: ``grpo_settings``), a copy of it with the method's values, so that TRL sets its loss
+    up from them as from any config."""
+    if not fields:
         return args
-    if args is None:
-        from trl import GRPOConfig
-        from trl.trainer.utils import get_config_model_id
-
-        name = model if isinstance(model, str) else get_config_model_id(model.config)
-        args = GRPOConfig(f"{name.split('/')[-1]}-GRPO")
     ours = copy.copy(args)  # the caller's config stays as given (no second __post_init__: it is not idempotent)
-    for field, value in settings.items():
-        setattr(ours, field, value)
+    for name, value in fields.items():
+        setattr(ours, name, value)
     return ours
 
 
@@ -177,18 +208,46 @@ def replace_argument(signature: inspect.Signature, args: tuple, kwargs: dict[str
     return args, {**kwargs, name: value}
 
 
-# The keys the plug-in adds to TRL's per-micro-batch ``inputs`` (TRL's loss reads none of them):
-INPUT_KEYS = {
-    "erft_old_logps": "[B, T] the log-probs the minibatch selections compare against (set with the generation "
-                      "batch)",
-    "erft_keep": "[B, T] the rollout-stage keep mask, chosen over all processes (set with the generation batch)",
-    "erft_stats_from_training": "0-dim bool tensor, on every micro-batch of a generation batch whose statistics "
-                                "come from TRL's training forwards (on-policy, ``_defers_stats``)",
-    "erft_stats": "this micro-batch's TokenStats from its training forward, until the generation batch's last "
-                  "micro-batch joins them (``_deferred_part``)",
-    "erft_window": "the ``window.Window`` of the optimizer step this micro-batch trains in, set on all its "
-                   "micro-batches by the first one; a later pass over the buffer (num_iterations) builds its own",
-}
+@dataclass(frozen=True)
+class RolloutRows:
+    """What the plug-in adds to each row of TRL's generation batch, set once with the batch: tensors in TRL's own
+    per-micro-batch ``inputs`` (under ``KEYS``), so that TRL's shuffle and split carry them with the rows they
+    belong to. TRL's loss reads none of them."""
+
+    old_logps: torch.Tensor  # [B, T] the log-probs the minibatch selections compare against
+    keep: torch.Tensor  # [B, T] the rollout-stage keep mask, chosen over all processes
+
+    KEYS: ClassVar[tuple[str, str]] = ("erft_old_logps", "erft_keep")
+
+    def put(self, inputs: dict[str, Any]) -> None:
+        """Into a generation batch TRL has not split yet."""
+        inputs[self.KEYS[0]], inputs[self.KEYS[1]] = self.old_logps, self.keep
+
+    @classmethod
+    def on(cls, inputs: Mapping[str, Any]) -> RolloutRows:
+        """A training micro-batch's rows (set with its generation batch)."""
+        return cls(inputs[cls.KEYS[0]], inputs[cls.KEYS[1]])
+
+    @classmethod
+    def of(cls, inputs: Mapping[str, Any]) -> RolloutRows | None:
+        """A micro-batch's rows; None for a batch the plug-in did not see (evaluation)."""
+        return cls.on(inputs) if cls.KEYS[1] in inputs else None
+
+
+INPUT_KEYS = RolloutRows.KEYS  # the only keys the plug-in adds to TRL's inputs
+
+
+@dataclass
+class GenerationState:
+    """The plug-in's state of the generation batch TRL trains on (its buffer of ``steps_per_generation``
+    micro-batches), held by the trainer and made anew with each training generation batch."""
+
+    # the statistics come from TRL's training forwards (on-policy: ``_defers_stats``), one micro-batch at a time
+    stats_from_training: bool = False
+    # per micro-batch of the buffer, its TokenStats from its training forward until the last one joins them
+    parts: list[TokenStats | None] = field(default_factory=list)
+    # the optimizer window being trained, built by its first micro-batch (a later pass over the buffer builds its own)
+    window: Any = None
 
 
 class Capture(enum.Enum):
@@ -244,7 +303,7 @@ def refusals(method: Method, args: Any, model_config: Any = None, delegated: boo
     TRL's own (``delegates_loss``), which runs everything TRL runs."""
     trl_entropy_term = bool(_get(args, "entropy_coef", 0.0)) or bool(_get(args, "use_adaptive_entropy", False))
     if delegated:  # TRL's loss runs everything; only its entropy term would be set twice
-        if "entropy_coef" in method.loss_overrides().kwargs() and trl_entropy_term:
+        if method.loss_overrides().entropy_coef is not UNSET and trl_entropy_term:
             return [f"entropy_coef / use_adaptive_entropy with method {method.name!r} (the method sets TRL's "
                     "entropy_coef itself; leave them at their defaults)"]
         return []
@@ -327,3 +386,17 @@ def trl_log_metrics(logp: torch.Tensor, old: torch.Tensor, adv: torch.Tensor, ma
     out["clip_ratio/low_min"] = nanmin(accelerator.gather(masked_seq_mean(low.float()))).item()
     out["clip_ratio/high_max"] = nanmax(accelerator.gather(masked_seq_mean(high.float()))).item()
     return out
+
+
+def loss_mask(inputs: Mapping[str, Any]) -> torch.Tensor:
+    """A TRL micro-batch's loss mask: ``completion_mask`` times ``tool_mask`` when TRL (or a drop) set one."""
+    m, tool = inputs["completion_mask"], inputs.get("tool_mask")
+    return (m if tool is None else m * tool).bool()
+
+
+def model_inputs(inputs: Mapping[str, Any]) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """A TRL micro-batch as ``_get_per_token_logps_and_entropies`` takes it: the prompt and completion ids, their
+    attention mask, the completion length (``logits_to_keep``)."""
+    ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
+    am = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1)
+    return ids, am, inputs["completion_ids"].shape[1]
