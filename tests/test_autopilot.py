@@ -448,7 +448,7 @@ def test_report_shows_autopilot_probe_levels_and_counterfactual(tmp_path):
     st = setpoint_tracking(flagged)
     assert (st["autopilot/out_of_band"], st["autopilot/out_with_room"]) == (2, 1)
     assert setpoint_tracking(rows)["autopilot/out_with_room"] is None  # a run from before the flag
-    assert _held_with_room(flagged).startswith(" Its smoothed entropy was outside ±15% on 2 step(s), 1 of them "
+    assert _held_with_room(st).startswith(" Its smoothed entropy was outside ±15% on 2 step(s), 1 of them "
                                                "with the knob not yet pushing as hard as it can toward the target")
 
 

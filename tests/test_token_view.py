@@ -13,6 +13,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from entropy_rft.analysis.report_data import read_views, token_views
 from entropy_rft.cli.main import main
 from entropy_rft.report import token_view_page as tvp
 from entropy_rft.report.page import build_report
@@ -161,5 +162,5 @@ def test_the_token_bound_holds_with_long_responses(tmp_path, monkeypatch):
 
 
 def test_no_view_no_section(tmp_path):
-    assert tvp.token_view_section([SimpleNamespace(path=tmp_path, name="x", label="x")]) == (
-        "", {"runs": [], "left_out": 0})
+    assert read_views(tmp_path) == [] and token_views([SimpleNamespace(path=tmp_path, name="x", label="x")]) == ()
+    assert tvp.token_view_section(()) == ("", {"runs": [], "left_out": 0})

@@ -152,7 +152,7 @@ def engine_run(path: str | Path, *, source: str | None = None, entropy_key: str 
                    "unfinished": log.unfinished,
                    "note": choice_note(log, choice)}}
     run = RunData(path=p, name=name, method=engine, label=name, seed=None, cfg=cfg, rows=rows, records=[],
-                  variant=name, engine=engine, model="?", law_entropy="train")
+                  variant=name, engine=engine, model="?", law_entropy="train", engine_log=log)
     run.train_rows = [x for x in rows if x["step"] >= 1 and ("entropy/mean" in x or "reward/mean" in x)]
     run.eval_rows = [x for x in rows if "eval/pass@1" in x]
     return run

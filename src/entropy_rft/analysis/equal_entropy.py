@@ -11,7 +11,7 @@ module turns the runs' summaries (``summary.run_summary``) into that comparison:
 - ``best_within_noise``: per setpoint, the best method and those whose mean is within two standard errors of
   it (standard error of the mean over seeds, combined in quadrature).
 - ``comparison_markdown`` and ``verdict``: the table and the computed paragraph of summary.md, the report and
-  docs/results.md.
+  docs/results.md; ``comparison_numbers``: the report's (rows, verdict, the law's and predictions' paragraph).
 """
 
 from __future__ import annotations
@@ -322,6 +322,16 @@ def dynamics_verdict(summaries: Sequence[dict]) -> str:
             f"r = {m('cov_centered_r')} and {m('cov_centered_sign', True)}; Paper A's −A·S_c gave "
             f"r = {m('a_sc_r')} and {m('a_sc_sign', True)}, predicting a fall on {m('a_sc_fall', True)} of steps.")
     return " ".join(parts)
+
+
+def comparison_numbers(summaries: Sequence[dict]) -> dict[str, Any]:
+    """The report's comparison (``report.json``'s ``comparison``): the rows (``comparison_rows``), the verdict at
+    equal entropy when some run held a setpoint (else None) and the law's and batch predictions' paragraph."""
+    rows = comparison_rows(summaries)
+    numbers: dict[str, Any] = {"rows": rows, "verdict": None, "dynamics": dynamics_verdict(summaries)}
+    if any(str(s.get("setpoint") or PRESET) != PRESET for s in summaries):
+        numbers["verdict"] = verdict(rows, summaries_k(summaries))
+    return numbers
 
 
 def controller_markdown(summaries: Sequence[dict]) -> str:

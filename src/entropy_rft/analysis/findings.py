@@ -12,7 +12,6 @@ import numpy as np
 
 from entropy_rft.analysis.law import fit_law, forecast_final, law_points, reliability_warning
 from entropy_rft.analysis.runs import QUADRANT_LABELS, UNKNOWN, RunData, methods_in_order, series
-from entropy_rft.analysis.summary import setpoint_tracking
 from entropy_rft.common.errors import UserError
 from entropy_rft.common.text import table_cell
 from entropy_rft.control.autopilot import tracking
@@ -148,7 +147,7 @@ def summary_paragraph(runs: Sequence[RunData], summaries: Sequence[dict], lens: 
         else:
             txt += ", a strong per-token signal."
         parts.append(txt)
-    parts += deeper_probe_sentences(runs)
+    parts += deeper_probe_sentences(runs, summaries)
     # Lens.
     bits = []
     for lab, d in lens.items():
@@ -216,8 +215,9 @@ def quadrant_table_md(rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def deeper_probe_sentences(runs: Sequence[RunData]) -> list[str]:
-    """Sentences on the JVP level, the counterfactual effect and the autopilot's tracking, from the rows."""
+def deeper_probe_sentences(runs: Sequence[RunData], summaries: Sequence[dict]) -> list[str]:
+    """Sentences on the JVP level, the counterfactual effect and the autopilot's tracking, from the rows and the
+    runs' summaries (``summaries``, as ``runs``: ``summary.run_summary``'s ``autopilot/...``)."""
     out = []
     rows = [row for r in runs for row in r.train_rows]
     jc = _mean([row.get("probe/jvp_corr") for row in rows])
@@ -243,7 +243,7 @@ def deeper_probe_sentences(runs: Sequence[RunData]) -> list[str]:
     if bits:
         out.append("Counterfactual (the same step taken with vanilla GRPO from the same state): the method's own "
                    "effect on batch entropy was " + _join(bits) + ".")
-    for r in runs:
+    for r, summ in zip(runs, summaries, strict=True):
         xs, tg = series(r.train_rows, "control/entropy_target")
         if not xs:
             continue
@@ -259,18 +259,18 @@ def deeper_probe_sentences(runs: Sequence[RunData]) -> list[str]:
             out.append(f"Autopilot {r.name}: entropy reached its target at step {tr['reach_step']}, then stayed "
                        f"within ±15% on {100 * tr['in_band_frac_after']:.0f}% of the remaining steps (largest "
                        f"deviation {100 * tr['max_rel_dev_after']:.0f}%, run {tr['length_ratio']:.1f}× the time to "
-                       f"reach); last knob {knobs[-1]:.3g}." + _held_with_room(r.train_rows))
+                       f"reach); last knob {knobs[-1]:.3g}." + _held_with_room(summ))
     return out
 
 
-def _held_with_room(train_rows: list[dict]) -> str:
-    """The controller's own reading (its smoothed entropy): steps outside ±15% after the reach, and how many of
-    them found the knob with room left toward the correction (``autopilot/out_with_room``)."""
-    st = setpoint_tracking(train_rows)
-    if st["autopilot/out_of_band"] is None:
+def _held_with_room(summ: dict) -> str:
+    """The controller's own reading (its smoothed entropy, ``summary.setpoint_tracking`` in the run's summary
+    ``summ``): steps outside ±15% after the reach, and how many of them found the knob with room left toward the
+    correction (``autopilot/out_with_room``)."""
+    if summ.get("autopilot/out_of_band") is None:
         return ""
-    text = f" Its smoothed entropy was outside ±15% on {st['autopilot/out_of_band']} step(s)"
-    if st["autopilot/out_with_room"] is None:
+    text = f" Its smoothed entropy was outside ±15% on {summ['autopilot/out_of_band']} step(s)"
+    if summ.get("autopilot/out_with_room") is None:
         return text + "."
-    return text + (f", {st['autopilot/out_with_room']} of them with the knob not yet pushing as hard as it can "
+    return text + (f", {summ['autopilot/out_with_room']} of them with the knob not yet pushing as hard as it can "
                    "toward the target (the rest: at its limit, control/saturated).")

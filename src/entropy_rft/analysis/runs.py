@@ -17,9 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from entropy_rft.analysis.summary import (
-    read_run_config,
-)
+from entropy_rft.analysis.engine_logs import EngineLog
+from entropy_rft.analysis.summary import read_run_config
 from entropy_rft.common.errors import UserError
 from entropy_rft.common.streams import LineCounts
 from entropy_rft.config.loading import config_from_dict
@@ -50,6 +49,7 @@ class RunData:
     law_entropy: str = "eval"  # the law's H (analysis.law.law_points): "train" for runs without eval/entropy
     settings: dict[str, str] = field(default_factory=dict)  # the settings its label names (assign_labels)
     gaps: list[str] = field(default_factory=list)  # what reading it left out or could not tell (_reading_gaps)
+    engine_log: EngineLog | None = None  # another engine's run: the log it was read from (byo.engine_run)
 
 
 UNKNOWN = "unknown"  # the method and model of a run without config.yaml: shown apart, never as a default

@@ -1,6 +1,7 @@
 """The report's page for the equal-entropy comparison (``equal_entropy``): the pass@1/pass@K Pareto plot, the
 entropy curves per setpoint and, where methods ran under their own control laws, each own law against the
-autopilot (each PNG bytes, or None when the runs hold nothing to draw), and the section's HTML.
+autopilot (each PNG bytes, or None when the runs hold nothing to draw), and the section's HTML, drawn from the
+report's record (``analysis.report_data``).
 
 Runs are grouped as their summaries group them (``analysis.summary.run_summary``: ``setpoint`` and
 ``method_name``), so a method's own law at a setpoint (``entropic:target=0.5x``) sits in that setpoint's panel as
@@ -21,13 +22,10 @@ from entropy_rft.analysis.equal_entropy import (
     LAW_COLUMNS,
     PRESET,
     comparison_markdown,
-    comparison_rows,
     controller_markdown,
     dynamics_markdown,
-    dynamics_verdict,
     setpoint_order,
     summaries_k,
-    verdict,
 )
 from entropy_rft.analysis.runs import mean_series, rolling
 from entropy_rft.analysis.summary import OWN_LAW as OWN
@@ -35,6 +33,7 @@ from entropy_rft.report.html_parts import figure_html, table_html
 from entropy_rft.report.plots import figure_png
 
 if TYPE_CHECKING:
+    from entropy_rft.analysis.report_data import ReportData
     from entropy_rft.analysis.runs import RunData
 
 MARKERS = "osD^vP*Xh<>p"
@@ -215,15 +214,15 @@ DYNAMICS_CAPTION = (
     "steps with the right sign, and the share of steps on which it predicts a fall (Cov > 0).")
 
 
-def equal_entropy_section(runs: Sequence[RunData], summaries: Sequence[dict]) -> tuple[str, dict[str, Any]]:
-    """The report's comparison page: with setpoints, the verdict, Pareto plot, entropy per setpoint and table;
-    for any runs, the law's forecasts and the batch predictions against the measured entropy change."""
+def equal_entropy_section(data: ReportData) -> str:
+    """The report's comparison page, from the record's ``comparison`` (``equal_entropy.comparison_numbers``): with
+    setpoints, the verdict, Pareto plot, entropy per setpoint and table; for any runs, the law's forecasts and the
+    batch predictions against the measured entropy change."""
+    runs, summaries, numbers = data.runs, data.summaries, data.comparison
     k = summaries_k(summaries)
-    rows = comparison_rows(summaries)
-    numbers: dict[str, Any] = {"rows": rows, "verdict": None, "dynamics": dynamics_verdict(summaries)}
+    rows = numbers["rows"]
     out = ""
-    if any(str(s.get("setpoint") or PRESET) != PRESET for s in summaries):
-        numbers["verdict"] = verdict(rows, k)
+    if numbers["verdict"] is not None:  # some run held a setpoint
         out += ("<h2>Methods at equal entropy</h2>"
                 f'<p class="summary" id="equal-entropy">{html.escape(numbers["verdict"])}</p>')
         for png, title, caption in ((fig_pareto(rows, k), "pass@1 against pass@K", PARETO_CAPTION),
@@ -242,4 +241,4 @@ def equal_entropy_section(runs: Sequence[RunData], summaries: Sequence[dict]) ->
                 f'<p class="summary" id="dynamics">{html.escape(numbers["dynamics"])}</p>'
                 f"<p>{html.escape(DYNAMICS_CAPTION)}</p>" + table_html(dynamics_markdown(rows, LAW_COLUMNS))
                 + table_html(dynamics_markdown(rows, AGREEMENT_COLUMNS)))
-    return out, numbers
+    return out

@@ -15,6 +15,9 @@ averaged; runs of one label that share a seed are not seeds, and their labels ge
 What the runs given lack (``analysis.runs.incomplete``: a log's unfinished last line, no ``run.json`` or
 ``config.yaml``, fewer steps than their siblings) is listed near the top of the page, one line each, and in
 ``report.json``'s ``incomplete``.
+
+The runs are read once, into one record (``analysis.report_data.ReportData``: runs, labels, summaries, law fits,
+the doctor's findings, token views, what the runs lack); every section of the page renders that record.
 """
 
 from __future__ import annotations
@@ -22,28 +25,15 @@ from __future__ import annotations
 import datetime as _dt
 import html
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from entropy_rft.analysis.byo import load_runs
-from entropy_rft.analysis.findings import fmt, law_fits, quadrant_rows, quadrant_table_md, summary_paragraph
+from entropy_rft.analysis.findings import fmt, quadrant_table_md
 from entropy_rft.analysis.law import MIN_RELIABLE_POINTS
-from entropy_rft.analysis.runs import (
-    RunData,
-    assign_labels,
-    incomplete,
-    lens_means,
-    methods_in_order,
-    series_info,
-)
-from entropy_rft.analysis.summary import (
-    DEFAULT_COLUMNS,
-    aggregate,
-    expand_columns,
-    markdown_table,
-    run_summary,
-)
+from entropy_rft.analysis.report_data import ReportData, report_data, report_numbers
+from entropy_rft.analysis.runs import RunData
+from entropy_rft.analysis.summary import DEFAULT_COLUMNS, expand_columns, markdown_table
 from entropy_rft.common.errors import UserError
 from entropy_rft.common.text import table_cell
 from entropy_rft.report import plots, probe_plots
@@ -55,38 +45,40 @@ from entropy_rft.rundir.files import atomic_write_bytes, atomic_write_json, atom
 
 # ----------------------------------------------------------------------------- HTML
 
-FIGURES = [
-    ("entropy", "Entropy over steps", plots.fig_entropy,
+# Each figure: (key, title, draw: the record -> PNG bytes or None, caption).
+FIGURES: list[tuple[str, str, Callable[[ReportData], bytes | None], str]] = [
+    ("entropy", "Entropy over steps", lambda d: plots.fig_entropy(d.runs),
      "Mean token entropy of each training batch (solid) and of the validation samples at evaluation steps "
      "(dashed). Entropy collapse shows as a falling solid line."),
-    ("autopilot", "Entropy autopilot", plots.fig_autopilot,
+    ("autopilot", "Entropy autopilot", lambda d: plots.fig_autopilot(d.runs),
      "Runs with an entropy target (method.entropy_target): the measured batch entropy (thin), its smoothed value "
      "that the PI controller reads (thick), the target (dashed) with a ±15% band, and the knob the controller "
      "set each step (right, log scale)."),
-    ("accuracy", "Accuracy and reward over steps", plots.fig_accuracy_reward,
+    ("accuracy", "Accuracy and reward over steps", lambda d: plots.fig_accuracy_reward(d.runs),
      "Mean training reward per step, and validation pass@1 / pass@K at evaluation steps."),
-    ("probe", "Predicted vs actual entropy change", probe_plots.fig_probe_scatter,
+    ("probe", "Predicted vs actual entropy change", lambda d: probe_plots.fig_probe_scatter(d.runs),
      "Each point is a recorded token: the tabular first-order prediction −w·A·S_c (Theorem 3.3, without the "
      "learning-rate factor, so only sign and correlation matter) against the actual change of that token's "
      "entropy after the step. Legend: Pearson r and sign agreement over tokens where both are non-zero."),
-    ("probe_levels", "Probe levels over training", probe_plots.fig_probe_levels,
+    ("probe_levels", "Probe levels over training", lambda d: probe_plots.fig_probe_levels(d.runs),
      "How well each level predicts the actual per-token entropy change after a step. Tabular: −A·S_c "
      "(Theorem 3.3), every step (10-step rolling mean), raw and |prediction|-weighted sign agreement. JVP: the "
      "network's exact first-order change ∇θH·Δθ along the step's actual parameter update, by forward-mode AD "
      "every probe.jvp_every steps. The dash-dotted line is chance (0.5)."),
-    ("counterfactual", "What the method did to entropy (counterfactual)", probe_plots.fig_counterfactual,
+    ("counterfactual", "What the method did to entropy (counterfactual)",
+     lambda d: probe_plots.fig_counterfactual(d.runs),
      "Every probe.counterfactual_every steps, the vanilla update was also taken from the very same parameters, "
      "optimizer state, RNGs and batch (then undone). Left: the method's own effect, batch-mean ΔH after the "
      "method's update minus after the vanilla one (positive: the method kept entropy up). Right: both ΔH."),
-    ("sc", "Distribution of S_c", plots.fig_sc_hist,
+    ("sc", "Distribution of S_c", lambda d: plots.fig_sc_hist(d.runs),
      "The centred discriminator S_c = S_k − E_p[S] over the recorded tokens. ClipV drops the tails."),
-    ("lens", "Lens attribution", plots.fig_lens,
+    ("lens", "Lens attribution", lambda d: plots.fig_lens(d.runs, d.lens, d.lens_ppo),
      "What each method removed from the gradient, by quadrant sign(A) × sign(S_c), and the first-order entropy "
      "change those tokens would have caused (negative: they would have lowered entropy). Hatched: tokens "
      "PPO's own ratio clip silenced."),
-    ("passk", "Pass@k curves", plots.fig_pass_at_k,
+    ("passk", "Pass@k curves", lambda d: plots.fig_pass_at_k(d.runs),
      "Unbiased Pass@k for k = 1..K from each final evaluation's pass-rate histogram; the base model dashed."),
-    ("passrate", "Pass-rate histograms", plots.fig_pass_rate_hist,
+    ("passrate", "Pass-rate histograms", lambda d: plots.fig_pass_rate_hist(d.runs),
      "How many of the K samples per validation problem were correct, base vs final. Paper A reports that "
      "clipping moves problems from the extremes (all wrong / all right) toward the middle."),
 ]
@@ -170,29 +162,6 @@ def _law_html(fits: Sequence[dict], runs: Sequence[RunData]) -> tuple[str, bytes
     return out, law_png
 
 
-def _diagnoses(runs: Sequence[RunData]) -> list[dict[str, Any]]:
-    """``erft doctor`` on each run (``analysis.doctor``): its findings and where it is heading, or why not."""
-    from entropy_rft.analysis.doctor import diagnose, heading, load_series, series_from_rows
-
-    out: list[dict[str, Any]] = []
-    for r in runs:
-        byo = r.cfg.get("byo")
-        try:
-            if byo:
-                series = load_series(r.path, source=byo["source"], entropy_key=byo["entropy_key"],
-                                     metric=byo["metric_key"])
-            else:
-                series = series_from_rows(r.name, r.rows, r.cfg)
-                series.method = r.method
-            found = diagnose(series)
-        except (UserError, KeyError) as e:  # no score, no training step, a method not registered here
-            out.append({"run": r.name, "label": r.label, "error": str(e)})
-            continue
-        out.append({"run": r.name, "label": r.label, "findings": [f.to_dict() for f in found],
-                    "heading": heading(series, 0.9)})
-    return out
-
-
 def _doctor_html(diagnoses: Sequence[dict[str, Any]]) -> str:
     """The doctor's section: one row per finding (text from the runs: escaped, shown, never obeyed)."""
     rows = []
@@ -237,75 +206,61 @@ def build_report(paths: Sequence[str | Path], out: str | Path, *, source: str | 
                  entropy_key: str | None = None, metric: str | None = None) -> dict[str, Any]:
     """Write ``out/report.html`` and ``out/report.json``; return the numbers (paragraph, fits, lens).
     ``paths``: erft run directories, folders of them, and runs of other engines (``analysis.byo.load_runs``:
-    ``source``, ``entropy_key`` and ``metric`` choose their reader and keys)."""
-    runs = load_runs(paths, source=source, entropy_key=entropy_key, metric=metric)
-    run_dirs = [r.path for r in runs]
-    settings = assign_labels(runs)  # the notes of the settings that keep runs of one method apart
-    lacking = incomplete(runs)  # after the labels: the runs of one series are siblings
-    summaries = [run_summary(r.path, rows=r.rows, cfg=r.cfg) for r in runs]
-    for r, s in zip(runs, summaries):
-        s["method"] = r.label
-    agg = aggregate(summaries)
-    agg = {lab: agg[lab] for lab in methods_in_order(runs)}
-    lens = lens_means(runs, "lens")
-    fits = law_fits(runs)
-    paragraph = summary_paragraph(runs, summaries, lens, fits)
+    ``source``, ``entropy_key`` and ``metric`` choose their reader and keys), read once into the report's record
+    (``analysis.report_data``), which every section below renders."""
+    data = report_data(paths, source=source, entropy_key=entropy_key, metric=metric)
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out}: exists and is not a folder; choose a folder for report.html")
+    return write_report(data, out)
 
+
+def write_report(data: ReportData, out: Path) -> dict[str, Any]:
+    """The page, ``report.json`` and the figures of the record ``data`` in the folder ``out``; returns the numbers."""
+    runs = data.runs
     sections = []
     pngs: dict[str, bytes] = {}  # each figure drawn, also written as out/<key>.png (for a page or a paper)
     omitted: list[dict[str, str]] = []
-    for key, title, fn, caption in FIGURES:
-        png = fn(runs)
+    for key, title, draw, caption in FIGURES:
+        png = draw(data)
         if png is None:  # nothing to plot: no empty panel, a line in "Figures left out"
             omitted.append({"figure": key, "title": title, "reason": _missing_reason(key, runs)})
         else:
             pngs[key] = png
             sections.append(f"<h2>{html.escape(title)}</h2>{figure_html(png, title, html.escape(caption))}")
-    law_html, law_png = _law_html(fits, runs)
+    law_html, law_png = _law_html(data.law, runs)
     if law_png is None:
         omitted.append({"figure": "law", "title": "Entropy-performance law", "reason": _missing_reason("law", runs)})
     else:
         pngs["law"] = law_png
         sections.append(law_html)
-    figures_present = list(pngs)
 
     title = "entropy-rft report"
     now = _dt.datetime.now().strftime("%Y-%m-%d %H:%M")
-    run_list = ", ".join(html.escape(str(p)) for p in run_dirs)
-    first = "method" if all(r.label == r.variant for r in runs) else "series"
-    tables = table_html(markdown_table(agg, MAIN_COLUMNS, first=first))
-    comparison_html, comparison = equal_entropy_section(runs, summaries)
-    if expand_columns(agg, ENTROPY_COLUMNS):  # a second table, so that neither is too wide for the page
+    run_list = ", ".join(html.escape(str(r.path)) for r in runs)
+    tables = table_html(markdown_table(data.methods, MAIN_COLUMNS, first=data.kind))
+    if expand_columns(data.methods, ENTROPY_COLUMNS):  # a second table, so that neither is too wide for the page
         tables += ("<p>Training-batch entropy at fixed steps:</p>"
-                   + table_html(markdown_table(agg, ENTROPY_COLUMNS, first=first)))
-    diagnoses = _diagnoses(runs)
-    tokens_html, tokens = token_view_section(runs)
-    quadrants = quadrant_rows(runs)
+                   + table_html(markdown_table(data.methods, ENTROPY_COLUMNS, first=data.kind)))
+    tokens_html, tokens = token_view_section(data.views)
     quadrant_html = ("<h2>Methods through the lens</h2><p>What each method does to each quadrant sign(A) × "
                      "sign(S_c) (drops, zeroes, reweights, adds gradient, changes the clip), and the measured "
                      "first-order entropy change of its change in token weights there, mean per step "
                      "(lensw/dH_change: Theorem 3.3 per token, −Δg·S_c, against the vanilla loss on the same "
-                     "batch).</p>" + table_html(quadrant_table_md(quadrants)))
+                     "batch).</p>" + table_html(quadrant_table_md(data.quadrants)))
     page = (
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
         f"<title>{title}</title><style>{CSS}{TOKEN_CSS}</style></head><body>"
         f"<h1>{title}</h1><p class=\"meta\">Generated {now} from {len(runs)} run(s): {run_list}</p>"
-        + _incomplete_html(lacking)
-        + f"<h2>Summary</h2><p class=\"summary\" id=\"summary\">{html.escape(paragraph)}</p>"
-        + "".join(f'<p class="warn">Settings: {html.escape(n)}.</p>' for n in settings)
-        + f"<h2>Table (mean ± std over seeds)</h2>{tables}" + _doctor_html(diagnoses) + comparison_html
+        + _incomplete_html(data.incomplete)
+        + f"<h2>Summary</h2><p class=\"summary\" id=\"summary\">{html.escape(data.paragraph)}</p>"
+        + "".join(f'<p class="warn">Settings: {html.escape(n)}.</p>' for n in data.settings)
+        + f"<h2>Table (mean ± std over seeds)</h2>{tables}" + _doctor_html(data.doctor) + equal_entropy_section(data)
         + quadrant_html + tokens_html
         + _omitted_html(omitted) + "".join(sections) + "</body></html>\n"
     )
     atomic_write_text(out / "report.html", page)
-    numbers = {"runs": [str(p) for p in run_dirs], "summary": paragraph, "series": series_info(runs),
-               "settings": settings, "incomplete": lacking, "figures": figures_present, "omitted": omitted,
-               "methods": agg, "lens": lens, "law": fits, "comparison": comparison, "quadrants": quadrants,
-               "doctor": diagnoses, "token_view": tokens,
-               "read": [r.cfg["byo"]["note"] for r in runs if "byo" in r.cfg]}
+    numbers = report_numbers(data, list(pngs), omitted, tokens)
     atomic_write_json(out / "report.json", numbers)
     for key, png in pngs.items():
         atomic_write_bytes(out / f"{key}.png", png)

@@ -24,7 +24,6 @@ import numpy as np  # noqa: E402
 from entropy_rft.analysis.runs import (  # noqa: E402
     QUADRANT_LABELS,
     by_label,
-    lens_means,
     logged,
     mean_series,
     methods_in_order,
@@ -228,13 +227,14 @@ def fig_sc_hist(runs: Sequence[RunData]) -> bytes | None:
 # ----------------------------------------------------------------------------- lens
 
 
-def fig_lens(runs: Sequence[RunData]) -> bytes | None:
-    """What each method dropped per quadrant sign(A)×sign(S_c), and the first-order ΔH those tokens carried.
+def fig_lens(runs: Sequence[RunData], groups: dict[str, dict[str, float | None]],
+             ppo: dict[str, dict[str, float | None]]) -> bytes | None:
+    """What each method dropped per quadrant sign(A)×sign(S_c), and the first-order ΔH those tokens carried:
+    ``groups`` and ``ppo`` are the runs' lens means per series (``analysis.runs.lens_means`` of ``lens`` and
+    ``lens_ppo``, as the report's record holds them).
 
     A last group, 'PPO ratio clip', shows the tokens PPO's own clipping silenced (lens_ppo), pooled over runs.
     """
-    groups = lens_means(runs, "lens")
-    ppo = lens_means(runs, "lens_ppo")
     if not any(v["drop_frac"] is not None for v in groups.values()):
         return None
     pooled_rows = [row for r in runs for row in r.train_rows]

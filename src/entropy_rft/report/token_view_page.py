@@ -1,7 +1,8 @@
 """The report's token view: the responses of some groups token by token (``token_view.jsonl``,
-``training.token_view``), each token coloured by its entropy H or by S_c, the method's marks on it, its numbers
-on hover, the group's rewards and advantages beside each response; the same prompt under two runs side by side;
-and the share of dropped tokens by token class and by position.
+``training.token_view``, as the report's record holds them: ``analysis.report_data``), each token coloured by its
+entropy H or by S_c, the method's marks on it, its numbers on hover, the group's rewards and advantages beside each
+response; the same prompt under two runs side by side; and the share of dropped tokens by token class and by
+position.
 
 The page stays a page without script (``report.page``): the switch between H and S_c is two radio buttons and
 CSS, the steps and groups are ``<details>``. Token text is data: every string is escaped and its control
@@ -15,13 +16,11 @@ import html
 import math
 from collections import defaultdict
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from entropy_rft.common.text import table_cell, visible
 from entropy_rft.report.html_parts import table_html
 
-FILE = "token_view.jsonl"
 MAX_GROUPS = 24  # groups drawn on a page, all runs together
 MAX_TOKENS = 12000  # tokens drawn on a page (each is a span of about 200 bytes)
 STEPS_PER_RUN = 2  # the newest recorded steps of each run
@@ -41,21 +40,6 @@ CSS = """
 .tv .cmp{display:grid;grid-template-columns:1fr 1fr;gap:1em}.tv details{margin:0.3em 0}
 .tv .legend span{padding:0 4px;margin-right:0.5em}
 """
-
-
-def read_views(path: Path) -> list[dict[str, Any]]:
-    """A run's ``token_view.jsonl`` rows that have the view's shape (anything else is left out: the file is
-    data, and a damaged line is counted by the reader's warning)."""
-    from entropy_rft.rundir.files import read_jsonl
-
-    f = Path(path) / FILE
-    if not f.is_file():
-        return []
-    out = []
-    for row in read_jsonl(f):
-        if isinstance(row.get("step"), int) and isinstance(row.get("responses"), list):
-            out.append(row)
-    return out
 
 
 def token_class(text: str) -> str:
@@ -166,16 +150,14 @@ def _position(i: int) -> str:
     return next(_bucket(lo, hi) for lo, hi in POSITIONS if hi is None or i < hi)
 
 
-def token_view_section(runs: Sequence[Any]) -> tuple[str, dict[str, Any]]:
-    """The page's token view and its numbers (``report.json``'s ``token_view``): ``runs`` are the report's
-    ``RunData`` (their ``path``, ``name``, ``label``)."""
-    views = {r.name: (r, read_views(r.path)) for r in runs if Path(r.path).is_dir()}
-    views = {k: v for k, v in views.items() if v[1]}
+def token_view_section(views: Sequence[tuple[Any, Sequence[dict[str, Any]]]]) -> tuple[str, dict[str, Any]]:
+    """The page's token view and its numbers (``report.json``'s ``token_view``): ``views`` are the report's runs
+    with a token view (their ``name``, ``label``) and its rows (``analysis.report_data.ReportData.views``)."""
     if not views:
         return "", {"runs": [], "left_out": 0}
     chosen: list[tuple[Any, dict[str, Any]]] = []
     total = 0
-    for r, rows in views.values():
+    for r, rows in views:
         steps = sorted({row["step"] for row in rows})[-STEPS_PER_RUN:]
         for step in reversed(steps):
             chosen += [(r, row) for row in rows if row["step"] == step]
