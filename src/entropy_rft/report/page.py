@@ -208,11 +208,10 @@ def build_report(paths: Sequence[str | Path], out: str | Path, *, source: str | 
     ``paths``: erft run directories, folders of them, and runs of other engines (``analysis.byo.load_runs``:
     ``source``, ``entropy_key`` and ``metric`` choose their reader and keys), read once into the report's record
     (``analysis.report_data``), which every section below renders."""
-    data = report_data(paths, source=source, entropy_key=entropy_key, metric=metric)
     out = Path(out)
-    if out.exists() and not out.is_dir():
+    if out.exists() and not out.is_dir():  # refused before any run is read
         raise UserError(f"--out {out}: exists and is not a folder; choose a folder for report.html")
-    return write_report(data, out)
+    return write_report(report_data(paths, source=source, entropy_key=entropy_key, metric=metric), out)
 
 
 def write_report(data: ReportData, out: Path) -> dict[str, Any]:
