@@ -39,7 +39,7 @@ run-real: $(STAMP)
 # results/smollm2-cpu/ as soon as it finishes (commit them). Ctrl-C or SIGTERM stops every run with a checkpoint.
 # Exit 3: runs are left, call it again. docs/results-smollm2-cpu.md.
 run-real-cpu: $(STAMP)
-	$(PY) benchmarks/gpu/realm.py --config configs/smollm2-cpu.yaml --results results/smollm2-cpu \
+	$(PY) -m benchmarks.gpu.realm --config configs/smollm2-cpu.yaml --results results/smollm2-cpu \
 		--runs runs/smollm2-cpu --jobs 2 --deadline-s 86400 --stop-wait-s 600
 
 # Issue 74, the long horizon (not part of CI; about 8-9 h on 2 cores over several sittings): GRPO, ClipV, ClipB (mu 1)
@@ -47,7 +47,7 @@ run-real-cpu: $(STAMP)
 # time; starts or resumes as run-real-cpu does. Conditions fixed before the runs: docs/results-smollm2-cpu-long.md.
 LONG_METHODS ?= none,clip_v,clip_b,clip_cov
 run-real-cpu-long: $(STAMP)
-	$(PY) benchmarks/gpu/realm.py --config configs/smollm2-cpu-long.yaml --results results/smollm2-cpu-long \
+	$(PY) -m benchmarks.gpu.realm --config configs/smollm2-cpu-long.yaml --results results/smollm2-cpu-long \
 		--runs runs/smollm2-cpu-long --methods $(LONG_METHODS) --jobs 2 --deadline-s 86400 --stop-wait-s 600
 
 # The two regimes (not part of CI; about 2 h on 2 cores): the same nine variants (GRPO, ClipB, ClipV,
@@ -87,18 +87,19 @@ GPU_PY       ?= $(if $(wildcard .venv/bin/python),.venv/bin/python,python3)
 GPU_JOBS     ?= 5
 GPU_DEADLINE ?= 540
 run-gpu:
-	$(GPU_PY) benchmarks/gpu/realm.py --jobs $(GPU_JOBS) --deadline-s $(GPU_DEADLINE)
+	$(GPU_PY) -m benchmarks.gpu.realm --jobs $(GPU_JOBS) --deadline-s $(GPU_DEADLINE)
+
+# The shipped default base policy against its recipe (issue 77): build it from the recipe in a scratch cache and
+# compare every file byte for byte (about 5-11 minutes on 2 cores). Run by hand: not a step of .ci/run while no base
+# policy is shipped (issue 77).
+check-shipped: $(STAMP)
+	.venv/bin/python -m benchmarks.cpu.shipped_policy
 
 # The GPU lease kit on the CPU (docs/lease.md): every plan end to end under the device's conditions (a virtualenv of
 # the image's packages only, the carry installed as there, no index, tiny sizes), a call killed half-way, $OUT
 # against the tool's limits. A step of .ci/run of its own, as make test-verl is.
-# The shipped default base policy against its recipe (issue 77): build it from the recipe in a scratch cache and
-# compare every file byte for byte (about 5-11 minutes on 2 cores). .ci/run runs it.
-check-shipped: $(STAMP)
-	.venv/bin/python benchmarks/cpu/shipped_policy.py
-
 lease-rehearsal: $(STAMP)
-	.venv/bin/python benchmarks/lease/kit.py rehearse
+	.venv/bin/python -m benchmarks.lease.kit rehearse
 
 # The report test renders report.html in headless Chromium from Debian's package (no browser downloads).
 browser:
@@ -135,7 +136,7 @@ typecheck: $(STAMP)
 	.venv/bin/mypy
 
 bench: $(STAMP)
-	.venv/bin/python benchmarks/cpu/token_stats.py
+	.venv/bin/python -m benchmarks.cpu.token_stats
 
 clean:
 	rm -rf .venv .venv-verl runs

@@ -1,19 +1,21 @@
 """Fingerprints of training numbers, for refactors that must keep every number.
 
-Trains the baseline configurations on the micro policy and dense-reward task of ``tests/micro.py`` (6 steps
-each, JVP and counterfactual probes every 3 steps) through the ``erft train`` command line, so the script does
-not depend on where modules live, and writes one SHA-256 per configuration and file: ``metrics.jsonl`` without its
-volatile ``time/`` and ``perf/`` keys, ``token_records.jsonl`` and ``samples.jsonl``.
+Trains the baseline configurations on the micro policy (``entropy_rft.models.micro``) and the dense-reward task
+``entropy_rft.tasks.digits:OverlapTask`` (6 steps each, JVP and counterfactual probes every 3 steps) through the
+``erft train`` command line, so the script does not depend on where modules live, and writes one SHA-256 per
+configuration and file: ``metrics.jsonl`` without its volatile ``time/`` and ``perf/`` keys,
+``token_records.jsonl`` and ``samples.jsonl``.
 
-    python benchmarks/fingerprint.py --out /tmp/before.json        # on the old commit
-    python benchmarks/fingerprint.py --out /tmp/after.json --compare /tmp/before.json
+    python -m benchmarks.fingerprint --out /tmp/before.json        # on the old commit (before the package:
+                                                                    # python benchmarks/fingerprint.py)
+    python -m benchmarks.fingerprint --out /tmp/after.json --compare /tmp/before.json
 
 ``--compare`` exits 1 naming every configuration and file that differs, and the first differing metric.
 ``--new-key KEY`` (repeatable) names a metric the new commit adds on purpose (issue 74's
 ``eval/correct_per_question``): it is left out of both sides' ``metrics.jsonl`` rows before they are compared, so
 everything else must still be identical, and the comparison fails when no new row holds it.
 
-    python benchmarks/fingerprint.py --out /tmp/after.json --compare /tmp/before.json \
+    python -m benchmarks.fingerprint --out /tmp/after.json --compare /tmp/before.json \
         --new-key eval/correct_per_question --new-key eval/question_ids
 
 The runs go through ``erft``, so they compute under the CPU pin (issues 36 and 62: ATen on AVX2, MKL on COMPATIBLE)
@@ -30,13 +32,11 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
 VOLATILE = ("time/", "perf/")
 
 CONFIGS: dict[str, dict[str, object]] = {
@@ -55,7 +55,7 @@ CONFIGS: dict[str, dict[str, object]] = {
 }
 
 COMMON = {
-    "task.name": "micro:OverlapTask",
+    "task.name": "entropy_rft.tasks.digits:OverlapTask",
     "rollout.prompts_per_step": 8,
     "train.max_steps": 6,
     "train.checkpoint_every": 3,
@@ -69,9 +69,9 @@ COMMON = {
 
 
 def _policy(folder: Path) -> Path:
-    code = ("import sys; from pathlib import Path; sys.path.insert(0, sys.argv[2]); "
-            "from micro import make_micro_policy; make_micro_policy(Path(sys.argv[1]))")
-    subprocess.run([sys.executable, "-c", code, str(folder), str(ROOT / "tests")], check=True)
+    code = ("import sys; from pathlib import Path; from entropy_rft.models.micro import make_micro_policy; "
+            "make_micro_policy(Path(sys.argv[1]))")
+    subprocess.run([sys.executable, "-c", code, str(folder)], check=True)
     return folder
 
 
@@ -95,12 +95,10 @@ def _digest(path: Path) -> str:
 
 def fingerprint(workdir: Path) -> tuple[dict[str, dict[str, str]], dict[str, list[dict]]]:
     """Train every configuration under ``workdir`` and return the digests and the metric rows."""
-    sys.path.insert(0, str(ROOT / "tests"))
-    from micro import micro_overrides
+    from entropy_rft.models.micro import micro_overrides
 
     policy = _policy(workdir / "policy")
     erft = Path(sys.executable).with_name("erft")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]))
     digests, rows = {}, {}
     for i, (name, sets) in enumerate(CONFIGS.items(), 1):
         out = workdir / name
@@ -108,7 +106,7 @@ def fingerprint(workdir: Path) -> tuple[dict[str, dict[str, str]], dict[str, lis
         for s in micro_overrides(policy, **{**COMMON, **sets}):
             args += ["--set", s]
         print(f"[{i}/{len(CONFIGS)}] {name}", flush=True)
-        done = subprocess.run(args, env=env, capture_output=True, text=True)
+        done = subprocess.run(args, capture_output=True, text=True)
         if done.returncode:
             sys.exit(f"fingerprint: {name} failed (exit {done.returncode}):\n{done.stderr[-2000:]}")
         digests[name] = {"metrics.jsonl": "", "token_records.jsonl": _digest(out / "token_records.jsonl"),

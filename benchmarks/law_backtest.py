@@ -7,7 +7,7 @@ OLS prediction interval (``entropy_rft.analysis.interval``), and the table repor
 with an interval (3 early points at least), the share whose final score fell inside (coverage), the mean error
 (predicted - actual), the mean absolute error and the mean interval width.
 
-    python benchmarks/law_backtest.py results/smollm2-cpu --fracs 0.2,0.4,0.6,0.8 --level 0.9 --out backtest.json
+    python -m benchmarks.law_backtest results/smollm2-cpu --fracs 0.2,0.4,0.6,0.8 --level 0.9 --out backtest.json
 
 RUN arguments are erft run directories, folders of them, or other engines' logs (as ``erft fit-law`` reads them).
 """
@@ -19,11 +19,8 @@ import json
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
-
-from entropy_rft.analysis.interval import FORMS, final_forecasts  # noqa: E402
-from entropy_rft.common.errors import UserError  # noqa: E402
+from entropy_rft.analysis.interval import FORMS, final_forecasts
+from entropy_rft.common.errors import UserError
 
 
 def run_points(path: Path) -> tuple[str, list[int], list[float], list[float]]:

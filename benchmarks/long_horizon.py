@@ -1,7 +1,7 @@
 """Issue 74's verdicts: the conditions A-E of docs/results-smollm2-cpu-long.md, judged on the committed runs of
 ``results/smollm2-cpu-long/`` exactly as that page fixed them before the runs, with the paired tests it names.
 
-    python benchmarks/long_horizon.py [--results results/smollm2-cpu-long] [--json OUT.json]
+    python -m benchmarks.long_horizon [--results results/smollm2-cpu-long] [--json OUT.json]
 
 Prints a markdown table per condition and the verdict (D's words); ``--json`` writes every figure. The code was
 written and committed before any long-run result was committed. It refuses, in one line, to judge fewer runs than

@@ -1,86 +1,27 @@
 """Micro fixtures for trainer tests: a random tiny Llama policy and a task whose reward varies under it.
 
 The Countdown base policy takes minutes to build; the trainer's mechanics need only a policy whose
-samples get different rewards, so advantages are non-zero.
+samples get different rewards, so advantages are non-zero. The policy and the digit tasks live in the package
+(``entropy_rft.models.micro``, ``entropy_rft.tasks.digits``: the benchmarks use them too); this module re-exports
+them under the names the tests give (``micro:DigitTask``) and adds the tests' own.
 """
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 
-from entropy_rft.tasks.base import Example, Task
+from entropy_rft.models.micro import make_micro_policy  # noqa: F401  (re-exported: the tests' name)
+from entropy_rft.models.micro import micro_overrides as _package_overrides
+from entropy_rft.tasks.base import Example
+from entropy_rft.tasks.digits import DigitTask, OverlapTask  # noqa: F401  (re-exported: micro:DigitTask)
 
 # The task is imported by name in every CLI process that trains on it (``micro:DigitTask``); the model builder's
 # imports (torch, transformers: ~5 s a process) stay in the builder, so a refused run pays none of them.
 
 
-class DigitTask(Task):
-    """Prompt 'abc>TT:'; reward 1 when the response's first character is the prompt's first digit."""
-
-    name = "digit"
-
-    def split(self, seed: int):
-        rng = random.Random(seed)
-        exs = [Example(f"{a}{b}{c}>{t}:", str(a)) for a in range(1, 10) for b in range(1, 10) for c in (1, 5)
-               for t in (7, 42)]
-        rng.shuffle(exs)
-        return exs[:200], exs[200:]
-
-    def reward(self, response: str, example: Example) -> float:
-        return 1.0 if response[:1] == example.answer else 0.0
-
-    def canonical(self, response: str, example: Example) -> str | None:
-        return response or None
-
-
-def make_micro_policy(folder: Path, seed: int = 0) -> Path:
-    import torch
-    from transformers import LlamaForCausalLM
-
-    from entropy_rft.models.loading import build_char_tokenizer, llama_config, save_policy
-
-    torch.manual_seed(seed)
-    tok = build_char_tokenizer()
-    model = LlamaForCausalLM(llama_config(tok, d_model=32, layers=1, heads=2, mlp=64))
-    with torch.no_grad():  # make the first digit likely enough for rewards to vary
-        model.lm_head.weight.mul_(4.0)
-    save_policy(folder, model, tok)
-    return folder
-
-
 def micro_overrides(model_dir: Path, **extra) -> list[str]:
-    sets = {
-        "model.name": str(model_dir),
-        "task.name": "micro:DigitTask",
-        "rollout.prompts_per_step": 4,
-        "rollout.group_size": 4,
-        "rollout.max_new_tokens": 6,
-        "eval.every": 2,
-        "eval.prompts": 8,
-        "eval.samples": 4,
-        "train.max_steps": 4,
-        "train.checkpoint_every": 2,
-        "train.samples_every": 2,
-        "probe.records_every": 2,
-        "probe.records_per_step": 16,
-        "train.progress": False,
-        "train.threads": 1,
-        "optim.lr": 1e-2,
-        "tuned_for": "",  # settings made for this micro policy: no "tuned for another model" warning
-    }
-    sets.update(extra)
-    return [f"{k}={v}" for k, v in sets.items()]
-
-
-class OverlapTask(DigitTask):
-    """Reward: the fraction of the response's characters that occur in the prompt. Dense, so a random
-    policy's samples differ in reward within every group and every token gets a gradient."""
-
-    name = "overlap"
-
-    def reward(self, response: str, example: Example) -> float:
-        return sum(ch in example.prompt for ch in response) / len(response) if response else 0.0
+    """The package's micro settings (:func:`entropy_rft.models.micro.micro_overrides`) on ``micro:DigitTask``."""
+    return _package_overrides(model_dir, **{"task.name": "micro:DigitTask", **extra})
 
 
 class ChatDigitTask(DigitTask):

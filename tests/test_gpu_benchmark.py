@@ -5,7 +5,6 @@ ours; the TRL part's A-B-C-C-B-A runs pool as computed by hand."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -14,21 +13,20 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "benchmarks" / "gpu" / "kernels.py"
+SCRIPT = ["-m", "benchmarks.gpu.kernels"]  # run from ROOT, as the lease kit runs it
 
 
 @pytest.fixture(scope="module")
 def kernels():
     """benchmarks/gpu/kernels.py imported as a module (as the lease kit imports render_markdown)."""
-    spec = importlib.util.spec_from_file_location("gpu_kernels_bench", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    from benchmarks.gpu import kernels as mod
+
     return mod
 
 
 def test_gpu_benchmark_smoke_run_writes_json_and_table(tmp_path):
-    r = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--quick", "--parts", "stats,head,verl",
-                        "--reps", "1", "--out", str(tmp_path)], capture_output=True, text=True, timeout=300)
+    r = subprocess.run([sys.executable, *SCRIPT, "--device", "cpu", "--quick", "--parts", "stats,head,verl",
+                        "--reps", "1", "--out", str(tmp_path)], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-2000:]
     (js,) = tmp_path.glob("cpu-*-quick.json")
     res = json.loads(js.read_text())
@@ -52,8 +50,8 @@ def test_gpu_benchmark_smoke_run_writes_json_and_table(tmp_path):
 def test_gpu_benchmark_json_part_writes_only_that_file(tmp_path, kernels):
     """One part with --json, as the lease kit runs each (the cheapest part: the file's handling is the point)."""
     out, f = tmp_path / "out", tmp_path / "kit" / "kernels-verl.json"
-    r = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--quick", "--parts", "verl", "--reps", "1",
-                        "--json", str(f), "--out", str(out)], capture_output=True, text=True, timeout=300)
+    r = subprocess.run([sys.executable, *SCRIPT, "--device", "cpu", "--quick", "--parts", "verl", "--reps", "1",
+                        "--json", str(f), "--out", str(out)], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-2000:]
     assert [p.name for p in f.parent.iterdir()] == [f.name]  # no temporary file left beside it
     assert not out.exists()  # with --json: no <stem>.json nor .md
@@ -105,8 +103,8 @@ def test_trl_pooling_keeps_a_failed_run_and_a_killed_part(kernels):
 
 
 def test_gpu_benchmark_refuses_an_unknown_part(tmp_path):
-    r = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--parts", "stats,nope",
-                        "--out", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    r = subprocess.run([sys.executable, *SCRIPT, "--device", "cpu", "--parts", "stats,nope",
+                        "--out", str(tmp_path)], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert r.returncode == 2
     assert r.stderr.strip().splitlines()[-1] == "--parts: unknown part(s) nope; choose from stats, head, verl, trl"
     assert not list(tmp_path.iterdir())

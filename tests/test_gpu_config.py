@@ -4,7 +4,6 @@ and a second call (a new lease: no run folder) trains nothing again. Also `erft 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -29,10 +28,9 @@ TINY = ["model.device=cpu", "rollout.prompts_per_step=2", "rollout.group_size=2"
 
 
 def _driver():
-    spec = importlib.util.spec_from_file_location("realm", ROOT / "benchmarks" / "gpu" / "realm.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    from benchmarks.gpu import realm
+
+    return realm
 
 
 def test_the_gpu_config_is_the_issue_s_comparison():

@@ -18,7 +18,7 @@ _COMPILE_ALL = r"""
 import os, sys
 os.environ.pop("TRITON_INTERPRET", None)
 sys.path.insert(0, sys.argv[1])
-import sass
+from benchmarks.gpu import sass
 from entropy_rft.core.kernels import head, stats
 
 V, B = sass.V_FULL, 2048
@@ -55,7 +55,7 @@ for per_row in (False, True):
 
 
 def test_every_kernel_compiles_for_sm90():
-    r = subprocess.run([sys.executable, "-c", _COMPILE_ALL, str(ROOT / "benchmarks" / "gpu")],
+    r = subprocess.run([sys.executable, "-c", _COMPILE_ALL, str(ROOT)],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     assert len(r.stdout.split("\n")) - 1 == 10, r.stdout  # five kernels, each with one and per-row temperatures
@@ -64,7 +64,7 @@ def test_every_kernel_compiles_for_sm90():
 _COUNT = r"""
 import sys
 sys.path.insert(0, sys.argv[1])
-import sass
+from benchmarks.gpu import sass
 from entropy_rft.core.kernels.stats import default_block, default_warps
 b = default_block(sass.V_FULL)
 ours, trl = sass.ours(b, default_warps(b, 2)), sass.trl()
@@ -75,7 +75,7 @@ print(ours.per_logit, trl.per_logit, ours.opcodes.get("MUFU", 0) / ours.per_thre
 def test_statistics_sweep_issues_fewer_instructions_a_logit_than_trls_kernel():
     """Five statistics for fewer machine instructions a logit than TRL's two (log p and H), one exp a logit:
     the measure that separated the two kernels on the H200 (36.3 against 25.0 instructions, 1.9x the time)."""
-    r = subprocess.run([sys.executable, "-c", _COUNT, str(ROOT / "benchmarks" / "gpu")], capture_output=True,
+    r = subprocess.run([sys.executable, "-c", _COUNT, str(ROOT)], capture_output=True,
                        text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     ours, trl, exps = map(float, r.stdout.split())

@@ -4,7 +4,6 @@ Expected values are hand-derived or from numpy's polyfit, numpy's matrix algebra
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 from pathlib import Path
@@ -156,11 +155,9 @@ def test_final_forecasts_refuses_a_run_with_nothing_after_the_cut():
 
 
 def backtest_module():
-    spec = importlib.util.spec_from_file_location("law_backtest", ROOT / "benchmarks" / "law_backtest.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    from benchmarks import law_backtest
+
+    return law_backtest
 
 
 def test_backtest_on_a_committed_subset_matches_an_independent_recomputation(tmp_path, capsys):

@@ -12,17 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.lease import carry, collect, plans, rehearse, status
 from entropy_rft.launch.run import start
 from micro import make_micro_policy, micro_overrides
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks" / "lease"))
-
-import carry  # noqa: E402
-import collect  # noqa: E402
-import plans  # noqa: E402
-import rehearse  # noqa: E402
-import status  # noqa: E402
 
 MIB = 1 << 20
 
@@ -209,13 +203,13 @@ def test_the_lease_page_gives_each_calls_exact_command_and_carry():
 
 
 def test_a_call_off_the_device_or_of_an_unknown_plan_is_one_line(tmp_path):
-    kit = [sys.executable, str(ROOT / "benchmarks" / "lease" / "kit.py")]
+    kit = [sys.executable, "-m", "benchmarks.lease.kit"]  # from ROOT, as docs/lease.md gives it
     env = {k: v for k, v in os.environ.items() if k != "OUT"}
-    r = subprocess.run([*kit, "call", "kernels", "1"], capture_output=True, text=True, env=env)
+    r = subprocess.run([*kit, "call", "kernels", "1"], capture_output=True, text=True, env=env, cwd=ROOT)
     assert r.returncode == 2 and r.stderr.strip().startswith("call: $OUT is not set")
-    r = subprocess.run([*kit, "show", "realm-9"], capture_output=True, text=True)
+    r = subprocess.run([*kit, "show", "realm-9"], capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 1 and r.stderr.strip() == "unknown plan 'realm-9'; the plans, in order: kernels, realm"
-    r = subprocess.run([*kit, "call", "realm", "4"], capture_output=True, text=True,
+    r = subprocess.run([*kit, "call", "realm", "4"], capture_output=True, text=True, cwd=ROOT,
                        env={**env, "OUT": str(tmp_path / "out"), "ERFT_LEASE_STATE": str(tmp_path / "state")})
     assert r.returncode == 1 and r.stderr.strip() == "plan realm has 3 call(s): 1..3, not 4"
     assert not (tmp_path / "out").exists()  # refused before anything is written
@@ -258,9 +252,8 @@ def _rows(out: Path) -> list[dict]:
 
 
 # Issue 49: a realm wave paces itself; the figures below are worked by hand.
-sys.path.insert(0, str(ROOT / "benchmarks" / "gpu"))
-import pace  # noqa: E402
-import shrink  # noqa: E402
+from benchmarks.gpu import pace  # noqa: E402
+from benchmarks.lease import shrink  # noqa: E402
 
 SETTINGS = {"train.max_steps": 60, "eval.every": 8, "eval.prompts": 128, "rollout.max_new_tokens": 128}
 
@@ -319,8 +312,7 @@ def test_runs_waiting_for_room_add_their_work_and_the_memory_caps_how_many_run_a
 
 
 def test_the_wave_trains_the_missing_runs_seeds_first_and_reads_its_memory(tmp_path):
-    import realm
-    import realm_wave
+    from benchmarks.gpu import realm, realm_wave
 
     for name in ("none-s0", "clip_v-s0", "clip_b-s1"):
         _finished_run(tmp_path / name)
@@ -411,7 +403,7 @@ def test_next_and_shrink_read_a_partial_wave_and_a_wave_where_nothing_fits(tmp_p
 
 
 def test_a_run_not_measured_yet_borrows_the_pace_of_those_that_are(tmp_path):
-    import realm_wave
+    from benchmarks.gpu import realm_wave
 
     def runner(p=None, row0=None):
         return realm_wave.Runner("r", "none", None, 0.0, tmp_path, t_row0=row0, pace=p)

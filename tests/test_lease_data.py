@@ -7,23 +7,15 @@ from __future__ import annotations
 
 import io
 import json
-import sys
 import tarfile
 from pathlib import Path
 
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks" / "lease"))
-sys.path.insert(0, str(ROOT / "benchmarks" / "gpu"))
+from benchmarks.lease import checks, collect, kit, plans, shrink, status
 
-import checks  # noqa: E402
-import collect  # noqa: E402
-import kit  # noqa: E402
-import plans  # noqa: E402
-import shrink  # noqa: E402
-import status  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 REALM = plans.PLANS["realm"]
 RUN = ROOT / "results" / "smollm2-cpu" / "none-s0"  # a real run's shipped files (issue 63), as templates

@@ -14,9 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from benchmarks import long_horizon as lh
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-import long_horizon as lh  # noqa: E402
 
 IDS = [f"q{i:02d}" for i in range(32)]
 
@@ -91,8 +91,8 @@ def test_the_law_forecast_in_closed_form(results):
 
 def test_fewer_than_twelve_runs_are_not_judged(results):
     (results / "clip_cov-s2" / "run.json").write_text(json.dumps({"status": "stopped", "step": 50}))
-    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "long_horizon.py"), "--results", str(results)],
-                         capture_output=True, text=True)
+    out = subprocess.run([sys.executable, "-m", "benchmarks.long_horizon", "--results", str(results)],
+                         capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 2 and out.stdout == ""
     assert out.stderr.strip().splitlines() == [
         f"long_horizon: 1 of the design's 12 runs are not finished in {results} (clip_cov-s2); the conditions "
@@ -100,8 +100,8 @@ def test_fewer_than_twelve_runs_are_not_judged(results):
 
 
 def test_the_script_prints_the_tables_and_writes_the_figures(results, tmp_path):
-    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "long_horizon.py"), "--results", str(results),
-                          "--json", str(tmp_path / "v.json")], capture_output=True, text=True)
+    out = subprocess.run([sys.executable, "-m", "benchmarks.long_horizon", "--results", str(results),
+                          "--json", str(tmp_path / "v.json")], capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     assert "D: reproduced for clip_v at this setting" in out.stdout
     # within 0.05 only Clip-Cov's seeds 0 and 1: 0.8 - 0.1 e^0.3 = 0.665 against 0.66 (GRPO, ClipB 0.078 off, ClipV

@@ -248,13 +248,10 @@ def test_the_numerics_probe_names_the_first_entry_that_differs_per_section():
     call order (embedding first, the loss last); a digest is the SHA-256 of the float32 bytes."""
     import copy
     import hashlib
-    import importlib.util
 
     import torch
 
-    spec = importlib.util.spec_from_file_location("numerics_probe", TESTS.parent / "benchmarks/cpu/numerics_probe.py")
-    probe = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(probe)
+    from benchmarks.cpu import numerics_probe as probe
     assert probe.digest(torch.tensor([1.0])) == hashlib.sha256(bytes.fromhex("0000803f")).hexdigest()[:16]
     secs = probe.model_sections(1)
     fwd = list(secs["forward"])

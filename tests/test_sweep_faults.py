@@ -37,7 +37,7 @@ from test_determinism import stable
 ROOT = Path(__file__).resolve().parents[1]
 CPU_CONFIG = ROOT / "configs" / "smollm2-cpu.yaml"
 TESTS = Path(__file__).resolve().parent
-GPU = ROOT / "benchmarks" / "gpu"
+DRIVER = "benchmarks.gpu.realm"  # run as a module from ROOT, as the Makefile runs it
 
 STEPS = 6
 
@@ -52,21 +52,22 @@ def micro(tmp_path_factory):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
     env.pop(FAULT_ENV, None)
     clean = base / "clean"
-    out = subprocess.run(_argv(sets, clean / "results", clean / "runs"), env=env, capture_output=True, text=True)
+    out = subprocess.run(_argv(sets, clean / "results", clean / "runs"), env=env, capture_output=True, text=True,
+                         cwd=ROOT)
     assert out.returncode == 0, out.stdout + out.stderr
     rows = read_jsonl(clean / "results" / "none-s0" / "metrics.jsonl")
     return {"sets": sets, "env": env, "rows": rows, "clean": clean / "results" / "none-s0"}
 
 
 def _argv(sets: list[str], results: Path, runs: Path, methods: str = "none") -> list[str]:
-    return [sys.executable, str(GPU / "realm.py"), "--config", str(CPU_CONFIG), "--results", str(results),
+    return [sys.executable, "-m", DRIVER, "--config", str(CPU_CONFIG), "--results", str(results),
             "--runs", str(runs), "--methods", methods, "--seeds", "1", "--jobs", "2", "--export-every-s", "1",
             "--stop-wait-s", "60", "--no-report", *sum((["--set", s] for s in sets), [])]
 
 
 def _sweep(micro, tmp: Path, **kw) -> subprocess.CompletedProcess:
     return subprocess.run(_argv(micro["sets"], tmp / "results", tmp / "runs"), env=micro["env"], capture_output=True,
-                          text=True, **kw)
+                          text=True, cwd=ROOT, **kw)
 
 
 def _lines(out: subprocess.CompletedProcess) -> str:
@@ -273,7 +274,7 @@ def _compare_pid(runs: Path, timeout: float = 120.0) -> int:
 def test_a_killed_driver_takes_its_sweep_with_it(micro, tmp_path):
     runs = tmp_path / "runs"
     driver = subprocess.Popen(_argv(micro["sets"], tmp_path / "results", runs), env=micro["env"],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
     compare = _compare_pid(runs)
     end = time.monotonic() + 300
     while not any(r.get("step", 0) >= 1 for r in read_jsonl(runs / "none-s0" / "metrics.jsonl")
@@ -311,9 +312,10 @@ def test_a_failed_export_is_one_line_and_training_goes_on(micro, tmp_path):
     assert len((micro["clean"] / "metrics.jsonl").read_bytes()) > limit
     wrapper = ("import resource, runpy, signal, sys; signal.signal(signal.SIGXFSZ, signal.SIG_IGN); "
                f"resource.setrlimit(resource.RLIMIT_FSIZE, ({limit}, resource.RLIM_INFINITY)); "
-               f"sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')")
+               f"sys.argv = sys.argv[1:]; runpy.run_module(sys.argv[0], run_name='__main__', alter_sys=True)")
     argv = _argv(micro["sets"], tmp_path / "results", tmp_path / "runs")
-    out = subprocess.run([sys.executable, "-c", wrapper, *argv[1:]], env=env, capture_output=True, text=True)
+    out = subprocess.run([sys.executable, "-c", wrapper, *argv[2:]], env=env, capture_output=True, text=True,
+                         cwd=ROOT)  # argv[2:]: the driver's module and its arguments
     assert out.returncode == 2 and "Traceback" not in _lines(out), _lines(out)
     said = [line for line in out.stdout.splitlines() if line.startswith("run_gpu:") and "failed" in line]
     assert said and "File too large" in said[0] and "training goes on" in said[0], out.stdout

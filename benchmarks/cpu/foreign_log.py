@@ -9,7 +9,7 @@ own (``os.wait4``'s ``ru_maxrss``). Printed: the median wall time and the peak R
 issue's target (fit-law's peak under 300 MB) as PASS/MISS. The page cache is warm after the file is written, for
 both commands alike.
 
-Usage: ``.venv/bin/python benchmarks/cpu/foreign_log.py [--gb 2] [--step-mb 2] [--rounds 2]``
+Usage: ``.venv/bin/python -m benchmarks.cpu.foreign_log [--gb 2] [--step-mb 2] [--rounds 2]``
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ The variants alternate in blocks of 10 calls, in a rotating order, so that the m
 alike. Printed: the median over blocks of the seconds per call of each, and the ratios to ``before`` (below 1:
 faster). On a quiet machine: other processes on the cores move these times more than the refactor does.
 
-Usage: ``.venv/bin/python benchmarks/cpu/loss_time.py [--ref a08266c] [--rounds 7] [--calls 300] [--threads 1]``
+Usage: ``.venv/bin/python -m benchmarks.cpu.loss_time [--ref a08266c] [--rounds 7] [--calls 300] [--threads 1]``
 """
 
 from __future__ import annotations

@@ -20,8 +20,8 @@ Every entry is a SHA-256 prefix of the float32 bytes. ``--compare OTHER.json`` n
 that differs (the forward section is in call order, so its first difference is the first module that computes
 differently) and exits 1 when any does. Run it on two machines and compare::
 
-    .venv/bin/python benchmarks/cpu/numerics_probe.py --out /tmp/here.json
-    .venv/bin/python benchmarks/cpu/numerics_probe.py --out /tmp/here.json \
+    .venv/bin/python -m benchmarks.cpu.numerics_probe --out /tmp/here.json
+    .venv/bin/python -m benchmarks.cpu.numerics_probe --out /tmp/here.json \
         --compare benchmarks/results/cpu-numerics-amd-epyc-f26m2-2026-12-06.json
 
 About 10 s on one core (``--sft-steps 20``).

@@ -12,7 +12,7 @@ each run are not counted. Printed: the median step time of each setting and the 
 drift apart after a few steps (the bytes differ: that is the point of the pin), so keep ``--steps`` short.
 On a machine without AVX-512 both settings are the same and the ratio is 1 up to noise.
 
-Usage: ``.venv/bin/python benchmarks/cpu/pin_cost.py [--models default,smollm2] [--steps 8] [--rounds 2] [--exact]``
+Usage: ``.venv/bin/python -m benchmarks.cpu.pin_cost [--models default,smollm2] [--steps 8] [--rounds 2] [--exact]``
 (on a quiet machine: other processes on the cores move step times more than the pin does).
 """
 

@@ -6,7 +6,7 @@ when all agree, 1 naming each file that differs. ``.ci/run`` runs it (about 5-11
 ``--write`` (after a recipe change, with its new ``RECIPE_VERSION``) replaces the shipped folder with the fresh
 build instead; commit it with the recipe.
 
-Usage: ``.venv/bin/python benchmarks/cpu/shipped_policy.py [--write]``
+Usage: ``.venv/bin/python -m benchmarks.cpu.shipped_policy [--write]``
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ run is a warm-up and is not timed. Peak memory is the process's peak RSS (``VmHW
 activations) read at the end of the last step, before anything is saved. Targets (issue 15, item 5): native
 >= 1.5x TRL's steps/s, native peak RSS <= TRL's.
 
-Usage: ``.venv/bin/python benchmarks/cpu/smollm2_speed.py [--steps 2] [--rounds 1] [--threads 1]``
+Usage: ``.venv/bin/python -m benchmarks.cpu.smollm2_speed [--steps 2] [--rounds 1] [--threads 1]``
 (about 10-15 min at the defaults on a shared 2-core machine).
 """
 

@@ -11,7 +11,7 @@ Two measurements, side by side in one run:
    ``--methods all`` times every registered method at its preset this way (the step-time column of
    ``erft compare --entropy-targets`` is taken inside a sweep that shares the CPU; this is the clean figure).
 
-Usage: ``python benchmarks/cpu/step_time.py [--model default] [--steps 30] [--threads 2] [--methods all]
+Usage: ``python -m benchmarks.cpu.step_time [--model default] [--steps 30] [--threads 2] [--methods all]
 [--same-batch-only]``.
 """
 

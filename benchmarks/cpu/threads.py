@@ -2,8 +2,8 @@
 and the automatic choice (``entropy_rft.common.threads.choose_threads``), each alone and next to one other busy
 process (``python -c 'while True: pass'``), interleaved, side by side in one run.
 
-    .venv/bin/python benchmarks/cpu/threads.py [--steps 6] [--rounds 2] [--threads 1,2,2p] [--skip-steps]
-    .venv/bin/python benchmarks/cpu/threads.py --model smollm2-135m --skip-token-stats --rounds 1
+    .venv/bin/python -m benchmarks.cpu.threads [--steps 6] [--rounds 2] [--threads 1,2,2p] [--skip-steps]
+    .venv/bin/python -m benchmarks.cpu.threads --model smollm2-135m --skip-token-stats --rounds 1
 
 A count with a "p" suffix (e.g. 2p) runs that many threads with OMP_WAIT_POLICY=PASSIVE in the child's
 environment (libgomp reads it when torch loads it: it cannot be set from inside a running process).

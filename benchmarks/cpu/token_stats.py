@@ -1,6 +1,6 @@
 """Benchmark: token_stats and fused_logp against common baselines, measured side by side in one run.
 
-    .venv/bin/python benchmarks/cpu/token_stats.py [--rows 1024] [--vocab 151936] [--dim 576] [--threads 1]
+    .venv/bin/python -m benchmarks.cpu.token_stats [--rows 1024] [--vocab 151936] [--dim 576] [--threads 1]
 
 Every measurement runs in a fresh subprocess that builds its inputs and runs one method only, so no method
 sees an allocator state left by another (glibc's dynamic mmap threshold, raised by freeing a mid-sized block,

@@ -15,7 +15,7 @@
    ``GRPOTrainer`` against the plug-in with ``none``, ``none`` with ``dynamics_metrics=False`` and ``clip_v``,
    4 prompts x 4 samples of ``rg:products``, up to 32 new tokens, interleaved rounds.
 
-Usage: ``.venv/bin/python benchmarks/cpu/trl_overhead.py [--steps 6] [--rounds 2] [--skip-default] [--smollm2]``.
+Usage: ``.venv/bin/python -m benchmarks.cpu.trl_overhead [--steps 6] [--rounds 2] [--skip-default] [--smollm2]``.
 Prints a ratio table.
 """
 
@@ -32,7 +32,6 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tests"))
 
 import torch  # noqa: E402
 
@@ -181,7 +180,7 @@ def _interleaved(engines: dict, rounds: int, tmp: Path) -> dict[str, float]:
 
 
 def main() -> None:
-    from micro import make_micro_policy
+    from entropy_rft.models.micro import make_micro_policy
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=6, help="steps per engine and round (the first is excluded)")
@@ -201,7 +200,7 @@ def main() -> None:
         return smollm2_cost(a)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        micro = Setup("micro", str(make_micro_policy(tmp / "policy")), "micro:DigitTask")
+        micro = Setup("micro", str(make_micro_policy(tmp / "policy")), "entropy_rft.tasks.digits:DigitTask")
         med = _interleaved({
             "trl": lambda o: trl_step_times(micro, o, a.steps, None),
             "erft_none": lambda o: trl_step_times(micro, o, a.steps, "none"),

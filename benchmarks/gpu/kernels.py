@@ -1,7 +1,7 @@
 """Issue 23's figures in one command on a GPU machine (under 10 minutes on an H100), side by side in one run.
 
-    python benchmarks/gpu/kernels.py [--device cuda|cpu] [--quick] [--parts stats,head,verl,trl] [--out DIR]
-    python benchmarks/gpu/kernels.py --parts stats --json $OUT/kernels-stats.json     # one part, as the lease kit
+    python -m benchmarks.gpu.kernels [--device cuda|cpu] [--quick] [--parts stats,head,verl,trl] [--out DIR]
+    python -m benchmarks.gpu.kernels --parts stats --json $OUT/kernels-stats.json     # one part, as the lease kit
 
 Writes ``DIR/<device>-<date>.json`` and ``.md`` (default DIR: benchmarks/results) and prints the table. With
 ``--json FILE`` it writes only FILE, atomically, after every finished measurement (a process killed half-way
@@ -58,11 +58,7 @@ if __name__ == "__main__":  # run as a script (not imported for render_markdown 
 import torch  # noqa: E402
 
 # ------------------------------------------------------------------------------------------------ timing
-
-
-if str(Path(__file__).resolve().parent) not in sys.path:
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-from kernels_report import (  # noqa: E402  (render_markdown, trl_rows: kept importable from here)
+from benchmarks.gpu.kernels_report import (  # noqa: E402  (render_markdown, trl_rows: kept importable from here)
     mib,
     ms,
     render_markdown,  # noqa: F401
@@ -71,8 +67,8 @@ from kernels_report import (  # noqa: E402  (render_markdown, trl_rows: kept imp
     write_json_atomic,
     write_report,
 )
-from kernels_trl import TRL_ORDER, V_FULL, child_trl, pool_trl_runs, run_trl  # noqa: E402
-from timing import extra_peak, median, sync, time_interleaved  # noqa: E402
+from benchmarks.gpu.kernels_trl import TRL_ORDER, V_FULL, child_trl, pool_trl_runs, run_trl  # noqa: E402
+from benchmarks.gpu.timing import extra_peak, median, sync, time_interleaved  # noqa: E402
 
 
 def host_syncs(fn, dev: str) -> tuple[int | None, list[str]]:

@@ -9,8 +9,8 @@ import os
 import tempfile
 from pathlib import Path
 
-from kernels_trl import TRL_ORDER
-from timing_math import median
+from benchmarks.gpu.kernels_trl import TRL_ORDER
+from benchmarks.gpu.timing_math import median
 
 
 def ms(x: float) -> str:

@@ -12,10 +12,10 @@ import sys
 import time
 from pathlib import Path
 
-from timing_math import median
+from benchmarks.gpu.timing_math import median
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = Path(__file__).resolve().with_name("kernels.py")  # a child is kernels.py --child TRAINER
+SCRIPT = "benchmarks.gpu.kernels"  # a child is python -m benchmarks.gpu.kernels --child TRAINER, from ROOT
 V_FULL = 151936
 QWEN15_SHAPE = {"hidden_size": 1536, "intermediate_size": 8960, "num_hidden_layers": 28, "num_attention_heads": 12,
                 "num_key_value_heads": 2, "vocab_size": V_FULL, "max_position_embeddings": 4096,
@@ -88,9 +88,8 @@ def build_model(name: str, device: str):
         extra = {"generation_kwargs": {"suppress_tokens": [tok.eos_token_id, *range(len(tok),
                                                                                    QWEN15_SHAPE["vocab_size"])]}}
         return model, tok, extra
-    if name.startswith("micro"):  # the smoke run's policy (tests/micro.py)
-        sys.path.insert(0, str(ROOT / "tests"))
-        from micro import make_micro_policy
+    if name.startswith("micro"):  # the smoke run's policy
+        from entropy_rft.models.micro import make_micro_policy
 
         folder = make_micro_policy(Path(os.environ.get("ERFT_BENCH_TMP", "/tmp")) / "bench-micro")
         return AutoModelForCausalLM.from_pretrained(folder), AutoTokenizer.from_pretrained(folder), {}
@@ -106,12 +105,12 @@ TRL_ORDER = ("stock", "none", "clip_v", "clip_v", "none", "stock")  # A-B-C-C-B-
 def run_trl(a, model: str, trainer: str, out: Path) -> dict:
     """One trainer's run in a fresh subprocess: its JSON line (``steps`` includes the warm-up step) or
     ``{"error": the output's last lines}``."""
-    cmd = [sys.executable, str(SCRIPT), "--child", trainer, "--model", model, "--out", str(out), "--device", a.device,
+    cmd = [sys.executable, "-m", SCRIPT, "--child", trainer, "--model", model, "--out", str(out), "--device", a.device,
            *sum(([f"--{k.replace('_', '-')}", str(getattr(a, k))] for k in
                  ("trl_steps", "trl_batch", "trl_group", "trl_tokens")), [])]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
     try:
-        r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=a.child_timeout)
+        r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=a.child_timeout, cwd=ROOT)
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {a.child_timeout} s (--child-timeout)"}
     tail = "\n".join((r.stdout + r.stderr).strip().splitlines()[-12:])

@@ -2,7 +2,7 @@
 ``--config configs/smollm2-cpu.yaml --jobs 2``, behind `make run-real-cpu` (issue 63: the same comparison on the CPU,
 resumable across sittings).
 
-    python benchmarks/gpu/realm.py [--config configs/smollm2-gpu.yaml] [--results results/smollm2-gpu]
+    python -m benchmarks.gpu.realm [--config configs/smollm2-gpu.yaml] [--results results/smollm2-gpu]
                                  [--runs runs/smollm2-gpu] [--jobs 5] [--seeds 3] [--deadline-s 540]
                                  [--set KEY=VALUE ...] [--max-steps N]
 
@@ -35,12 +35,12 @@ import argparse
 import sys
 from pathlib import Path
 
+# a checkout without the package installed finds src/ through benchmarks/__init__.py (an installed one comes first)
+from entropy_rft.cli.flags import add_sitting_flags  # the sitting's flags, as erft compare's
+from entropy_rft.launch.resumable import Driver, compare_env, drive  # the driver: one sitting
+from entropy_rft.rundir.finished import finished  # one definition: proven from the rows
+
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.append(str(ROOT / "src"))  # a checkout without the package installed (an installed one comes first)
-from entropy_rft.cli.flags import add_sitting_flags  # noqa: E402  (the sitting's flags, as erft compare's)
-from entropy_rft.launch.resumable import Driver, compare_env, drive  # noqa: E402  (the driver: one sitting)
-from entropy_rft.rundir.finished import finished  # noqa: E402  (one definition: proven from the rows)
 
 METHODS = "none,clip_b,clip_v,clip_cov,kl_cov"
 
@@ -78,7 +78,7 @@ def check_settings(args: argparse.Namespace) -> str | None:
 def run_paced(args: argparse.Namespace) -> int:
     """Every run of seeds ``0..--seeds-1`` not finished in ``--runs``, seeds first, as one paced wave
     (realm_wave.py); its exit status (0: all finished, 3: runs left, 2: settings differ from the kept runs')."""
-    from realm_wave import train_wave
+    from benchmarks.gpu.realm_wave import train_wave
 
     missing = missing_runs(args.runs, args.methods, args.seeds)
     if not missing:

@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pace import (
+from benchmarks.gpu.pace import (
     MEM_MARGIN,
     Pace,
     budget_of,
@@ -45,7 +45,6 @@ from pace import (
     runs_to_keep,
     still_fits,
 )
-
 from entropy_rft.common.processes import signal_session
 from entropy_rft.launch.sessions import kill_session, start_session
 
@@ -71,7 +70,7 @@ class Runner:
     rows: list = field(default_factory=list)
 
     def look(self, now: float) -> None:
-        from pace import read_rows
+        from benchmarks.gpu.pace import read_rows
 
         if self.t_ready is None and (self.folder / "run.json").is_file():
             self.t_ready = min(now, (self.folder / "run.json").stat().st_mtime - time.time() + now)

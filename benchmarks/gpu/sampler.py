@@ -1,6 +1,6 @@
 """Issue 27's GPU figures for the sampler and the precision, side by side in one run (CUDA, or the CPU to smoke).
 
-    python benchmarks/gpu/sampler.py [--device cuda|cpu] [--quick] [--json FILE]
+    python -m benchmarks.gpu.sampler [--device cuda|cpu] [--quick] [--json FILE]
 
 1. Sampler: SmolLM2-135M in bfloat16, 64 rows (8 prompts x 8, a GRPO batch) x 128 new tokens, EOS never ending
    a row early (every method generates all 128 tokens, so all do the same work):
@@ -20,7 +20,7 @@
    (``model.dtype=bfloat16``). Per step ||theta_after - theta_before|| (float64). Target: the autocast run's
    within 5% of float32's at every step. The bf16-weights run shows what rounding loses.
 
-``--device cpu --quick`` is a smoke run: the micro test policy (tests/micro.py), 8 rows x 16 tokens, no
+``--device cpu --quick`` is a smoke run: the micro policy (``entropy_rft.models.micro``), 8 rows x 16 tokens, no
 torch.compile (generate with a static cache only), 2 update steps. On CPU the graph row runs the same loop
 eagerly (no CUDA graph).
 """
@@ -39,7 +39,6 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "src"))
 
 import torch  # noqa: E402
 
@@ -181,8 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     tmp = tempfile.TemporaryDirectory()
     if a.quick and not cuda:
-        sys.path.insert(0, str(ROOT / "tests"))
-        from micro import make_micro_policy  # tests/micro.py
+        from entropy_rft.models.micro import make_micro_policy
 
         model_name = str(make_micro_policy(Path(tmp.name) / "micro"))
         rows, new_tokens, lr = 8, 16, 1e-3

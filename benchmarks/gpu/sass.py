@@ -10,8 +10,8 @@ than TRL's (benchmarks/results/nvidia-h200-2026-11-27.md) with 36.3 instructions
 a sweep over bf16 logits at these sizes is bound by instruction issue before memory, so this count is the
 figure to lower between leases, and the lease's timings say how far it carries.
 
-    python benchmarks/gpu/sass.py                      # ours at the default and other blocks, and TRL's
-    python benchmarks/gpu/sass.py --block 2048 --warps 8 --dump /tmp/stats.sass
+    python -m benchmarks.gpu.sass                      # ours at the default and other blocks, and TRL's
+    python -m benchmarks.gpu.sass --block 2048 --warps 8 --dump /tmp/stats.sass
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ import argparse
 import os
 import re
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -131,7 +130,6 @@ def count(name: str, fn, spec: dict, block: int, warps: int, dump: Path | None =
 
 def ours(block: int, warps: int, dump: Path | None = None, vocab: int = V_FULL) -> LoopCount:
     """``core.kernels.stats._stats_rows_kernel`` on contiguous bf16 [16384, vocab] logits, one temperature."""
-    sys.path.insert(0, str(ROOT / "src"))
     from entropy_rft.core.kernels import stats
 
     spec = {"x_ptr": ("ptr", "bf16"), "ids_ptr": ("ptr", "i64"), "t_ptr": ("ptr", "i32"), "t_scalar": ("fp32",),
@@ -169,7 +167,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warps", type=int, default=None, help="warps per program (default: bf16's default_warps)")
     p.add_argument("--dump", type=Path, default=None, help="write the SASS of the one --block kernel here")
     a = p.parse_args(argv)
-    sys.path.insert(0, str(ROOT / "src"))
     from entropy_rft.core.kernels.stats import default_block, default_warps
 
     blocks = [a.block] if a.block else [default_block(V_FULL), 1024, 4096]

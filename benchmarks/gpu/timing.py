@@ -10,7 +10,8 @@ import time
 from collections.abc import Callable
 
 import torch
-from timing_math import median  # noqa: F401  (kept here: timing's users import it from timing)
+
+from benchmarks.gpu.timing_math import median  # noqa: F401  (kept here: timing's users import it from timing)
 
 
 def sync(dev: str) -> None:

@@ -16,7 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from plans import CARRY_DIR, CARRY_LIMIT, MIB, ROOT, Call, Plan
+from benchmarks.lease.plans import CARRY_DIR, CARRY_LIMIT, MIB, ROOT, Call, Plan
 
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64",
              "manylinux1_x86_64")

@@ -20,13 +20,11 @@ from __future__ import annotations
 import json
 import math
 import re
-import sys
 import tarfile
 import zlib
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
-from entropy_rft.common.text import visible  # noqa: E402  (the standard library only; shown, never obeyed)
+from entropy_rft.common.text import visible  # the standard library only; shown, never obeyed
 
 MEMBER_MAX = 32 << 20  # bytes of one file of a run, unpacked (a real run's metrics.jsonl: ~1 MB)
 TOTAL_MAX = 256 << 20  # bytes of the whole tar, unpacked

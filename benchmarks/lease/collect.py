@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from checks import (
+from benchmarks.lease.checks import (
     LeaseDataError,
     check_call_record,
     check_kernels_part,
@@ -28,10 +27,8 @@ from checks import (
     tar_members,
     visible,
 )
-from plans import KERNEL_PARTS, KERNEL_RESULTS, REALM_RESULTS, ROOT, Plan, realm_run_names
-
-sys.path.insert(0, str(ROOT / "benchmarks" / "gpu"))
-from entropy_rft.rundir.finished import SHIPPED, claims_finished, missing  # noqa: E402  (what a run ships; finished)
+from benchmarks.lease.plans import KERNEL_PARTS, KERNEL_RESULTS, REALM_RESULTS, ROOT, Plan, realm_run_names
+from entropy_rft.rundir.finished import SHIPPED, claims_finished, missing  # what a run ships; finished
 
 # The task check of the first lease that trains (issue 34): the base model's figures at the step-0 evaluation
 TASK_PASS1 = (0.05, 0.3)
@@ -94,7 +91,7 @@ def read_kernels(folders: list[Path]) -> list[tuple[str, dict]]:
 def kernels_files(parts: list[tuple[str, dict]], root: Path) -> list[tuple[Path, str]]:
     """The parts' JSON merged into ``<device>-<date>.json`` and its ``.md`` (benchmarks/gpu/kernels.py), as
     (path, text), rendered before anything is written: the parts are checked (``checks.check_kernels_part``)."""
-    from kernels_report import render_markdown, result_stem
+    from benchmarks.gpu.kernels_report import render_markdown, result_stem
 
     merged: dict = {}
     for part, res in parts:
@@ -238,7 +235,7 @@ def commit_realm(staged: Staged, folders: list[Path], root: Path) -> list[Path]:
 def report_wave(plan: Plan, calls: list, root: Path) -> None:
     """What the wave decided (each call's lease.json, ``wave``): the runs a partial wave left for the next lease
     of the plan, or the pace and the smaller setting when nothing fitted (status.wave_advice)."""
-    from status import committed_runs, missing_runs, wave_advice
+    from benchmarks.lease.status import committed_runs, missing_runs, wave_advice
 
     for rec, _ in calls:
         wave = rec.get("wave")
@@ -255,7 +252,7 @@ def report_wave(plan: Plan, calls: list, root: Path) -> None:
 def collect(plan: Plan, folders: list[Path], root: Path = ROOT, force: bool = False) -> list[Path]:
     """Put what ``folders`` (each the files one call returned) hold where it is committed; returns the paths.
     Everything is checked before the first file is written (``checks.LeaseDataError``: one line)."""
-    from status import committed_runs
+    from benchmarks.lease.status import committed_runs
 
     calls = read_calls(plan, folders)
     if not plan.realm:

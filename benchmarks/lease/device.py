@@ -22,7 +22,7 @@ import tarfile
 import time
 from pathlib import Path
 
-from plans import (
+from benchmarks.lease.plans import (
     CALL_DEADLINE_S,
     CARRY_DIR,
     GGUF_SHA256,
@@ -35,9 +35,7 @@ from plans import (
     get_call,
     realm_run_names,
 )
-
-sys.path.append(str(ROOT / "src"))  # the lent machine has no install (an installed package comes first)
-from entropy_rft.rundir.finished import SHIPPED  # noqa: E402  (the files a run ships: one list)
+from entropy_rft.rundir.finished import SHIPPED  # the files a run ships: one list (src/ by benchmarks/__init__.py)
 
 # configs/smollm2-gpu.yaml at tiny sizes on the CPU (tests/test_gpu_config.py's sizes)
 REHEARSAL_SETS = ("model.device=cpu", "rollout.prompts_per_step=1", "rollout.group_size=2",
@@ -110,7 +108,7 @@ def py() -> str:
 def install_wheels(lease: Lease, folder: Path) -> None:
     wheels = sorted(str(p) for p in folder.glob("*.whl"))
     if not wheels:
-        raise RuntimeError(f"{folder} holds no wheels: run `python benchmarks/lease/kit.py pack "
+        raise RuntimeError(f"{folder} holds no wheels: run `python -m benchmarks.lease.kit pack "
                            f"{lease.plan.name}` here and carry it")
     rc = lease.run([py(), "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
                     "--no-cache-dir", "--upgrade", "--target", str(lease.state / "site"), *wheels], 120)
@@ -154,7 +152,7 @@ def section_env(lease: Lease, budget: float) -> int:
 def section_kernels(part: str):
     def run(lease: Lease, budget: float) -> int:
         size = ["--device", "cpu", "--quick", "--reps", "1"] if lease.rehearsal else ["--device", "cuda"]
-        return lease.run([py(), "benchmarks/gpu/kernels.py", "--parts", part, *size, "--json",
+        return lease.run([py(), "-m", "benchmarks.gpu.kernels", "--parts", part, *size, "--json",
                           str(lease.out / f"kernels-{part}.json")], budget)
     return run
 
@@ -198,7 +196,7 @@ def section_sampler(lease: Lease, budget: float) -> int:
         lease.say(f"skipped: {REALM_RESULTS}/sampler.json is committed (the first lease that trained checked it)")
         return 0
     size = ["--device", "cpu", "--quick"] if lease.rehearsal else ["--device", "cuda", "--rounds", "2"]
-    return lease.run([py(), "benchmarks/gpu/sampler.py", *size, "--no-hf", "--json",
+    return lease.run([py(), "-m", "benchmarks.gpu.sampler", *size, "--no-hf", "--json",
                       str(lease.out / "sampler.json")], budget)
 
 
@@ -207,7 +205,8 @@ def graph_sampler_ok(lease: Lease) -> bool:
     the same settings), else as the sampler check found it (this call's, or the committed sampler.json): it drew
     the eager sampler's tokens."""
     import yaml  # the image has it
-    from status import committed_runs
+
+    from benchmarks.lease.status import committed_runs
 
     runs = committed_runs()
     if runs:
@@ -235,10 +234,10 @@ def section_train(lease: Lease, budget: float) -> int:
     sets = ["train.checkpoints=false", f"rollout.cuda_graphs={str(graphs).lower()}"]
     wave = lease.state / "tmp" / "wave.json"
     wave.unlink(missing_ok=True)
-    argv = [py(), "benchmarks/gpu/realm.py", "--seeds", str(REALM_SEEDS), "--deadline-s", f"{deadline:.0f}",
+    argv = [py(), "-m", "benchmarks.gpu.realm", "--seeds", str(REALM_SEEDS), "--deadline-s", f"{deadline:.0f}",
             "--stop-wait-s", str(STOP_WAIT_S), "--no-report", "--methods", ",".join(REALM_METHODS), "--paced",
             "--wave-json", str(wave)]
-    from status import known_peak_mib
+    from benchmarks.lease.status import known_peak_mib
 
     peak = known_peak_mib(lease.plan)
     if peak:

@@ -1,14 +1,15 @@
 """The GPU lease kit: the GPU work as named plans of one or two device calls (docs/lease.md).
 
 Here (the checkout's .venv):
-    python benchmarks/lease/kit.py next                   # the next plan that has not run, and its exact calls
-    python benchmarks/lease/kit.py show PLAN              # one plan's calls: carry, command, timeout_s, returns
-    python benchmarks/lease/kit.py pack PLAN              # build its carry in .lease/ (wheels, GGUF parts); sizes
-    python benchmarks/lease/kit.py collect PLAN DIR [DIR] # what the calls returned -> benchmarks/results/, results/
-    python benchmarks/lease/kit.py shrink PLAN            # the smaller setting a lease proposed -> the config
-    python benchmarks/lease/kit.py rehearse [PLAN ...]    # every plan on the CPU under the device's conditions
-On the GPU machine (the call's command; the image's python3):
-    PYTHONUNBUFFERED=1 python3 benchmarks/lease/kit.py call PLAN N
+    python -m benchmarks.lease.kit next                   # the next plan that has not run, and its exact calls
+    python -m benchmarks.lease.kit show PLAN              # one plan's calls: carry, command, timeout_s, returns
+    python -m benchmarks.lease.kit pack PLAN              # build its carry in .lease/ (wheels, GGUF parts); sizes
+    python -m benchmarks.lease.kit collect PLAN DIR [DIR] # what the calls returned -> benchmarks/results/, results/
+    python -m benchmarks.lease.kit shrink PLAN            # the smaller setting a lease proposed -> the config
+    python -m benchmarks.lease.kit rehearse [PLAN ...]    # every plan on the CPU under the device's conditions
+On the GPU machine (the call's command; the image's python3, which finds the checkout's src/ through
+benchmarks/__init__.py):
+    PYTHONUNBUFFERED=1 python3 -m benchmarks.lease.kit call PLAN N
 
 Plans: kernels (issue 33), realm (issue 34); `next` offers kernels first, then realm until its 15 runs are
 committed (each lease trains as many of the missing ones as fit, seeds first), then a second try of kernels if
@@ -22,15 +23,13 @@ import os
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from plans import CALL_DEADLINE_S, CALL_TIMEOUT_S, CARRY_LIMIT, MIB, PLANS, ROOT, Plan, get_plan  # noqa: E402
+from benchmarks.lease.plans import CALL_DEADLINE_S, CALL_TIMEOUT_S, CARRY_LIMIT, MIB, PLANS, ROOT, Plan, get_plan
 
 
 def describe(plan: Plan) -> str:
     """The plan's calls as whoever holds the lease makes them."""
     lines = [f"plan {plan.name} (issue {plan.issue}): {plan.purpose}",
-             f"  here first: .venv/bin/python benchmarks/lease/kit.py pack {plan.name}"]
+             f"  here first: .venv/bin/python -m benchmarks.lease.kit pack {plan.name}"]
     for i, call in enumerate(plan.calls, 1):
         lines += [f"  call {i} of {len(plan.calls)}:",
                   f"    carry:     {list(call.carry)}",
@@ -43,7 +42,7 @@ def describe(plan: Plan) -> str:
         lines.append(f"  make each call at once after the one before, 1 to {len(plan.calls)} (a machine is given back "
                      "30 s after a call)")
     folders = " ".join(f"FILES_AT_OF_CALL_{i}" for i in range(1, len(plan.calls) + 1))
-    lines.append(f"  then here: .venv/bin/python benchmarks/lease/kit.py collect {plan.name} {folders}; commit")
+    lines.append(f"  then here: .venv/bin/python -m benchmarks.lease.kit collect {plan.name} {folders}; commit")
     return "\n".join(lines)
 
 
@@ -71,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     sp.add_argument("plans", nargs="*")
     sp.add_argument("--work", type=Path, default=ROOT / ".lease" / "rehearsal")
     a = p.parse_args(argv)
-    from checks import LeaseDataError
+    from benchmarks.lease.checks import LeaseDataError
 
     try:
         return dispatch(a)
@@ -84,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
 def dispatch(a: argparse.Namespace) -> int:
     """Run the subcommand ``a.cmd``."""
     if a.cmd == "call":
-        from device import run_call
+        from benchmarks.lease.device import run_call
 
         out = os.environ.get("OUT")
         if not out:
@@ -95,10 +94,10 @@ def dispatch(a: argparse.Namespace) -> int:
         return run_call(get_plan(a.plan), a.number, Path(out), state, os.environ.get("ERFT_LEASE_REHEARSAL") == "1",
                         deadline)
     if a.cmd in ("next", "list"):
-        from status import next_plan, plan_done
+        from benchmarks.lease.status import next_plan, plan_done
 
         if a.cmd == "list":
-            from status import kernel_leases
+            from benchmarks.lease.status import kernel_leases
 
             for plan in PLANS.values():
                 print(f"{plan.name:8s} {'ran' if plan_done(plan) else 'to run':6s}  {plan.purpose}")
@@ -106,7 +105,7 @@ def dispatch(a: argparse.Namespace) -> int:
                 said = f"failed: {', '.join(failed)}" if failed else "every section ok"
                 print(f"  {rec.relative_to(ROOT)}: {said}")
             return 0
-        from status import plan_state
+        from benchmarks.lease.status import plan_state
 
         plan = next_plan()
         print(describe(plan) if plan else "every plan has run: nothing needs a GPU lease")
@@ -117,7 +116,7 @@ def dispatch(a: argparse.Namespace) -> int:
         print(describe(get_plan(a.plan)))
         return 0
     if a.cmd == "pack":
-        from carry import pack
+        from benchmarks.lease.carry import pack
 
         sizes = pack(get_plan(a.plan))
         for k, v in sizes.items():
@@ -125,7 +124,7 @@ def dispatch(a: argparse.Namespace) -> int:
         print(describe(get_plan(a.plan)))
         return 0
     if a.cmd == "shrink":
-        from shrink import shrink
+        from benchmarks.lease.shrink import shrink
 
         plan = get_plan(a.plan)
         if not plan.realm:
@@ -136,7 +135,7 @@ def dispatch(a: argparse.Namespace) -> int:
               f"{plan.name} at the next lease")
         return 0
     if a.cmd == "collect":
-        from collect import collect
+        from benchmarks.lease.collect import collect
 
         bad = [str(f) for f in a.folders if not f.is_dir()]
         if bad:
@@ -146,7 +145,7 @@ def dispatch(a: argparse.Namespace) -> int:
             print(f"wrote {path.relative_to(ROOT)}")
         return 0
     if a.cmd == "rehearse":
-        from rehearse import rehearse
+        from benchmarks.lease.rehearse import rehearse
 
         names = a.plans or list(PLANS)
         for n in names:

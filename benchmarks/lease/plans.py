@@ -97,7 +97,7 @@ class Call:
 
     def command(self, plan: str, number: int) -> str:
         """The device call's command, exactly as docs/lease.md gives it."""
-        return f"PYTHONUNBUFFERED=1 python3 benchmarks/lease/kit.py call {plan} {number}"
+        return f"PYTHONUNBUFFERED=1 python3 -m benchmarks.lease.kit call {plan} {number}"
 
 
 @dataclass(frozen=True)
@@ -118,7 +118,7 @@ KERNELS = Plan(
     "kernels", 33, "token_stats, the fused head, the verl hook and the TRL plug-in against stock, side by side",
     wheels=("trl", "datasets", "liger-kernel"),
     calls=(Call((f"{CARRY_DIR}/wheels-kernels",),
-                (ENV, *(Section(p, b, (f"kernels-{p}.json",), f"benchmarks/gpu/kernels.py --parts {p}")
+                (ENV, *(Section(p, b, (f"kernels-{p}.json",), f"python -m benchmarks.gpu.kernels --parts {p}")
                         for p, b in KERNEL_PARTS))),))
 
 REALM_WHEELS = ("reasoning-gym", "gguf", "pytz")

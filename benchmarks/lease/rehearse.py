@@ -27,9 +27,9 @@ import sys
 import time
 from pathlib import Path
 
-from carry import image_packages, pack, tree_bytes, tree_files
-from collect import collect
-from plans import (
+from benchmarks.lease.carry import image_packages, pack, tree_bytes, tree_files
+from benchmarks.lease.collect import collect
+from benchmarks.lease.plans import (
     CALL_DEADLINE_S,
     CARRY_DIR,
     OUT_MAX_DEPTH,
@@ -179,7 +179,7 @@ def rehearse_realm_leases(plan: Plan, copy: Path, venv_py: Path, work: Path, sta
     committed); then a device whose memory holds three runs, with five allowed at once (the runs start together at
     the peak the earlier leases measured, never more than three run at once, and this one call commits the
     remaining eight)."""
-    from status import missing_runs, plan_state
+    from benchmarks.lease.status import missing_runs, plan_state
 
     failures, n = [], len(plan.calls)
     names = realm_run_names()
@@ -212,7 +212,7 @@ def rehearse_realm_leases(plan: Plan, copy: Path, venv_py: Path, work: Path, sta
 
 def rehearse(names: list[str], work: Path) -> list[str]:
     """Rehearse the plans ``names`` in ``work``; returns the failures (empty: every plan passed)."""
-    from status import missing_runs
+    from benchmarks.lease.status import missing_runs
 
     failures: list[str] = []
     venv_py = build_venv(work / "venv")

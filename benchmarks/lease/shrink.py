@@ -6,15 +6,12 @@ Refused, in one line, while any run is committed: the 15 runs share one setting.
 from __future__ import annotations
 
 import re
-import sys
 from pathlib import Path
 
-from checks import RECORD_NAME, visible
-from plans import REALM_CONFIG, ROOT, Plan
-from status import committed_runs, config_settings, last_wave
-
-sys.path.insert(0, str(ROOT / "benchmarks" / "gpu"))
-from pace import SETTING_KEYS  # noqa: E402  (the settings a wave measures and may shrink)
+from benchmarks.gpu.pace import SETTING_KEYS  # the settings a wave measures and may shrink
+from benchmarks.lease.checks import RECORD_NAME, visible
+from benchmarks.lease.plans import REALM_CONFIG, ROOT, Plan
+from benchmarks.lease.status import committed_runs, config_settings, last_wave
 
 
 def set_values(text: str, sets: dict, note: str) -> str:

@@ -6,10 +6,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from checks import LeaseDataError, check_lease_file, visible
-from plans import KERNEL_RESULTS, PLANS, REALM_CONFIG, REALM_RESULTS, ROOT, Plan, realm_run_names
-
-from entropy_rft.rundir.finished import finished  # noqa: E402  (one definition of a finished run; checks puts src/ on the path)
+from benchmarks.lease.checks import LeaseDataError, check_lease_file, visible
+from benchmarks.lease.plans import KERNEL_RESULTS, PLANS, REALM_CONFIG, REALM_RESULTS, ROOT, Plan, realm_run_names
+from entropy_rft.rundir.finished import finished  # one definition of a finished run
 
 
 def missing_runs(root: Path = ROOT) -> list[str]:
@@ -118,7 +117,7 @@ def _advice(plan: Plan, wave: dict, settings_now: dict | None, committed: list[s
     lines.append("proposal, once for all 15 runs (configs/smollm2-gpu.yaml; say so in docs/results-smollm2-gpu.md): "
                  + ", ".join(f"{k} {was[k]} -> {v}" for k, v in prop["sets"].items() if was.get(k) != v)
                  + f" (one run {prop['predicted_s']:.0f} s of {prop['budget_s']:.0f} s): "
-                 f".venv/bin/python benchmarks/lease/kit.py shrink {plan.name}")
+                 f".venv/bin/python -m benchmarks.lease.kit shrink {plan.name}")
     if committed:
         lines.append(f"{len(committed)} run(s) are committed under the old settings ({', '.join(committed)}): "
                      "shrink refuses until they are removed, so that all 15 runs share one setting")

@@ -1,5 +1,5 @@
 """The pieces of a policy trained from scratch: the character tokenizer, a small Llama config, saving a model
-in HF format, and counting its parameters (used by :mod:`entropy_rft.training.sft` and the tests' micro policies).
+in HF format, and counting its parameters (used by :mod:`entropy_rft.training.sft` and :mod:`entropy_rft.models.micro`).
 """
 
 from __future__ import annotations

@@ -11,12 +11,13 @@ it) and its files match the checksums their build recorded.
 It ships nothing yet: the one build made for it, on an AMD EPYC of family 26 (2026-12-06), did not reproduce the
 README's table (``make run`` there printed other figures from its own build as from the shipped copy), so its
 bytes are not the ones the README promises. Ship them from a CPU whose ``make run`` prints the README's table:
-``benchmarks/cpu/shipped_policy.py --write``, then ``make check-shipped`` in ``.ci/run``.
+``python -m benchmarks.cpu.shipped_policy --write``, then ``make check-shipped`` in ``.ci/run``.
 
 What guards it: the suite checks the shipped files against their build's record and the shipped folder's name
 and settings against ``sft.default_policy_dir`` and ``sft.DEFAULT_BUILD`` (a recipe changed without a new
-build fails there); ``benchmarks/cpu/shipped_policy.py`` (run by ``.ci/run``) builds the policy from its recipe
-(``ERFT_BUILD_FROM_RECIPE=1``: never from the shipped copy) and fails unless it writes the same bytes.
+build fails there); ``benchmarks/cpu/shipped_policy.py`` (``make check-shipped``, run by hand until a build ships)
+builds the policy from its recipe (``ERFT_BUILD_FROM_RECIPE=1``: never from the shipped copy) and fails unless it
+writes the same bytes.
 """
 
 from __future__ import annotations

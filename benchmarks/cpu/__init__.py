@@ -1,0 +1,2 @@
+"""CPU measurements, each a script (``python -m benchmarks.cpu.<name>``): they import none of the benchmarks'
+other modules."""
