@@ -23,8 +23,8 @@ unless ``ERFT_CPU_PIN=0``: a fingerprint taken under an earlier pin (none, or is
 from one taken after it, by design; compare two commits that have the same pin, or run the older one with this
 pin's variables exported (``MKL_CBWR=COMPATIBLE`` for a commit of issue 36's pin).
 The configurations are the seven of issue 14 (none, ClipV, Clip-Cov, KL-Cov with two minibatches, PPO +
-ClipB over two epochs, the autopilot, gradient accumulation with the reference KL) and issue 28's five
-methods. About 2 minutes on 2 CPU cores.
+ClipB over two epochs, the autopilot, gradient accumulation with the reference KL), issue 28's five
+methods and five on the TRL engine (``trl_*``, issue 78). About 4 minutes on 2 CPU cores.
 """
 
 from __future__ import annotations
@@ -53,6 +53,18 @@ CONFIGS: dict[str, dict[str, object]] = {
     "clip_low": {"method.name": "clip_low"},
     "entropic": {"method.name": "entropic"},
 }
+# The TRL engine (erft train --engine trl; issue 78's TrlPlan): TRL's own loss with a method composed into its inputs
+# (none, Clip-Cov's zeroes, the entropy bonus as TRL's term), and erft's loss on TRL's forwards (KL-Cov over two
+# minibatches, CE-GPPO with accumulation and the reference KL). TRL runs no evaluation or probe: off.
+TRL = {"engine": "trl", "train.max_steps": 4, "eval.every": 0, "probe.enabled": "false", "probe.jvp_every": 0,
+       "probe.counterfactual_every": 0, "probe.records_every": 0, "train.samples_every": 1}
+CONFIGS.update({f"trl_{name}": {**TRL, **sets} for name, sets in {
+    "none": {"method.name": "none"},
+    "clip_cov": {"method.name": "clip_cov"},
+    "entropy_bonus": {"method.name": "entropy_bonus"},
+    "kl_cov_2mb": {"method.name": "kl_cov", "algo.minibatches": 2},
+    "ce_gppo_accum_refkl": {"method.name": "ce_gppo", "algo.grad_accum": 2, "algo.ref_kl_coef": 0.05},
+}.items()})
 
 COMMON = {
     "task.name": "entropy_rft.tasks.digits:OverlapTask",

@@ -126,3 +126,49 @@ def test_docs_glossary_is_the_table():
     assert text.count(begin) == 1 and text.count(end) == 1
     section = text[text.index(begin) + len(begin): text.index(end)]
     assert section == metric_names.glossary_markdown()
+
+
+def test_the_aggregation_column_names_what_a_loss_call_writes():
+    """A loss call with every term on (dual clip, Clip-Cov's zeroes, KL-Cov's selection, an advantage shift,
+    EntroPIC's weights, CE-GPPO's β, the reference KL and the entropy bonus) writes exactly the names the table
+    declares per loss call, so the column, not a list in an engine, says which keys a step's row averages."""
+    import torch
+
+    from entropy_rft.core.loss import compute_policy_loss
+    from entropy_rft.core.loss_types import LossInputs, LossSettings, Masks
+
+    g = torch.Generator().manual_seed(0)
+    shape = (4, 6)
+    logp = -torch.rand(shape, generator=g) - 0.1
+    old = logp + 0.3 * torch.randn(shape, generator=g)
+    adv = torch.randn(shape, generator=g)
+    mask = torch.ones(shape, dtype=torch.bool)
+    pick = torch.rand(shape, generator=g) > 0.5
+    masks = Masks(keep=torch.ones(shape, dtype=torch.bool), zeroed=pick, kl_cov_select=~pick,
+                  adv_shift=0.1 * torch.ones(shape), weight_select=pick)
+    inputs = LossInputs(logp, old, adv, mask, masks, old - 0.05, torch.rand(shape, generator=g))
+    settings = LossSettings(dual_clip=3.0, kl_cov_coef=0.1, ref_kl_coef=0.05, entropy_coef=0.01, ce_beta_low=0.5,
+                            ce_beta_high=0.5, weight_alpha=0.1)
+    written = set(compute_policy_loss(inputs, settings).metrics())
+    declared = metric_names.names_per(metric_names.CALL) | metric_names.names_per(metric_names.NATIVE_CALL)
+    assert written == declared, (sorted(written - declared), sorted(declared - written))
+    with pytest.raises(KeyError, match="one of: step, loss call"):
+        metric_names.names_per("minibatch")
+
+
+def test_trl_rows_leave_out_the_per_call_counts_only_the_native_engine_logs(native_rows, trl_rows):
+    native_only = metric_names.names_per(metric_names.NATIVE_CALL)
+    assert native_only <= set().union(*(keys(r) for r in native_rows.values()))
+    assert not native_only & keys(trl_rows)
+    assert {"loss/total", "ratio/max"} <= keys(trl_rows) & metric_names.names_per(metric_names.CALL)
+
+
+def test_a_native_row_takes_each_key_from_one_source():
+    """The native engine's row is the union of its parts (update, batch, probes, controller, lens) in their order;
+    a key two parts write is refused naming both, instead of the later part silently winning."""
+    from entropy_rft.training.step_log import one_source
+
+    row = one_source({"step": {"step": 3}, "update": {"loss/total": 1.0}, "batch": {"reward/mean": 0.5}})
+    assert list(row.items()) == [("step", 3), ("loss/total", 1.0), ("reward/mean", 0.5)]
+    with pytest.raises(RuntimeError, match="'control/kept_frac' is written by both the update and the batch part"):
+        one_source({"update": {"control/kept_frac": 0.9}, "batch": {"control/kept_frac": 1.0}})

@@ -12,7 +12,8 @@ from __future__ import annotations
 import re
 from typing import NamedTuple
 
-__all__ = ["METRICS", "QUADRANTS", "Metric", "eval_prefix", "glossary_markdown", "is_known", "lookup"]
+__all__ = ["METRICS", "PER", "QUADRANTS", "Metric", "eval_prefix", "glossary_markdown", "is_known", "lookup",
+           "names_per"]
 
 # The lens quadrants: sign of the advantage (pos/neg/zero) × sign of S_c (spos, sneg: S_c <= 0).
 QUADRANTS = ("pos_spos", "pos_sneg", "neg_spos", "neg_sneg", "zero")
@@ -21,6 +22,23 @@ QUADRANTS = ("pos_spos", "pos_sneg", "neg_spos", "neg_sneg", "zero")
 class Metric(NamedTuple):
     meaning: str
     unit: str
+    per: str = "step"  # how a step's value is made of what the engine measures (a key of PER)
+
+
+# How one row's value is made: the aggregation column of the glossary. A loss call is one micro-batch's
+# ``core.loss_types.LossOutputs``; every engine takes the step's value of a "loss call" metric as the mean over
+# its loss calls that define it (native: each optimizer update's micro-batches, then its updates; TRL: the step's
+# micro-batches, ``integrations.window.StepMetrics``).
+CALL, NATIVE_CALL, UPDATE, EVAL = "loss call", "loss call, native", "update", "evaluation"
+PER = {
+    "step": "once per step, over the step's whole batch (or the step's state)",
+    "loss call": "each loss call; the step's value is the mean over its loss calls",
+    "loss call, native": "each loss call, logged by the native engine only (the mean over its loss calls); TRL, "
+                         "whose loss calls split a minibatch, logs the step's global token counts instead "
+                         "(control/kept_frac, control/zeroed_frac)",
+    "update": "each optimizer update; the step's value is the mean over its updates",
+    "evaluation": "at the steps that evaluate (step 0 and every eval.every)",
+}
 
 
 _VALID = "valid response tokens"
@@ -44,33 +62,35 @@ METRICS: dict[str, Metric] = {
     "dynamics/pred_dH": Metric("Thm 3.3's first-order batch ΔH: mean of −A·S_c (no lr scale)", "nats·adv"),
     # the surrogate loss (loss.policy_loss; native: mean over minibatches)
     "loss/total": Metric("total policy loss (surrogate + KL-Cov + ref-KL + entropy bonus + EntroPIC's "
-                         "adjustment)", "loss"),
-    "loss/pg": Metric("policy-gradient surrogate term", "loss"),
-    "loss/kl_cov": Metric("KL-Cov penalty term (null unless KL-Cov)", "loss"),
-    "loss/kl_ref": Metric("reference-KL penalty term, coefficient included (null without a reference)", "loss"),
-    "loss/entropy_bonus": Metric("entropy-bonus term, −coef·H aggregated (null without a bonus)", "loss"),
-    "loss/value": Metric("value-head loss (PPO with a critic)", "loss"),
+                         "adjustment)", "loss", CALL),
+    "loss/pg": Metric("policy-gradient surrogate term", "loss", CALL),
+    "loss/kl_cov": Metric("KL-Cov penalty term (null unless KL-Cov)", "loss", CALL),
+    "loss/kl_ref": Metric("reference-KL penalty term, coefficient included (null without a reference)", "loss", CALL),
+    "loss/entropy_bonus": Metric("entropy-bonus term, −coef·H aggregated (null without a bonus)", "loss", CALL),
+    "loss/value": Metric("value-head loss (PPO with a critic)", "loss", UPDATE),
     "loss/adv_shift_mean": Metric("mean advantage shift over counted tokens: ψ (entropy_adv) or (λ − 1)·A "
-                                   "(steer)", "adv"),
-    "loss/weight_adjust": Metric("EntroPIC's term alpha·agg(−r·|A|) over its high-probability tokens", "loss"),
-    "loss/counted_frac": Metric("per loss call: share of its valid tokens that count in the loss (not dropped "
-                                "by a keep-mask; zeroed tokens still count), averaged over minibatches",
-                                "fraction"),
-    "loss/zeroed_frac": Metric("per loss call: share of its counted tokens zeroed (Clip-Cov), averaged over "
-                               "minibatches (null without zeroing)", "fraction"),
-    "kl/ref": Metric("KL(π‖π_ref) estimate, aggregated, no coefficient (null without a reference)", "nats"),
-    "tokens/counted": Metric("tokens counted in one loss call (mean over minibatches)", "tokens"),
-    "clip/ratio_low_frac": Metric("share of counted tokens clipped at 1 − ε_low (A < 0)", "fraction"),
-    "clip/ratio_high_frac": Metric("share of counted tokens clipped at 1 + ε_high (A > 0)", "fraction"),
-    "clip/ratio_frac": Metric("share of counted tokens clipped at either bound", "fraction"),
-    "clip/dual_frac": Metric("share of counted tokens hit by dual-clip (null without dual-clip)", "fraction"),
+                                   "(steer)", "adv", CALL),
+    "loss/weight_adjust": Metric("EntroPIC's term alpha·agg(−r·|A|) over its high-probability tokens", "loss", CALL),
+    "loss/counted_frac": Metric("share of a loss call's valid tokens that count in the loss (not dropped by a "
+                                "keep-mask; zeroed tokens still count)",
+                                "fraction", NATIVE_CALL),
+    "loss/zeroed_frac": Metric("share of a loss call's counted tokens zeroed (Clip-Cov; null without "
+                               "zeroing)", "fraction", NATIVE_CALL),
+    "kl/ref": Metric("KL(π‖π_ref) estimate, aggregated, no coefficient (null without a reference)", "nats", CALL),
+    "tokens/counted": Metric("tokens counted in one loss call", "tokens", NATIVE_CALL),
+    "clip/ratio_low_frac": Metric("share of counted tokens clipped at 1 − ε_low (A < 0)", "fraction", CALL),
+    "clip/ratio_high_frac": Metric("share of counted tokens clipped at 1 + ε_high (A > 0)", "fraction", CALL),
+    "clip/ratio_frac": Metric("share of counted tokens clipped at either bound", "fraction", CALL),
+    "clip/dual_frac": Metric("share of counted tokens hit by dual-clip (null without dual-clip)", "fraction", CALL),
     "clip/ce_frac": Metric("share of counted tokens outside the clip that CE-GPPO gives a bounded gradient",
-                           "fraction"),
-    "ratio/mean": Metric("mean importance ratio π/π_old over counted tokens", "ratio"),
-    "ratio/max": Metric("largest importance ratio over counted tokens", "ratio"),
-    "ratio/min": Metric("smallest importance ratio over counted tokens", "ratio"),
-    "optim/grad_norm": Metric("gradient norm before clipping (null without clipping)", "norm"),
-    "optim/lr": Metric("learning rate after the step", "lr"),
+                           "fraction", CALL),
+    "ratio/mean": Metric("mean importance ratio π/π_old over counted tokens", "ratio", CALL),
+    "ratio/max": Metric("largest importance ratio over a loss call's counted tokens (the step's value: the mean of "
+                        "those maxima, not their maximum)", "ratio", CALL),
+    "ratio/min": Metric("smallest importance ratio over a loss call's counted tokens (the step's value: the mean "
+                        "of those minima)", "ratio", CALL),
+    "optim/grad_norm": Metric("gradient norm before clipping (null without clipping)", "norm", UPDATE),
+    "optim/lr": Metric("learning rate after the step", "lr", UPDATE),
     "policy/approx_kl": Metric(f"k3 estimate of KL(π_old‖π_new) over the {_VALID}, after the update", "nats"),
     # control (methods and autopilot)
     "control/kept_frac": Metric(f"share of the {_VALID} whose loss enters the gradient: not dropped by a "
@@ -79,7 +99,7 @@ METRICS: dict[str, Metric] = {
     "control/rollout_kept_frac": Metric(f"TRL only: share of the {_VALID} kept by the rollout-level keep-mask, "
                                         "before minibatch selection and zeroing", "fraction"),
     "control/kl_cov_selected_frac": Metric("share of counted tokens KL-Cov penalises (null unless KL-Cov)",
-                                           "fraction"),
+                                           "fraction", CALL),
     "control/knob": Metric("the autopilot's current method knob", "knob"),
     "control/entropy_target": Metric("the autopilot's entropy target at this step", "nats"),
     "control/entropy_smoothed": Metric("the autopilot's smoothed entropy", "nats"),
@@ -104,7 +124,7 @@ METRICS: dict[str, Metric] = {
     "control/spliced_frac": Metric("aepo: share of the batch's rollouts swapped for ones sampled at the step's "
                                    "temperature (A = 1)", "fraction"),
     "control/weight_selected_frac": Metric("share of counted tokens in EntroPIC's adjustment (p > high_prob)",
-                                           "fraction"),
+                                           "fraction", CALL),
     # probes
     "probe/dH_actual": Metric(f"actual batch-mean entropy change of the step over the {_VALID}", "nats"),
     "probe/dH_pred": Metric("tabular first-order prediction, batch mean (no lr scale)", "nats·adv"),
@@ -121,30 +141,31 @@ METRICS: dict[str, Metric] = {
     "probe/dH_vanilla": Metric("batch-mean ΔH of the vanilla update from the same state", "nats"),
     "probe/dH_method_effect": Metric("dH_method − dH_vanilla: the method's own effect", "nats"),
     # evaluation
-    "eval/avg@{k}": Metric("mean accuracy over K samples per validation prompt", "fraction"),
-    "eval/pass@{k}": Metric("unbiased Pass@k over the validation prompts (k = 1 and k = K)", "fraction"),
-    "eval/maj@{k}": Metric("majority-vote accuracy over K samples", "fraction"),
-    "eval/distinct_correct": Metric("mean number of distinct correct answers per prompt", "count"),
-    "eval/pass_rate_hist": Metric("prompts with c = 0..K correct samples (a list)", "count"),
-    "eval/entropy": Metric("mean token entropy of the evaluation samples", "nats"),
-    "eval/response_tokens": Metric("mean evaluation response length", "tokens"),
+    "eval/avg@{k}": Metric("mean accuracy over K samples per validation prompt", "fraction", EVAL),
+    "eval/pass@{k}": Metric("unbiased Pass@k over the validation prompts (k = 1 and k = K)", "fraction", EVAL),
+    "eval/maj@{k}": Metric("majority-vote accuracy over K samples", "fraction", EVAL),
+    "eval/distinct_correct": Metric("mean number of distinct correct answers per prompt", "count", EVAL),
+    "eval/pass_rate_hist": Metric("prompts with c = 0..K correct samples (a list)", "count", EVAL),
+    "eval/entropy": Metric("mean token entropy of the evaluation samples", "nats", EVAL),
+    "eval/response_tokens": Metric("mean evaluation response length", "tokens", EVAL),
     "eval/correct_per_question": Metric("per validation prompt, in the run's fixed order, its correct samples out "
-                                        "of K (a list; eval/pass_rate_hist is its tally)", "count"),
+                                        "of K (a list; eval/pass_rate_hist is its tally)", "count", EVAL),
     "eval/question_ids": Metric("step 0 only: per validation prompt, in that order, a stable id (12 hex digits of "
-                                "the prompt's SHA-256; a list), to pair per-question counts across runs", "id"),
+                                "the prompt's SHA-256; a list), to pair per-question counts across runs", "id", EVAL),
     "eval/greedy_pass@1": Metric("share of the validation prompts whose greedy (argmax) response is correct "
-                                 "(eval.greedy)", "fraction"),
+                                 "(eval.greedy)", "fraction", EVAL),
     "eval/greedy_correct_per_question": Metric("per validation prompt, in order, 1 when its greedy response is "
-                                               "correct (a list; eval.greedy)", "count"),
+                                               "correct (a list; eval.greedy)", "count", EVAL),
     # the same evaluation at eval.extra_temperature = {t} (eval_prefix): its own prefix, the same figures
-    "eval_t{t}/avg@{k}": Metric("as eval/avg@{k}, sampled at T = {t}", "fraction"),
-    "eval_t{t}/pass@{k}": Metric("as eval/pass@{k}, sampled at T = {t}", "fraction"),
-    "eval_t{t}/maj@{k}": Metric("as eval/maj@{k}, sampled at T = {t}", "fraction"),
-    "eval_t{t}/distinct_correct": Metric("as eval/distinct_correct, sampled at T = {t}", "count"),
-    "eval_t{t}/pass_rate_hist": Metric("as eval/pass_rate_hist, sampled at T = {t} (a list)", "count"),
-    "eval_t{t}/entropy": Metric("as eval/entropy, sampled at T = {t}", "nats"),
-    "eval_t{t}/response_tokens": Metric("as eval/response_tokens, sampled at T = {t}", "tokens"),
-    "eval_t{t}/correct_per_question": Metric("as eval/correct_per_question, sampled at T = {t} (a list)", "count"),
+    "eval_t{t}/avg@{k}": Metric("as eval/avg@{k}, sampled at T = {t}", "fraction", EVAL),
+    "eval_t{t}/pass@{k}": Metric("as eval/pass@{k}, sampled at T = {t}", "fraction", EVAL),
+    "eval_t{t}/maj@{k}": Metric("as eval/maj@{k}, sampled at T = {t}", "fraction", EVAL),
+    "eval_t{t}/distinct_correct": Metric("as eval/distinct_correct, sampled at T = {t}", "count", EVAL),
+    "eval_t{t}/pass_rate_hist": Metric("as eval/pass_rate_hist, sampled at T = {t} (a list)", "count", EVAL),
+    "eval_t{t}/entropy": Metric("as eval/entropy, sampled at T = {t}", "nats", EVAL),
+    "eval_t{t}/response_tokens": Metric("as eval/response_tokens, sampled at T = {t}", "tokens", EVAL),
+    "eval_t{t}/correct_per_question": Metric("as eval/correct_per_question, sampled at T = {t} (a list)", "count",
+                                             EVAL),
     # lens (Wang et al. 2026): D = the tokens the method dropped or zeroed; lens_ppo: those PPO's clip dropped
     "lens/drop_frac": Metric(f"|D| / N over the N {_VALID}", "fraction"),
     "lens/drop_frac/{q}": Metric("|D ∩ quadrant| / N (they sum to lens/drop_frac)", "fraction"),
@@ -213,8 +234,18 @@ def is_known(key: str) -> bool:
     return lookup(key) is not None
 
 
+def names_per(per: str) -> frozenset[str]:
+    """The table's names whose value is made ``per`` (a key of ``PER``; another is a ``KeyError``)."""
+    if per not in PER:
+        raise KeyError(f"{per!r} is not an aggregation of the metric table (one of: {', '.join(PER)})")
+    return frozenset(name for name, m in METRICS.items() if m.per == per)
+
+
 def glossary_markdown() -> str:
-    """docs/metrics.md's metric glossary: one table row per entry, in the table's order."""
-    rows = ["| metric | meaning | unit |", "|---|---|---|"]
-    rows += [f"| `{name}` | {m.meaning} | {m.unit} |" for name, m in METRICS.items()]
+    """docs/metrics.md's metric glossary: one table row per entry, in the table's order; then what each value of
+    its aggregation column means."""
+    rows = ["| metric | meaning | unit | per |", "|---|---|---|---|"]
+    rows += [f"| `{name}` | {m.meaning} | {m.unit} | {m.per} |" for name, m in METRICS.items()]
+    rows += ["", "The column *per* says how a row's value is made:", ""]
+    rows += [f"- *{per}*: {words}" for per, words in PER.items()]
     return "\n".join(rows) + "\n"

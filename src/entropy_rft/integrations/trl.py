@@ -33,6 +33,7 @@ from typing import Any, cast
 import torch
 from torch import Tensor
 
+from entropy_rft.common.metric_names import NATIVE_CALL, names_per
 from entropy_rft.config.trl import grpo_config
 from entropy_rft.control.registry import Method, build_method
 from entropy_rft.core import dynamics
@@ -80,8 +81,7 @@ check_trl_version(trl.__version__)
 
 from trl import GRPOTrainer  # noqa: E402
 
-# policy_loss metrics that are per micro-batch counts; the trainer logs batch-level ones instead.
-_BATCH_LEVEL = ("loss/counted_frac", "loss/zeroed_frac", "tokens/counted")
+_BATCH_LEVEL = names_per(NATIVE_CALL)  # per-call counts the native engine alone logs (ours: the step's global ones)
 
 # GRPOTrainer's own signature: the subclass reads its arguments by name (``model``, ``args``), however the caller
 # passed them (positionally or by keyword, as TRL allows).

@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -69,10 +69,27 @@ def peak_memory_gb() -> float:
 
 def step_row(step: int, s: Scored, old: OldPolicy, sel: Selection, rule: Rule, vanilla: Rule, upd: Update,
              probed: Probed, trained: torch.Tensor, probe_m: dict[str, Any], eos_id: int) -> dict[str, Any]:
-    """The step's metrics row: the update's loss metrics, then the batch's (whose control fractions win over the
-    per-minibatch averages of the loss), the probes', the controller's and the lens's."""
-    return {"step": step, **upd.metrics, **batch_metrics(s, old, trained, upd.zeroed, eos_id), **probe_m,
-            **sel.control, **lens_metrics(s, old, probed, trained, rule, sel, upd, vanilla)}
+    """The step's metrics row: the update's loss metrics (each the mean over the step's loss calls: the metric
+    table's aggregation column), then the batch's, the probes', the controller's and the lens's; each key from one
+    of them (``one_source``)."""
+    lens = lens_metrics(s, old, probed, trained, rule, sel, upd, vanilla)
+    return one_source({"step": {"step": step}, "update": upd.metrics,
+                       "batch": batch_metrics(s, old, trained, upd.zeroed, eos_id), "probes": probe_m,
+                       "controller": sel.control, "lens": lens})
+
+
+def one_source(parts: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """The union of a row's parts, in their order; a key two parts write is a bug of the engine (one metric, one
+    source: which would win is not a meaning), raised naming both."""
+    row: dict[str, Any] = {}
+    source: dict[str, str] = {}
+    for name, part in parts.items():
+        if twice := sorted(source.keys() & part.keys()):
+            raise RuntimeError(f"metric {twice[0]!r} is written by both the {source[twice[0]]} and the {name} part of "
+                               "the step's row")
+        row.update(part)
+        source.update(dict.fromkeys(part, name))
+    return row
 
 
 def batch_metrics(s: Scored, old: OldPolicy, trained: torch.Tensor, zeroed: torch.Tensor,
