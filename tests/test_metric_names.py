@@ -172,3 +172,28 @@ def test_a_native_row_takes_each_key_from_one_source():
     assert list(row.items()) == [("step", 3), ("loss/total", 1.0), ("reward/mean", 0.5)]
     with pytest.raises(RuntimeError, match="'control/kept_frac' is written by both the update and the batch part"):
         one_source({"update": {"control/kept_frac": 0.9}, "batch": {"control/kept_frac": 1.0}})
+
+
+# Metric-shaped literals of the engines that are not metrics of a row, each with why.
+NOT_ROW_KEYS = {"probe/rel_err": "agreement_metrics' own key, which the probe deletes before the row (its JVP form "
+                                 "is probe/jvp_rel_err)"}
+
+
+def test_every_metric_name_an_engine_spells_is_in_the_table():
+    """Statically, beside the runs above: every string an engine's module (core, control, training, integrations,
+    launch) spells in the shape of a metric name (a table prefix, a slash, a name) is a table entry, a prefix it
+    builds names from (ending in / or _), or named in NOT_ROW_KEYS; so a name added on a path no test trains is
+    still caught."""
+    import ast
+    import re
+
+    prefixes = sorted({k.split("/")[0] for k in metric_names.METRICS if "/" in k and "{" not in k.split("/")[0]})
+    shaped = re.compile(r"^(%s)/[A-Za-z0-9_@{}.\-/]*$" % "|".join(map(re.escape, prefixes)))
+    unknown = set()
+    for layer in ("core", "control", "training", "integrations", "launch"):
+        for path in sorted((ROOT / "src" / "entropy_rft" / layer).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                text = node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else ""
+                if shaped.match(text) and not text.endswith(("/", "_")) and not metric_names.is_known(text):
+                    unknown.add(f"{path.relative_to(ROOT)}: {text}")
+    assert sorted(unknown) == sorted(f"src/entropy_rft/training/probe.py: {k}" for k in NOT_ROW_KEYS)
