@@ -188,7 +188,7 @@ def test_every_metric_name_an_engine_spells_is_in_the_table():
     import re
 
     prefixes = sorted({k.split("/")[0] for k in metric_names.METRICS if "/" in k and "{" not in k.split("/")[0]})
-    shaped = re.compile(r"^(%s)/[A-Za-z0-9_@{}.\-/]*$" % "|".join(map(re.escape, prefixes)))
+    shaped = re.compile("^(" + "|".join(map(re.escape, prefixes)) + r")/[A-Za-z0-9_@{}.\-/]*$")
     unknown = set()
     for layer in ("core", "control", "training", "integrations", "launch"):
         for path in sorted((ROOT / "src" / "entropy_rft" / layer).rglob("*.py")):

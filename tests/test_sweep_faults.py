@@ -94,6 +94,7 @@ def _hand_run(folder: Path, steps: int = 4, every: int = 2, rows: list[dict] | N
 def test_a_run_is_finished_only_when_its_rows_prove_it(tmp_path):
     whole = _hand_run(tmp_path / "whole", steps=5, every=2)  # evaluations at 0, 2, 4 and the last, 5
     assert run_files.missing(whole) is None and run_files.finished(whole)
+    assert run_files.missing(str(whole)) is None and run_files.finished(str(whole))  # a path as text reads the same
     torn = _hand_run(tmp_path / "torn")
     text = (torn / "metrics.jsonl").read_text()
     (torn / "metrics.jsonl").write_text(text[: text.index('{"step": 3') + 9])  # rows 0-2 whole, row 3 cut

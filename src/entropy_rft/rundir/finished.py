@@ -12,11 +12,11 @@ SHIPPED = ("metrics.jsonl", "config.yaml", "run.json", "samples.jsonl")  # per r
 MAX_METRICS_BYTES = 256 << 20  # a metrics.jsonl larger than this is not a run's (100 steps: about 1 MB)
 
 
-def claims_finished(run_dir: Path) -> bool:
+def claims_finished(run_dir: str | Path) -> bool:
     """Whether ``run_dir``'s ``run.json`` says the run finished all its steps. A damaged ``run.json`` is data: the
     run is not finished (no traceback)."""
     try:
-        info = json.loads((run_dir / "run.json").read_text())
+        info = json.loads((Path(run_dir) / "run.json").read_text())
         return info.get("status") == "finished" and int(info.get("step", 0)) >= int(info.get("max_steps", 1 << 30))
     except (OSError, ValueError, TypeError, AttributeError):
         return False
@@ -51,12 +51,13 @@ def _eval_every(run_dir: Path) -> int:
     return every
 
 
-def missing(run_dir: Path) -> str | None:
+def missing(run_dir: str | Path) -> str | None:
     """What keeps ``run_dir`` from being a finished run, in words, or None when it is one: ``run.json`` says
     finished with ``max_steps`` steps, and ``metrics.jsonl`` ends in a whole line and holds every step once
     (step 0 too when the run evaluates) and an evaluation at every step the run evaluates at (its
     ``config.yaml``'s ``eval.every``). A run is never taken as finished from ``run.json`` alone: a copy cut short
     beside it would be reported as the run (issue 73)."""
+    run_dir = Path(run_dir)  # a str too (it once read as "not finished", whatever the files said)
     if not claims_finished(run_dir):
         return "run.json does not say finished"
     try:
@@ -114,7 +115,7 @@ def missing(run_dir: Path) -> str | None:
     return f"metrics.jsonl: {'; '.join(problems)}" if problems else None
 
 
-def finished(run_dir: Path) -> bool:
+def finished(run_dir: str | Path) -> bool:
     """Whether ``run_dir`` holds a finished run, proven from its rows (:func:`missing`), not from ``run.json``
     alone."""
     return missing(run_dir) is None
