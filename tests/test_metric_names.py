@@ -197,3 +197,26 @@ def test_every_metric_name_an_engine_spells_is_in_the_table():
                 if shaped.match(text) and not text.endswith(("/", "_")) and not metric_names.is_known(text):
                     unknown.add(f"{path.relative_to(ROOT)}: {text}")
     assert sorted(unknown) == sorted(f"src/entropy_rft/training/probe.py: {k}" for k in NOT_ROW_KEYS)
+
+
+def test_both_engines_take_a_steps_mean_the_same_way():
+    """One aggregation for every engine's row: the defined values' mean, summed in their order (None left out).
+    On nine values whose sum depends on the order of the additions (numpy's pairwise sum, which the native engine
+    used before, gives another float), the native row and TRL's step row give the same float, the in-order one."""
+    import numpy as np
+
+    from entropy_rft.integrations.window import StepMetrics
+    from entropy_rft.training.stages import mean_rows
+
+    values = [1e16, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, -1e16, None]
+    in_order = 0.0
+    for v in values[:-1]:
+        in_order += v
+    want = in_order / 9
+    assert want != float(np.mean(values[:-1]))  # the case tells the two apart
+    assert metric_names.mean_defined(values) == want and metric_names.mean_defined([None]) is None
+    assert mean_rows([{"loss/pg": v} for v in values])["loss/pg"] == want
+    trl = StepMetrics()
+    for v in values:
+        trl.add({"loss/pg": v})
+    assert trl.pop()["loss/pg"] == want

@@ -10,10 +10,11 @@ evaluation (``eval.extra_temperature``, :func:`eval_prefix`). docs/metrics.md's 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from typing import NamedTuple
 
 __all__ = ["METRICS", "PER", "QUADRANTS", "Metric", "eval_prefix", "glossary_markdown", "is_known", "lookup",
-           "names_per"]
+           "mean_defined", "names_per"]
 
 # The lens quadrants: sign of the advantage (pos/neg/zero) × sign of S_c (spos, sneg: S_c <= 0).
 QUADRANTS = ("pos_spos", "pos_sneg", "neg_spos", "neg_sneg", "zero")
@@ -232,6 +233,14 @@ def lookup(key: str) -> str | None:
 
 def is_known(key: str) -> bool:
     return lookup(key) is not None
+
+
+def mean_defined(values: Iterable[float | None]) -> float | None:
+    """A metric's value over what the engine measured (a step's loss calls, its updates): the mean of the defined
+    values (None: undefined, left out), summed in their order; None when none is. The one aggregation every engine's
+    row uses (native ``training.stages.mean_rows``, TRL's ``integrations.window.StepMetrics``)."""
+    vals = [float(v) for v in values if v is not None]
+    return sum(vals) / len(vals) if vals else None
 
 
 def names_per(per: str) -> frozenset[str]:

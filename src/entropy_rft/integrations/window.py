@@ -30,6 +30,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
+from entropy_rft.common.metric_names import mean_defined
 from entropy_rft.control.carriage import checked_masks
 from entropy_rft.control.registry import Method
 from entropy_rft.control.selection import MinibatchSelection, combine_selection, microbatch_loss_scale, select_minibatch
@@ -334,7 +335,7 @@ class StepMetrics:
     def pop(self) -> dict[str, float | None]:
         """The row since the last call: each metric's mean (None when never defined) and the step's kept and
         zeroed fractions; then start a new row."""
-        row = {k: sum(v) / len(v) if v else None for k, v in self.values.items()}
+        row = {k: mean_defined(v) for k, v in self.values.items()}
         row.update(kept_fractions(self.counts))
         self.values.clear()
         self.counts.zero_()

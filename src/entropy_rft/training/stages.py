@@ -21,10 +21,9 @@ import hashlib
 from dataclasses import dataclass, replace
 from typing import Any
 
-import numpy as np
 import torch
 
-from entropy_rft.common.metric_names import eval_prefix
+from entropy_rft.common.metric_names import eval_prefix, mean_defined
 from entropy_rft.control.carriage import checked_masks
 from entropy_rft.control.registry import Method
 from entropy_rft.control.selection import MinibatchSelection, microbatch_loss_scale, select_minibatch
@@ -335,12 +334,9 @@ def micro_loss(run: Run, s: Scored, old: OldPolicy, sel: Selection, rule: Rule, 
 
 
 def mean_rows(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Each key of the first row: the mean of the rows' values that are not None (None when none is)."""
-    out: dict[str, Any] = {}
-    for k in rows[0]:
-        vals = [r[k] for r in rows if r.get(k) is not None]
-        out[k] = float(np.mean(vals)) if vals else None
-    return out
+    """Each key of the first row: the mean of the rows' defined values (``metric_names.mean_defined``, the
+    aggregation TRL's rows use too)."""
+    return {k: mean_defined(r.get(k) for r in rows) for k in rows[0]}
 
 
 def weighted_sum(parts: list[tuple[float, int, int]]) -> float:
