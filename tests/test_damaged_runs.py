@@ -222,13 +222,17 @@ def test_report_over_a_compare_folder_warns_once(tmp_path, capsys):
     assert rc == 0 and warnings(err) == [f"erft: warning: {run / 'metrics.jsonl'}:{n} is not a JSON object; skipped"]
 
 
-def test_compare_summary_reads_warn_once(tmp_path, capsys):
-    """erft compare reads each run's metrics.jsonl twice (run_summary, then the last knob): one warning."""
-    from entropy_rft.analysis.summary import knob_last
+def test_compare_summary_reads_warn_once(tmp_path, capsys, monkeypatch):
+    """erft compare reads each run's metrics.jsonl once, for the summary and the last knob: one warning."""
+    from entropy_rft.analysis import summary
 
     run, n = with_line(tmp_path / "cmp" / "none-s0", "garbage", at=7)
-    s = run_summary(run)
-    assert knob_last(run) == 1.0 and s["steps"] == STEPS
+    reads = []
+    read = summary.read_step_log
+    monkeypatch.setattr(summary, "read_step_log", lambda path, *a, **k: reads.append(path) or read(path, *a, **k))
+    numbers, _, _ = summary.compare_summary([("none", run)], knob=True, equal_entropy=False)
+    s = numbers["runs"][0]
+    assert s["control/knob_last"] == 1.0 and s["steps"] == STEPS and len(reads) == 1
     assert warnings(capsys.readouterr().err) == [
         f"erft: warning: {run / 'metrics.jsonl'}:{n} is not a JSON object; skipped"]
 

@@ -14,7 +14,7 @@ from entropy_rft.analysis.equal_entropy import compare_markdown
 from entropy_rft.analysis.law import run_law
 from entropy_rft.common.text import table_cell
 from entropy_rft.control.autopilot import tracking
-from entropy_rft.rundir.files import read_jsonl, read_step_log
+from entropy_rft.rundir.files import read_step_log
 
 
 def _last(rows: list[dict], key: str) -> Any:
@@ -299,10 +299,9 @@ def markdown_table(agg: dict[str, dict[str, Any]], columns: Sequence[str] = DEFA
     return "\n".join(lines) + "\n"
 
 
-def knob_last(run_dir: str | Path) -> float | None:
-    """The last ``control/knob`` a run logged (the strength the autopilot ended at), None when it logged none."""
-    vals = [r["control/knob"] for r in read_jsonl(Path(run_dir) / "metrics.jsonl")
-            if isinstance(r.get("control/knob"), (int, float))]
+def knob_last(rows: Sequence[dict[str, Any]]) -> float | None:
+    """The last ``control/knob`` of a run's rows (the strength the autopilot ended at), None when it logged none."""
+    vals = [r["control/knob"] for r in rows if isinstance(r.get("control/knob"), (int, float))]
     return vals[-1] if vals else None
 
 
@@ -313,9 +312,10 @@ def compare_summary(runs: Sequence[tuple[str, Path]], *, knob: bool, equal_entro
     autopilot variants); ``equal_entropy``: add the comparison at equal entropy (``equal_entropy.compare_markdown``)."""
     summaries = []
     for label, run_dir in runs:
-        summ = run_summary(run_dir)
+        rows = read_step_log(Path(run_dir) / "metrics.jsonl")  # once, for the summary and the last knob
+        summ = run_summary(run_dir, rows=rows)
         summ["method"] = label
-        summ["control/knob_last"] = knob_last(run_dir)
+        summ["control/knob_last"] = knob_last(rows)
         summaries.append(summ)
     agg = aggregate(summaries)
     columns: tuple[str, ...] = DEFAULT_COLUMNS
