@@ -660,3 +660,33 @@ def test_a_plan_without_args_gives_trl_its_own_default_config(tmp_path):
     ours_loss = trl_plan(control.build_method("clip_higher"), args, "org/tiny-model", agg="token-mean")
     assert not ours_loss.delegated and ours_loss.args is args and ours_loss.loss_base.eps_high == 0.2
     assert ours_loss.loss_settings(control.build_method("clip_higher")).eps_high == 0.28  # the method's, per call
+
+
+@pytest.mark.parametrize("method, params", [("kl_cov", {"ratio": 0.2}), ("none", {})])
+def test_the_loss_metrics_are_read_once_when_trl_logs(policy_dir, tmp_path, method, params, monkeypatch):
+    """Our metrics of TRL's loss calls (erft's loss, or TRL's own with ``none``) stay on the device until TRL's
+    ``log`` reads its buffer: then every call's are read in one transfer, and TRL's log and our step row get the
+    values each call's tensors give read one by one (issue 66's reference), averaged as TRL averages."""
+    from entropy_rft.integrations import trl as trl_mod
+    from host_reads import Reads, per_tensor_metrics
+
+    trainer = make_trainer(policy_dir, method, params, tmp_path)
+    trainer.model.train()
+    outs, policy = [], trl_mod.compute_policy_loss
+    monkeypatch.setattr(trl_mod, "compute_policy_loss", lambda *a, **k: outs.append(policy(*a, **k)) or outs[-1])
+    reads = Reads(monkeypatch)
+    for seed in (5, 6):
+        inputs = delegated_inputs(trainer, seed=seed)
+        reads.on = True
+        trainer._compute_loss(trainer.model, inputs).backward()
+        reads.on = False
+    assert reads.made_in("loss_types.py") == [] and len(trainer._loss_rows) == 2  # nothing read during a loss
+    reads.on = True
+    trainer.log({})
+    reads.on = False
+    assert reads.made_in("loss_types.py") == ["tolist"] and trainer._loss_rows == []
+    want = [per_tensor_metrics(o) for o in outs]
+    logged, row = trainer.state.log_history[-1], trainer.step_metrics.pop()
+    for key in ("loss/total", "ratio/mean", "ratio/max", "clip/ratio_frac") if method != "none" else ("ratio/mean",):
+        assert logged[key] == pytest.approx(sum(w[key] for w in want) / 2, rel=0, abs=0), key
+        assert row[key] == logged[key], key

@@ -41,7 +41,7 @@ HOOKS: dict[str, tuple[str, tuple[str, ...]]] = {
     "_get_output_dir": ("names", ("trial",)),
 }
 OVERRIDDEN = {"__init__", "_get_per_token_logps_and_entropies", "_generate_and_score_completions", "_compute_loss",
-              "_save_checkpoint", "_load_rng_state"}
+              "_save_checkpoint", "_load_rng_state", "log"}
 
 # GRPOConfig fields erft reads (refusals, windows, seeds) or sets (a composing method's clip and entropy coefficient)
 CONFIG_FIELDS = ("epsilon", "epsilon_high", "entropy_coef", "use_adaptive_entropy", "beta", "loss_type",
@@ -77,8 +77,8 @@ TRL_ATTRIBUTES: dict[str, list[tuple[str, str, str]]] = {
                          ("GRPOTrainer", "_prepare_inputs",
                           r"self\._buffered_inputs = \[unsplit_pixel_values_by_grid\(batch\) for batch in "
                           r"generation_batches\]")],
-    # TRL's log buffer, a list per key and mode: erft appends its metrics (trl._record) and reads TRL's reward of
-    # the generation batch; TRL's log averages and clears it
+    # TRL's log buffer, a list per key and mode: erft appends its metrics (trl._record; its loss calls' in its override
+    # of log, before TRL's) and reads TRL's reward of the generation batch; TRL's log averages and clears it
     "_metrics": [("GRPOTrainer", "__init__", r'self\._metrics = \{"train": defaultdict\(list\), "eval": '
                                              r"defaultdict\(list\)\}"),
                  ("GRPOTrainer", "_generate_and_score_completions", r'self\._metrics\[mode\]\["reward"\]\.append\('),

@@ -26,7 +26,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, cast
 
@@ -38,7 +38,7 @@ from entropy_rft.config.trl import grpo_config
 from entropy_rft.control.registry import Method, build_method
 from entropy_rft.core import dynamics
 from entropy_rft.core.loss import compute_policy_loss
-from entropy_rft.core.loss_types import LossInputs, Masks
+from entropy_rft.core.loss_types import LossInputs, LossOutputs, Masks, PendingMetrics, read_metrics
 from entropy_rft.integrations import window
 from entropy_rft.integrations._compat import TRL_MAX_EXCLUSIVE, TRL_MIN, check_trl_version  # noqa: F401
 from entropy_rft.integrations.stats_forward import (
@@ -142,6 +142,7 @@ class EntropyControlGRPOTrainer(GRPOTrainer):
             args, kwargs = replace_argument(_TRL_INIT, args, kwargs, "args", self.plan.args)
         self._hook = HookCall()  # the hook call TRL's forward hook serves (_serving); idle between them
         self._generation = GenerationState()  # the plug-in's state of TRL's current generation batch
+        self._loss_rows: list[tuple[str, PendingMetrics, Callable[[str], bool]]] = []  # until TRL's log (_defer)
         super().__init__(*args, **kwargs)
         # as TRL settled the model; a delegated loss refuses only TRL's own entropy options beside the method's,
         # checked above on the caller's config (the config TRL holds carries the method's own)
@@ -162,10 +163,8 @@ class EntropyControlGRPOTrainer(GRPOTrainer):
     loss_kwargs = property(lambda self: self.loss_settings.kwargs(), doc="``loss_settings`` as keywords, to read")
 
     def _apply_knob_to_trl(self) -> None:
-        """The method's current clip and entropy coefficient in TRL's loss attributes, when TRL's loss trains
-        (delegated), written only where they differ. TRL reads its config once, in ``__init__``, and the config it
-        received carries the method's values (``TrlPlan.args``); a knob moved later (a resume, ``set_knob``) has no
-        other way in. TRL's entropy switch is turned on for a coefficient that starts at 0 (docs/trl.md)."""
+        """A delegated loss: the method's current clip and entropy coefficient in TRL's attributes where they differ
+        (a knob moved after TRL read its config has no other way in; docs/trl.md)."""
         if not self.delegates:
             return
         knobs = trl_knobs(self.method)
@@ -187,9 +186,8 @@ class EntropyControlGRPOTrainer(GRPOTrainer):
     def _policy_stats(self, model, input_ids: Tensor, attention_mask: Tensor, logits_to_keep: int,
                       batch_size: int | None, compute_entropy: bool = False, quiet: bool = True
                       ) -> tuple[Tensor, Tensor | None, dynamics.TokenStats]:
-        """TRL's log-probs and our TokenStats from one backbone pass (``_stats_pass``). ``quiet``: a pass of our
-        own, not TRL's old-policy pass: run in eval mode with the random streams forked
-        (``trl_support.quiet_pass``), so it neither carries dropout noise nor moves what training draws next."""
+        """TRL's log-probs and our TokenStats from one backbone pass (``_stats_pass``); ``quiet``: a pass of ours, out
+        of the training's way (``trl_support.quiet_pass``: eval mode, random streams forked)."""
         core = self._core(model)
         with quiet_pass(model) if quiet else contextlib.nullcontext():  # ours: out of the training's way
             return self._stats_pass(model, core, input_ids, attention_mask, logits_to_keep, batch_size,
@@ -198,10 +196,8 @@ class EntropyControlGRPOTrainer(GRPOTrainer):
     def _stats_pass(self, model, core, input_ids: Tensor, attention_mask: Tensor, logits_to_keep: int,
                     batch_size: int | None, compute_entropy: bool
                     ) -> tuple[Tensor, Tensor | None, dynamics.TokenStats]:
-        """No grad: TRL's own log-probs (and entropies) — its forward, its fused head, its precision — and our
-        TokenStats from the same backbone pass (``captured_hidden``: the statistics cost one more head pass,
-        no second backbone forward). Models whose logits are not ``hidden @ W.T`` get the statistics from
-        ``fused_policy_out``'s materialised path."""
+        """No grad: TRL's own log-probs (and entropies) and our TokenStats from the same backbone pass (one more head
+        pass; logits that are not ``hidden @ W.T``: ``chunked_policy_out``'s materialised path)."""
         fused = supports_fused(core)
         with torch.no_grad(), _hidden_states(core, fused) as hidden:
             logp, ent, _ = super()._get_per_token_logps_and_entropies(
@@ -217,10 +213,8 @@ class EntropyControlGRPOTrainer(GRPOTrainer):
     def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep,
                                            batch_size=None, compute_entropy=False, compute_aux_loss=False,
                                            **multimodal):
-        """TRL's hook, TRL's own computation (so method ``none`` trains as stock GRPOTrainer at any precision),
-        serving the hook call made by the TRL hook it runs in (``_serving``), one job each: the old-policy pass of a
-        generation batch also gives our TokenStats (``_old_policy_pass``), a delegated loss's training forward
-        keeps its log-probs (``_training_pass``); outside those, TRL's alone."""
+        """TRL's hook, TRL's own computation (``none`` trains as stock GRPOTrainer), serving the call of the TRL hook
+        it runs in (``_serving``), one job each: ``_old_policy_pass``, ``_training_pass``, else ``_trl_pass``."""
         serve = {Capture.OLD_POLICY_STATS: self._old_policy_pass,
                  Capture.TRAINING_LOGPS: self._training_pass}.get(self._hook.capture, self._trl_pass)
         return serve(model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size,
@@ -231,9 +225,8 @@ class EntropyControlGRPOTrainer(GRPOTrainer):
 
     def _old_policy_pass(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None,
                          compute_entropy=False, compute_aux_loss=False, **multimodal):
-        """In ``_generate_and_score_completions``: TRL's no-grad old-policy pass of the policy, which also gives our
-        TokenStats from the same backbone pass (``_policy_stats``), kept in the hook call with its log-probs. A pass
-        of another model, with grad, an aux loss, multimodal input or dropout is TRL's alone (``_trl_pass``)."""
+        """TRL's no-grad old-policy pass, which also gives our TokenStats (``_policy_stats``), kept in the hook call
+        with its log-probs; another model, grad, an aux loss, multimodal input or dropout: TRL's alone."""
         call = self._hook
         if (model is not self.model or torch.is_grad_enabled() or compute_aux_loss
                 or any(v is not None for v in multimodal.values()) or has_active_dropout(model)):
@@ -245,12 +238,10 @@ class EntropyControlGRPOTrainer(GRPOTrainer):
         return logp, ent, None
 
     def _training_pass(self, model, *args, **kwargs):
-        """In a delegated ``_compute_loss``: TRL's training forward, whose detached log-probs the hook call keeps
-        (its first pass: the loss's), and, for a minibatch selection, the selected tokens' advantages zeroed in the
-        micro-batch copy TRL's loss reads before TRL reads them (``_zero_selected``)."""
+        """A delegated loss's training forward: the hook call keeps its detached log-probs, and a minibatch selection
+        zeroes advantages in the copy TRL's loss reads, before TRL reads them (``_zero_selected``)."""
         out = self._trl_pass(model, *args, **kwargs)
-        call = self._hook
-        if call.logp is None:
+        if (call := self._hook).logp is None:
             call.logp = out[0].detach()
             if call.select is not None:
                 self._zero_selected(model, call.select, call.logp)
@@ -264,7 +255,7 @@ class EntropyControlGRPOTrainer(GRPOTrainer):
         with torch.no_grad():
             out = compute_policy_loss(LossInputs(logp, old, inputs["advantages"], loss_mask(inputs)),
                                       surrogate_settings(self.loss_settings))
-        self._record({k: v for k, v in out.metrics().items() if k.startswith(("ratio/", "clip/"))}, mode=None)
+        self._defer(out, lambda k: k.startswith(("ratio/", "clip/")))
 
     def _generate_and_score_completions(self, inputs):
         call = HookCall(Capture.OLD_POLICY_STATS if self.dynamics_metrics else Capture.NOTHING)
@@ -367,10 +358,8 @@ class EntropyControlGRPOTrainer(GRPOTrainer):
 
     def _build_window(self, model, start: int, micro: list[dict[str, Any]], cur_here: Tensor | None) -> window.Window:
         """Minibatch-stage masks and loss scales of one optimizer step (global over ranks)."""
-        masks = [loss_mask(m) for m in micro]
+        masks, rows, cur = [loss_mask(m) for m in micro], [RolloutRows.on(m) for m in micro], None
         gen_every = self.args.steps_per_generation * self.num_iterations
-        cur = None
-        rows = [RolloutRows.on(m) for m in micro]
         if self.method.stage == "minibatch":
             if start % gen_every == 0:  # no update since generation: current log-probs are the old ones
                 cur = [r.old_logps for r in rows]
@@ -407,7 +396,7 @@ class EntropyControlGRPOTrainer(GRPOTrainer):
         loss_in = LossInputs(logp, old, inputs["advantages"], mask, masks, ref,
                              entropies if self.method.needs_entropy_grad() else None)  # the bonus's, with its grad
         out = compute_policy_loss(loss_in, self.loss_settings)
-        self._record({k: v for k, v in out.metrics().items() if k not in _BATCH_LEVEL}, mode=None)
+        self._defer(out, lambda k: k not in _BATCH_LEVEL)
         self._record_trl_metrics(logp.detach(), old, inputs["advantages"], inputs, entropies.detach(), ref)
         return out.loss * scale
 
@@ -469,9 +458,20 @@ class EntropyControlGRPOTrainer(GRPOTrainer):
                               self.epsilon_low, self.epsilon_high, self.accelerator)
         self._record(out, mode="train" if self.model.training else "eval", ours=False)
 
+    def _defer(self, out: LossOutputs, keep: Callable[[str], bool]) -> None:
+        """One loss call's metrics (those ``keep`` names), left on the device until TRL's ``log`` reads its buffer."""
+        self._loss_rows.append(("train" if self.model.training else "eval", out.pending(), keep))
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        """TRL's ``log``, once the loss calls' metrics since the last one are read, all in one host transfer
+        (``read_metrics``), into TRL's buffer and this step's row in the order the calls were made."""
+        pending, self._loss_rows = self._loss_rows, []
+        for (mode, _, keep), row in zip(pending, read_metrics([p for _, p, _ in pending])[0] if pending else []):
+            self._record({k: v for k, v in row.items() if keep(k)}, mode=mode)
+        super().log(logs, start_time)
+
     def _record(self, metrics: Mapping[str, float | None], mode: str | None = "train", ours: bool = True) -> None:
-        """Append to TRL's log buffer (undefined values are left out, so TRL's loggers never see a None)
-        and, in training and when ``ours``, to this step's row (``step_metrics``)."""
+        """Append to TRL's log buffer (a None left out) and, in training and when ``ours``, to ``step_metrics``."""
         mode = mode or ("train" if self.model.training else "eval")
         for k, v in metrics.items():
             if v is not None:
@@ -481,7 +481,6 @@ class EntropyControlGRPOTrainer(GRPOTrainer):
 
     def _save_checkpoint(self, model, trial):
         # Before transformers' files: its trainer_state.json, written last, marks the folder complete
-        # (checkpoints.trl_checkpoint_gap) and its rotation may delete the previous checkpoint.
         if self.args.should_save:
             folder = Path(self._get_output_dir(trial=trial)) / f"checkpoint-{self.state.global_step}"
             folder.mkdir(parents=True, exist_ok=True)
