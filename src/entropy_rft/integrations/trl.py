@@ -318,9 +318,10 @@ class EntropyControlGRPOTrainer(GRPOTrainer):
         return core.get_base_model() if hasattr(core, "get_base_model") else core
 
     def _deferred_part(self, core, inputs: dict[str, Any], hidden: Tensor) -> None:
-        """One micro-batch's statistics from the hidden states of TRL's training forward, kept in its ``inputs``;
-        the generation batch's metrics once its last micro-batch has trained (``_record_batch`` on the parts
-        joined, in the buffer's order, which is the order they trained in: on-policy, each trains once)."""
+        """One micro-batch's statistics from the hidden states of TRL's training forward, kept in the generation
+        batch's ``GenerationState`` at its place in the buffer; the generation batch's metrics once its last
+        micro-batch has trained (``_record_batch`` on the parts joined, in the buffer's order, which is the order they
+        trained in: on-policy, each trains once)."""
         ids, _, keep = model_inputs(inputs)
         state, parts = self._generation, self._buffered_inputs
         state.parts[self._step % self.args.steps_per_generation] = stats_from_hidden(core, hidden, ids, keep,
@@ -367,8 +368,7 @@ class EntropyControlGRPOTrainer(GRPOTrainer):
                 cur = [cur_here]
             else:
                 with torch.no_grad(), quiet_pass(model):
-                    cur = [super(EntropyControlGRPOTrainer, self)._get_per_token_logps_and_entropies(
-                        model, *model_inputs(m))[0] for m in micro]
+                    cur = [self._trl_pass(model, *model_inputs(m))[0] for m in micro]
         win = window.select_window(start, self.method, cur, [r.old_logps for r in rows],
                                    [m["advantages"] for m in micro], masks, [r.keep for r in rows],
                                    self.loss_settings, self.method_generator, self.max_completion_length)

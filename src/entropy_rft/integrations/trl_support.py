@@ -26,7 +26,7 @@ import inspect
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
-from typing import Any, ClassVar, cast
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 import torch
 
@@ -36,6 +36,9 @@ from entropy_rft.control.registry import Method
 from entropy_rft.core.dynamics import TokenStats
 from entropy_rft.core.loss import clip_regions
 from entropy_rft.core.loss_types import UNSET, Agg, LossSettings
+
+if TYPE_CHECKING:
+    from entropy_rft.integrations.window import Window
 
 # TRL loss_type -> our aggregation mode (DESIGN.md, "Semantics of policy_loss").
 AGG_FOR_LOSS_TYPE = {"dapo": "token-mean", "bnpo": "token-mean", "grpo": "seq-mean-token-mean",
@@ -166,11 +169,8 @@ def grpo_settings(method: Method, args: Any) -> dict[str, float]:
     it, at the method's current values: ``epsilon`` and ``epsilon_high`` (its clip), ``entropy_coef`` (its entropy
     bonus); empty for the others. A side of the clip the method leaves alone keeps ``args``' value (TRL's
     ``epsilon_high`` defaults to ``epsilon``: that default is pinned when the method moves ``epsilon`` alone)."""
-    own = method.loss_overrides()
-    out: dict[str, float] = {}
-    for attr, value in (("epsilon", own.eps_low), ("epsilon_high", own.eps_high), ("entropy_coef", own.entropy_coef)):
-        if value is not UNSET and value is not None:
-            out[attr] = float(value)
+    field_of = {"epsilon_low": "epsilon"}  # TRL's attribute -> the GRPOConfig field it is read from
+    out = {field_of.get(attr, attr): value for attr, value in trl_knobs(method).items()}
     if "epsilon" in out and "epsilon_high" not in out and _get(args, "epsilon_high") is None:
         out["epsilon_high"] = float(_get(args, "epsilon", 0.2))
     return out
@@ -247,7 +247,7 @@ class GenerationState:
     # per micro-batch of the buffer, its TokenStats from its training forward until the last one joins them
     parts: list[TokenStats | None] = field(default_factory=list)
     # the optimizer window being trained, built by its first micro-batch (a later pass over the buffer builds its own)
-    window: Any = None
+    window: Window | None = None
 
 
 class Capture(enum.Enum):
