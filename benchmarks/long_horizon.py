@@ -1,9 +1,11 @@
 """Issue 74's verdicts: the conditions A-E of docs/results-smollm2-cpu-long.md, judged on the committed runs of
 ``results/smollm2-cpu-long/`` exactly as that page fixed them before the runs, with the paired tests it names.
 
-    python -m benchmarks.long_horizon [--results results/smollm2-cpu-long] [--json OUT.json]
+    python -m benchmarks.long_horizon [--results results/smollm2-cpu-long] [--json OUT.json] [--figures DIR]
 
-Prints a markdown table per condition and the verdict (D's words); ``--json`` writes every figure. The code was
+Prints a markdown table per condition and the verdict (D's words); ``--json`` writes every number; ``--figures``
+draws the curves with the design's windows (``curves.png``) and E's forecasts against the outcomes (``law.png``).
+The code was
 written and committed before any long-run result was committed. It refuses, in one line, to judge fewer runs than
 the design's 12 finished ones: no condition is judged on part of them.
 """
@@ -218,6 +220,76 @@ def markdown(v: dict) -> str:
     return "\n".join(out)
 
 
+METHOD_NAMES = {"none": "GRPO", "clip_v": "ClipV", "clip_b": "ClipB (mu 1.0)", "clip_cov": "Clip-Cov"}
+COLORS = {"none": "#1f77b4", "clip_v": "#ff7f0e", "clip_b": "#2ca02c", "clip_cov": "#d62728"}
+
+
+def method_curve(runs: Sequence[Run], key: str) -> tuple[list[int], list[float]]:
+    """The mean over seeds of a series (``pass1`` or ``entropy``) at the steps every seed has."""
+    steps = sorted(set.intersection(*(set(getattr(r, key)) for r in runs)))
+    return steps, [float(np.mean([getattr(r, key)[s] for r in runs])) for s in steps]
+
+
+def figures(runs: dict[str, Run], verdict: dict, out: Path) -> dict[str, dict[str, tuple[list[int], list[float]]]]:
+    """``curves.png``: pass@1 at T = 0.7 and training entropy by step, each seed thin and the method's mean over
+    seeds thick, with M and W shaded and A's and B's thresholds drawn; ``law.png``: each run's forecast of its
+    W-mean pass@1 (the law, and the linear fit) against the outcome, with E's band of 0.05. Returns the mean
+    curves drawn (by panel and method)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from entropy_rft.report.plots import figure_png
+
+    out.mkdir(parents=True, exist_ok=True)
+    drawn: dict[str, dict[str, tuple[list[int], list[float]]]] = {"pass1": {}, "entropy": {}}
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.6))
+    for ax, key, title in ((axes[0], "pass1", "validation pass@1 at T = 0.7 (Avg@8, 32 questions)"),
+                           (axes[1], "entropy", "training entropy (entropy/mean, nats)")):
+        ax.axvspan(M.start, M.stop - 1, color="0.9", zorder=0)
+        ax.axvspan(W.start, W.stop - 1, color="0.8", zorder=0)
+        for m in ("none", *METHODS):
+            seeds = [runs[f"{m}-s{s}"] for s in SEEDS]
+            for r in seeds:
+                xs = sorted(getattr(r, key))
+                ax.plot(xs, [getattr(r, key)[x] for x in xs], color=COLORS[m], lw=0.6, alpha=0.35)
+            drawn[key][m] = method_curve(seeds, key)
+            ax.plot(*drawn[key][m], color=COLORS[m], lw=2, label=f"{METHOD_NAMES[m]} (mean of {len(SEEDS)} seeds)")
+        ax.set_xlabel("step")
+        ax.set_title(title, fontsize=10)
+    axes[1].axhline(A_ENTROPY, color="k", ls=":", lw=1, label=f"A: GRPO at most {A_ENTROPY} over W")
+    axes[1].axhline(B_FLOOR, color="k", ls="--", lw=1, label=f"B: ClipV at least {B_FLOOR} over W")
+    axes[0].text(M.start + 1, 0.95, "M", transform=axes[0].get_xaxis_transform())
+    axes[0].text(W.start + 1, 0.95, "W", transform=axes[0].get_xaxis_transform())
+    axes[0].legend(fontsize=8, loc="lower right")
+    axes[1].legend(fontsize=8, loc="upper right")
+    (out / "curves.png").write_bytes(figure_png(fig))
+
+    fig, ax = plt.subplots(figsize=(6.2, 5))
+    e = verdict["E"]["runs"]
+    actual = [x["actual_W"] for x in e]
+    lo, hi = min(actual) - 0.15, max(actual) + 0.15
+    ax.plot([lo, hi], [lo, hi], color="k", lw=0.8)
+    ax.fill_between([lo, hi], [lo - E_WITHIN, hi - E_WITHIN], [lo + E_WITHIN, hi + E_WITHIN], color="0.88",
+                    label=f"within {E_WITHIN} (E)")
+    for x in e:
+        m = x["run"].rsplit("-s", 1)[0]
+        ax.scatter(x["actual_W"], x["forecast_law"], color=COLORS.get(m, "k"), marker="o", s=30)
+        ax.scatter(x["actual_W"], x["forecast_linear"], color=COLORS.get(m, "k"), marker="x", s=30)
+    for m in ("none", *METHODS):
+        ax.scatter([], [], color=COLORS[m], marker="s", label=METHOD_NAMES[m])
+    ax.scatter([], [], color="0.3", marker="o", label="the law R = -a e^H + b")
+    ax.scatter([], [], color="0.3", marker="x", label="linear in H")
+    ax.set_xlabel("W-mean pass@1 (outcome)")
+    ax.set_ylabel("forecast from the fit on steps 0-30")
+    ax.set_xlim(lo, hi)
+    ax.set_ylim(min(lo, *(x["forecast_law"] for x in e)) - 0.02, max(hi, *(x["forecast_law"] for x in e)) + 0.02)
+    ax.legend(fontsize=8, loc="upper left")
+    (out / "law.png").write_bytes(figure_png(fig))
+    return drawn
+
+
 def _status(folder: Path) -> str | None:
     try:
         return json.loads((folder / "run.json").read_text()).get("status")
@@ -228,7 +300,8 @@ def _status(folder: Path) -> str | None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--results", type=Path, default=ROOT / "results" / "smollm2-cpu-long")
-    p.add_argument("--json", type=Path, help="Write every figure here.")
+    p.add_argument("--json", type=Path, help="Write every number here.")
+    p.add_argument("--figures", type=Path, help="Draw curves.png and law.png into this folder.")
     args = p.parse_args(argv)
     wanted = [f"{m}-s{s}" for s in SEEDS for m in ("none", *METHODS)]
     missing = [n for n in wanted if _status(args.results / n) != "finished"]
@@ -237,10 +310,13 @@ def main(argv: list[str] | None = None) -> int:
               f"({', '.join(missing[:4])}{', ...' if len(missing) > 4 else ''}); the conditions are judged "
               "on all 12 only: `make run-real-cpu-long` trains the rest", file=sys.stderr)
         return 2
-    verdict = judge({n: load(args.results / n) for n in wanted})
+    runs = {n: load(args.results / n) for n in wanted}
+    verdict = judge(runs)
     print(markdown(verdict))
     if args.json:
         args.json.write_text(json.dumps(verdict, indent=1) + "\n")
+    if args.figures:
+        figures(runs, verdict, args.figures)
     return 0
 
 

@@ -101,9 +101,24 @@ def test_fewer_than_twelve_runs_are_not_judged(results):
 
 def test_the_script_prints_the_tables_and_writes_the_figures(results, tmp_path):
     out = subprocess.run([sys.executable, "-m", "benchmarks.long_horizon", "--results", str(results),
-                          "--json", str(tmp_path / "v.json")], capture_output=True, text=True, cwd=ROOT)
+                          "--json", str(tmp_path / "v.json"), "--figures", str(tmp_path / "f")],
+                         capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     assert "D: reproduced for clip_v at this setting" in out.stdout
     # within 0.05 only Clip-Cov's seeds 0 and 1: 0.8 - 0.1 e^0.3 = 0.665 against 0.66 (GRPO, ClipB 0.078 off, ClipV
     # 0.082, Clip-Cov's seed 2 0.085)
     assert json.loads((tmp_path / "v.json").read_text())["E"]["law_within"] == 2
+    assert sorted(p.name for p in (tmp_path / "f").iterdir()) == ["curves.png", "law.png"]
+
+
+def test_the_figures_draw_the_mean_of_the_seeds(results, tmp_path):
+    runs = {p.name: lh.load(p) for p in results.iterdir()}
+    drawn = lh.figures(runs, lh.judge(runs), tmp_path / "fig")
+    steps, means = drawn["pass1"]["clip_cov"]
+    assert steps == list(range(0, 101, 5))
+    assert means[steps.index(70)] == pytest.approx((0.66 + 0.66 + 0.58) / 3)  # seed 2 behind
+    steps, means = drawn["entropy"]["clip_v"]
+    assert steps == list(range(1, 101)) and means[steps.index(50)] == pytest.approx(0.6)
+    assert means[steps.index(10)] == pytest.approx(1.5 - 0.3)
+    for name in ("curves.png", "law.png"):
+        assert (tmp_path / "fig" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
