@@ -220,6 +220,30 @@ def markdown(v: dict) -> str:
     return "\n".join(out)
 
 
+BRIDGED = ("none", "clip_v", "clip_cov")  # the methods whose settings the 20-step page shares (ClipB's mu differs)
+BRIDGE_STEP = 20
+
+
+def bridge(long_dir: Path, short_dir: Path) -> list[dict]:
+    """The bridge to the 20-step page: for each run of a method both pages train with the same settings, pass@1
+    at T = 1 at step 20 here (``eval_t1/pass@1``) and there (``eval/pass@1``, that page's only temperature). The
+    two trained the same design on other CPUs (the difference is the trajectory noise between machines)."""
+    def at(folder: Path, key: str) -> float | None:
+        for line in (folder / "metrics.jsonl").read_text().splitlines():
+            row = json.loads(line) if line.strip() else {}
+            if row.get("step") == BRIDGE_STEP and isinstance(row.get(key), (int, float)):
+                return float(row[key])
+        return None
+
+    out = []
+    for m in BRIDGED:
+        for s in SEEDS:
+            here, there = at(long_dir / f"{m}-s{s}", "eval_t1/pass@1"), at(short_dir / f"{m}-s{s}", "eval/pass@1")
+            out.append({"run": f"{m}-s{s}", "long_t1": here, "short_t1": there,
+                        "diff": None if here is None or there is None else here - there})
+    return out
+
+
 METHOD_NAMES = {"none": "GRPO", "clip_v": "ClipV", "clip_b": "ClipB (mu 1.0)", "clip_cov": "Clip-Cov"}
 COLORS = {"none": "#1f77b4", "clip_v": "#ff7f0e", "clip_b": "#2ca02c", "clip_cov": "#d62728"}
 
@@ -302,6 +326,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--results", type=Path, default=ROOT / "results" / "smollm2-cpu-long")
     p.add_argument("--json", type=Path, help="Write every number here.")
     p.add_argument("--figures", type=Path, help="Draw curves.png and law.png into this folder.")
+    p.add_argument("--bridge", type=Path, metavar="SHORT_RESULTS",
+                   help="Also compare pass@1 at T = 1 at step 20 with the 20-step page's runs in this folder "
+                        "(results/smollm2-cpu).")
     args = p.parse_args(argv)
     wanted = [f"{m}-s{s}" for s in SEEDS for m in ("none", *METHODS)]
     missing = [n for n in wanted if _status(args.results / n) != "finished"]
@@ -317,6 +344,13 @@ def main(argv: list[str] | None = None) -> int:
         args.json.write_text(json.dumps(verdict, indent=1) + "\n")
     if args.figures:
         figures(runs, verdict, args.figures)
+    if args.bridge:
+        rows = bridge(args.results, args.bridge)
+        print("\n| run | pass@1 at T = 1, step 20, here | on the 20-step page | difference |\n|---|---|---|---|")
+        print("\n".join(f"| {r['run']} | {_f(r['long_t1'])} | {_f(r['short_t1'])} | {_f(r['diff'])} |" for r in rows))
+        diffs = [abs(r["diff"]) for r in rows if r["diff"] is not None]
+        if diffs:
+            print(f"\nmean absolute difference {_f(float(np.mean(diffs)))}, largest {_f(max(diffs))}")
     return 0
 
 

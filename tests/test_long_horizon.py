@@ -122,3 +122,23 @@ def test_the_figures_draw_the_mean_of_the_seeds(results, tmp_path):
     assert means[steps.index(10)] == pytest.approx(1.5 - 0.3)
     for name in ("curves.png", "law.png"):
         assert (tmp_path / "fig" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_bridge_pairs_step_20_at_t1_with_the_20_step_page(results, tmp_path):
+    short = tmp_path / "short"
+    for i, name in enumerate(f"{m}-s{s}" for m in lh.BRIDGED for s in lh.SEEDS):
+        f = results / name / "metrics.jsonl"
+        rows = [json.loads(x) for x in f.read_text().splitlines()]
+        rows[20]["eval_t1/pass@1"] = 0.5 + i / 100  # here: 0.50, 0.51, ...
+        f.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        (short / name).mkdir(parents=True)
+        (short / name / "metrics.jsonl").write_text(json.dumps({"step": 20, "eval/pass@1": 0.52}) + "\n")
+    rows = lh.bridge(results, short)
+    assert [r["run"] for r in rows] == [f"{m}-s{s}" for m in ("none", "clip_v", "clip_cov") for s in range(3)]
+    assert [r["diff"] for r in rows] == pytest.approx([i / 100 - 0.02 for i in range(9)])
+    assert rows[0]["long_t1"] == pytest.approx(0.5) and rows[0]["short_t1"] == pytest.approx(0.52)
+    out = subprocess.run([sys.executable, "-m", "benchmarks.long_horizon", "--results", str(results), "--bridge",
+                          str(short)], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert "| none-s0 | 0.500 | 0.520 | -0.020 |" in out.stdout
+    assert "mean absolute difference 0.027, largest 0.060" in out.stdout  # (2+1+0+1+2+3+4+5+6)/9/100 = 0.0267
