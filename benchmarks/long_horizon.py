@@ -220,6 +220,30 @@ def markdown(v: dict) -> str:
     return "\n".join(out)
 
 
+DESCRIBED = ("eval/pass@1", "eval/pass@8", "eval/greedy_pass@1", "eval/maj@8", "eval/entropy", "eval/response_tokens")
+
+
+def described(results: Path) -> dict[str, dict[str, tuple[float, float, float, float]]]:
+    """Descriptive readings beside the conditions (none of them is judged): for each method and each key of
+    :data:`DESCRIBED` (the main evaluation, T = 0.7; greedy pass@1 and maj@8 beside it), the mean and population
+    std over seeds of each run's W-mean, then of its M-mean."""
+    out: dict[str, dict[str, tuple[float, float, float, float]]] = {}
+    for m in ("none", *METHODS):
+        per_key: dict[str, list[tuple[float, float]]] = {k: [] for k in DESCRIBED}
+        for seed in SEEDS:
+            series: dict[str, dict[int, float]] = {k: {} for k in DESCRIBED}
+            for line in (results / f"{m}-s{seed}" / "metrics.jsonl").read_text().splitlines():
+                row = json.loads(line) if line.strip() else {}
+                for k in DESCRIBED:
+                    if isinstance(row.get(k), (int, float)):
+                        series[k][int(row["step"])] = float(row[k])
+            for k in DESCRIBED:
+                per_key[k].append((window_mean(series[k], W), window_mean(series[k], M)))
+        out[m] = {k: (float(np.mean([w for w, _ in v])), float(np.std([w for w, _ in v])),
+                      float(np.mean([x for _, x in v])), float(np.std([x for _, x in v]))) for k, v in per_key.items()}
+    return out
+
+
 BRIDGED = ("none", "clip_v", "clip_cov")  # the methods whose settings the 20-step page shares (ClipB's mu differs)
 BRIDGE_STEP = 20
 
@@ -340,10 +364,16 @@ def main(argv: list[str] | None = None) -> int:
     runs = {n: load(args.results / n) for n in wanted}
     verdict = judge(runs)
     print(markdown(verdict))
-    if args.json:
-        args.json.write_text(json.dumps(verdict, indent=1) + "\n")
     if args.figures:
         figures(runs, verdict, args.figures)
+    desc = described(args.results)
+    print("\nDescriptive, not conditions: W-mean (M-mean), mean ± std over the 3 seeds\n")
+    print("| method | " + " | ".join(k.removeprefix("eval/") for k in DESCRIBED) + " |")
+    print("|---|" + "---|" * len(DESCRIBED))
+    for m, v in desc.items():
+        print(f"| {m} | " + " | ".join(f"{_f(w)} ± {_f(ws)} ({_f(x)})" for w, ws, x, _ in v.values()) + " |")
+    if args.json:
+        args.json.write_text(json.dumps({**verdict, "described": desc}, indent=1) + "\n")
     if args.bridge:
         rows = bridge(args.results, args.bridge)
         print("\n| run | pass@1 at T = 1, step 20, here | on the 20-step page | difference |\n|---|---|---|---|")

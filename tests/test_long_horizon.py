@@ -142,3 +142,11 @@ def test_the_bridge_pairs_step_20_at_t1_with_the_20_step_page(results, tmp_path)
     assert out.returncode == 0, out.stderr
     assert "| none-s0 | 0.500 | 0.520 | -0.020 |" in out.stdout
     assert "mean absolute difference 0.027, largest 0.060" in out.stdout  # (2+1+0+1+2+3+4+5+6)/9/100 = 0.0267
+
+
+def test_the_described_readings_are_window_means(results):
+    d = lh.described(results)
+    w, w_std, m, _ = d["clip_cov"]["eval/pass@1"]
+    assert w == pytest.approx((0.66 + 0.66 + 0.58) / 3) and m == pytest.approx(0.6)
+    assert w_std == pytest.approx(np.std([0.66, 0.66, 0.58]))
+    assert all(math.isnan(x) for x in d["none"]["eval/greedy_pass@1"])  # the hand-made runs have none
