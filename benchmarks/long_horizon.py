@@ -37,8 +37,9 @@ E_WITHIN, E_RUNS = 0.05, 10
 
 @dataclass(frozen=True)
 class Run:
-    """One run's series: pass@1 and pass@8 at T = 0.7 by evaluation step, ``entropy/mean`` by training step, and
-    the per-question correct counts by evaluation step."""
+    """One run's series: pass@1 and pass@8 at T = 0.7 by evaluation step, ``entropy/mean`` by training step, the
+    per-question correct counts by evaluation step, and the readings beside the conditions (``described``: each key
+    of :data:`DESCRIBED` and :data:`BRIDGE_KEY`, by step)."""
 
     name: str
     pass1: dict[int, float]
@@ -46,16 +47,25 @@ class Run:
     entropy: dict[int, float]
     per_question: dict[int, list[int]]
     question_ids: list[str] | None
+    described: dict[str, dict[int, float]]
+
+
+DESCRIBED = ("eval/pass@1", "eval/pass@8", "eval/greedy_pass@1", "eval/maj@8", "eval/entropy", "eval/response_tokens")
+BRIDGE_KEY = "eval_t1/pass@1"  # pass@1 at T = 1, evaluated up to step 20 in this design
 
 
 def load(folder: Path) -> Run:
     """A run's rows from its ``metrics.jsonl`` (the main evaluation's keys, ``eval/``: T = 0.7 in this design)."""
     pass1, pass8, entropy, perq, ids = {}, {}, {}, {}, None
+    described: dict[str, dict[int, float]] = {k: {} for k in (*DESCRIBED, BRIDGE_KEY)}
     for line in (folder / "metrics.jsonl").read_text().splitlines():
         if not line.strip():
             continue
         row = json.loads(line)
         s = int(row["step"])
+        for k, series in described.items():
+            if isinstance(row.get(k), (int, float)):
+                series[s] = float(row[k])
         if isinstance(row.get("eval/pass@1"), (int, float)):
             pass1[s] = float(row["eval/pass@1"])
         if isinstance(row.get("eval/pass@8"), (int, float)):
@@ -66,7 +76,7 @@ def load(folder: Path) -> Run:
             perq[s] = [int(c) for c in row["eval/correct_per_question"]]
         if isinstance(row.get("eval/question_ids"), list):
             ids = [str(q) for q in row["eval/question_ids"]]
-    return Run(folder.name, pass1, pass8, entropy, perq, ids)
+    return Run(folder.name, pass1, pass8, entropy, perq, ids, described)
 
 
 def window_mean(series: dict[int, float], steps: range) -> float:
@@ -220,27 +230,18 @@ def markdown(v: dict) -> str:
     return "\n".join(out)
 
 
-DESCRIBED = ("eval/pass@1", "eval/pass@8", "eval/greedy_pass@1", "eval/maj@8", "eval/entropy", "eval/response_tokens")
-
-
-def described(results: Path) -> dict[str, dict[str, tuple[float, float, float, float]]]:
+def described(runs: dict[str, Run]) -> dict[str, dict[str, tuple[float, float, float, float]]]:
     """Descriptive readings beside the conditions (none of them is judged): for each method and each key of
     :data:`DESCRIBED` (the main evaluation, T = 0.7; greedy pass@1 and maj@8 beside it), the mean and population
     std over seeds of each run's W-mean, then of its M-mean."""
     out: dict[str, dict[str, tuple[float, float, float, float]]] = {}
     for m in ("none", *METHODS):
-        per_key: dict[str, list[tuple[float, float]]] = {k: [] for k in DESCRIBED}
-        for seed in SEEDS:
-            series: dict[str, dict[int, float]] = {k: {} for k in DESCRIBED}
-            for line in (results / f"{m}-s{seed}" / "metrics.jsonl").read_text().splitlines():
-                row = json.loads(line) if line.strip() else {}
-                for k in DESCRIBED:
-                    if isinstance(row.get(k), (int, float)):
-                        series[k][int(row["step"])] = float(row[k])
-            for k in DESCRIBED:
-                per_key[k].append((window_mean(series[k], W), window_mean(series[k], M)))
-        out[m] = {k: (float(np.mean([w for w, _ in v])), float(np.std([w for w, _ in v])),
-                      float(np.mean([x for _, x in v])), float(np.std([x for _, x in v]))) for k, v in per_key.items()}
+        seeds = [runs[f"{m}-s{s}"] for s in SEEDS]
+        out[m] = {}
+        for k in DESCRIBED:
+            w = [window_mean(r.described[k], W) for r in seeds]
+            x = [window_mean(r.described[k], M) for r in seeds]
+            out[m][k] = (float(np.mean(w)), float(np.std(w)), float(np.mean(x)), float(np.std(x)))
     return out
 
 
@@ -248,21 +249,15 @@ BRIDGED = ("none", "clip_v", "clip_cov")  # the methods whose settings the 20-st
 BRIDGE_STEP = 20
 
 
-def bridge(long_dir: Path, short_dir: Path) -> list[dict]:
+def bridge(runs: dict[str, Run], short_dir: Path) -> list[dict]:
     """The bridge to the 20-step page: for each run of a method both pages train with the same settings, pass@1
-    at T = 1 at step 20 here (``eval_t1/pass@1``) and there (``eval/pass@1``, that page's only temperature). The
+    at T = 1 at step 20 here (:data:`BRIDGE_KEY`) and there (``eval/pass@1``, that page's only temperature). The
     two trained the same design on other CPUs (the difference is the trajectory noise between machines)."""
-    def at(folder: Path, key: str) -> float | None:
-        for line in (folder / "metrics.jsonl").read_text().splitlines():
-            row = json.loads(line) if line.strip() else {}
-            if row.get("step") == BRIDGE_STEP and isinstance(row.get(key), (int, float)):
-                return float(row[key])
-        return None
-
     out = []
     for m in BRIDGED:
         for s in SEEDS:
-            here, there = at(long_dir / f"{m}-s{s}", "eval_t1/pass@1"), at(short_dir / f"{m}-s{s}", "eval/pass@1")
+            here = runs[f"{m}-s{s}"].described[BRIDGE_KEY].get(BRIDGE_STEP)
+            there = load(short_dir / f"{m}-s{s}").pass1.get(BRIDGE_STEP)
             out.append({"run": f"{m}-s{s}", "long_t1": here, "short_t1": there,
                         "diff": None if here is None or there is None else here - there})
     return out
@@ -366,7 +361,7 @@ def main(argv: list[str] | None = None) -> int:
     print(markdown(verdict))
     if args.figures:
         figures(runs, verdict, args.figures)
-    desc = described(args.results)
+    desc = described(runs)
     print("\nDescriptive, not conditions: W-mean (M-mean), mean ± std over the 3 seeds\n")
     print("| method | " + " | ".join(k.removeprefix("eval/") for k in DESCRIBED) + " |")
     print("|---|" + "---|" * len(DESCRIBED))
@@ -375,7 +370,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         args.json.write_text(json.dumps({**verdict, "described": desc}, indent=1) + "\n")
     if args.bridge:
-        rows = bridge(args.results, args.bridge)
+        rows = bridge(runs, args.bridge)
         print("\n| run | pass@1 at T = 1, step 20, here | on the 20-step page | difference |\n|---|---|---|---|")
         print("\n".join(f"| {r['run']} | {_f(r['long_t1'])} | {_f(r['short_t1'])} | {_f(r['diff'])} |" for r in rows))
         diffs = [abs(r["diff"]) for r in rows if r["diff"] is not None]

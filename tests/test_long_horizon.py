@@ -133,7 +133,7 @@ def test_the_bridge_pairs_step_20_at_t1_with_the_20_step_page(results, tmp_path)
         f.write_text("".join(json.dumps(r) + "\n" for r in rows))
         (short / name).mkdir(parents=True)
         (short / name / "metrics.jsonl").write_text(json.dumps({"step": 20, "eval/pass@1": 0.52}) + "\n")
-    rows = lh.bridge(results, short)
+    rows = lh.bridge({p.name: lh.load(p) for p in results.iterdir() if p.name != "short"}, short)
     assert [r["run"] for r in rows] == [f"{m}-s{s}" for m in ("none", "clip_v", "clip_cov") for s in range(3)]
     assert [r["diff"] for r in rows] == pytest.approx([i / 100 - 0.02 for i in range(9)])
     assert rows[0]["long_t1"] == pytest.approx(0.5) and rows[0]["short_t1"] == pytest.approx(0.52)
@@ -145,7 +145,7 @@ def test_the_bridge_pairs_step_20_at_t1_with_the_20_step_page(results, tmp_path)
 
 
 def test_the_described_readings_are_window_means(results):
-    d = lh.described(results)
+    d = lh.described({p.name: lh.load(p) for p in results.iterdir()})
     w, w_std, m, _ = d["clip_cov"]["eval/pass@1"]
     assert w == pytest.approx((0.66 + 0.66 + 0.58) / 3) and m == pytest.approx(0.6)
     assert w_std == pytest.approx(np.std([0.66, 0.66, 0.58]))
